@@ -1,0 +1,47 @@
+package main
+
+import (
+	"os"
+	"strconv"
+
+	"github.com/spf13/cobra"
+)
+
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "cella",
+		Short:         "Disposable, isolated Linux sandboxes for AI agents",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(
+		newServeCmd(),
+		newCreateCmd(),
+		newExecCmd(),
+		newRunCmd(),
+		newLsCmd(),
+		newInfoCmd(),
+		newKillCmd(),
+		newTimeoutCmd(),
+		newCpCmd(),
+		newTemplateCmd(),
+		newAgentCmd(),
+		newAgentExecCmd(),
+	)
+	return root
+}
+
+// envOr returns the environment variable name, or def when unset.
+func envOr(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok && v != "" {
+		return v
+	}
+	return def
+}
+
+func envFloat(name string, def float64) float64 {
+	if v, err := strconv.ParseFloat(os.Getenv(name), 64); err == nil {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,76 @@
+package agent
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cella-sandbox/cella/internal/channel"
+)
+
+// ConfigName is the config file's name in the sandbox's run directory
+// (channel.GuestRunDir inside). The daemon writes it before the sandbox starts.
+const ConfigName = "config.json"
+
+// Version is the envd protocol version the agent implements, reported to
+// SDKs as envdVersion.
+const Version = "0.5.7"
+
+// Limits are the sandbox's nominal limits, enforced by the agent below the
+// host's cgroup ceilings so that a runaway command is killed with a named
+// error instead of taking the whole sandbox down.
+type Limits struct {
+	CPUs        float64 `json:"cpus"`
+	MemoryBytes int64   `json:"memory_bytes"`
+	Pids        int64   `json:"pids"`
+	DiskBytes   int64   `json:"disk_bytes"`
+	// OutputBytes caps each command's combined stdout+stderr; past it the
+	// output is truncated with a marker (the process keeps running).
+	OutputBytes int64 `json:"output_bytes"`
+}
+
+// Config is everything the agent needs to know about its sandbox.
+type Config struct {
+	SandboxID  string `json:"sandbox_id"`
+	TemplateID string `json:"template_id"`
+	Runtime    string `json:"runtime"` // gvisor | namespaces
+	// ChannelToken authenticates the agent to the daemon (channel.Hello).
+	ChannelToken string `json:"channel_token"`
+	// AccessToken is envd's X-Access-Token; empty means no check.
+	AccessToken    string            `json:"access_token"`
+	EnvVars        map[string]string `json:"env_vars"`
+	DefaultUser    string            `json:"default_user"`    // "user"
+	DefaultWorkdir string            `json:"default_workdir"` // "" = the user's home
+	Limits         Limits            `json:"limits"`
+}
+
+// WriteConfig writes cfg into a sandbox's host-side run directory, readable by
+// root only.
+func WriteConfig(runDir string, cfg Config) error {
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(runDir, ConfigName+".tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("write agent config: %w", err)
+	}
+	return os.Rename(tmp, filepath.Join(runDir, ConfigName))
+}
+
+// ReadConfig reads the config from a run directory.
+func ReadConfig(runDir string) (Config, error) {
+	var cfg Config
+	b, err := os.ReadFile(filepath.Join(runDir, ConfigName))
+	if err != nil {
+		return cfg, fmt.Errorf("read agent config: %w", err)
+	}
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return cfg, fmt.Errorf("parse agent config: %w", err)
+	}
+	return cfg, nil
+}
+
+// SocketPath is the daemon's socket as the agent sees it.
+func SocketPath() string { return filepath.Join(channel.GuestRunDir, channel.SocketName) }

@@ -1,0 +1,339 @@
+package agent
+
+import (
+	"compress/gzip"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// fileEntry is an element of POST /files' answer.
+type fileEntry struct {
+	Path     string            `json:"path"`
+	Name     string            `json:"name"`
+	Type     string            `json:"type"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+// Signature builds the v1 signature of a signed /files URL, as the SDKs do:
+// v1_ + base64(sha256("<path>:<read|write>:<user>:<token>[:<exp>]")) without
+// padding. expiration 0 means none.
+func Signature(path, operation, username, token string, expiration int64) string {
+	parts := []string{path, operation, username, token}
+	if expiration != 0 {
+		parts = append(parts, strconv.FormatInt(expiration, 10))
+	}
+	sum := sha256.Sum256([]byte(strings.Join(parts, ":")))
+	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
+}
+
+// checkFilesAuth implements envd's validateSigning: with a token set, the
+// request needs the token header or a valid, unexpired signature.
+func (s *Server) checkFilesAuth(r *http.Request, operation string) error {
+	token := s.config().AccessToken
+	if token == "" {
+		return nil
+	}
+	if h := r.Header.Get("X-Access-Token"); h != "" {
+		if !tokenEqual(h, token) {
+			return errors.New("access token present in header but does not match")
+		}
+		return nil
+	}
+	q := r.URL.Query()
+	sig := q.Get("signature")
+	if sig == "" {
+		return errors.New(unauthorizedMessage)
+	}
+	var exp int64
+	if v := q.Get("signature_expiration"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return errors.New("invalid signature expiration")
+		}
+		exp = n
+	}
+	want := Signature(q.Get("path"), operation, q.Get("username"), token, exp)
+	if subtle.ConstantTimeCompare([]byte(want), []byte(sig)) != 1 {
+		return errors.New("invalid signature")
+	}
+	if exp != 0 && exp < time.Now().Unix() {
+		return errors.New("signature is already expired")
+	}
+	return nil
+}
+
+func (s *Server) handleDownload(w http.ResponseWriter, r *http.Request) {
+	if err := s.checkFilesAuth(r, "read"); err != nil {
+		jsonError(w, http.StatusUnauthorized, err)
+		return
+	}
+	u, err := s.fileUser(r)
+	if err != nil {
+		jsonError(w, http.StatusUnauthorized, err)
+		return
+	}
+	p, err := s.resolve(r.URL.Query().Get("path"), u)
+	if err != nil {
+		jsonError(w, http.StatusBadRequest, err)
+		return
+	}
+	st, err := os.Stat(p)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			jsonError(w, http.StatusNotFound, fmt.Errorf("path '%s' does not exist", p))
+			return
+		}
+		jsonError(w, http.StatusInternalServerError, fmt.Errorf("error checking if path exists '%s': %w", p, err))
+		return
+	}
+	if st.IsDir() {
+		jsonError(w, http.StatusBadRequest, fmt.Errorf("path '%s' is a directory", p))
+		return
+	}
+	gz, err := wantsGzip(r)
+	if err != nil {
+		jsonError(w, http.StatusNotAcceptable, err)
+		return
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		jsonError(w, http.StatusInternalServerError, fmt.Errorf("error opening file '%s': %w", p, err))
+		return
+	}
+	defer f.Close()
+	w.Header().Set("Vary", "Accept-Encoding")
+	w.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": filepath.Base(p)}))
+	// Range and conditional requests keep http.ServeContent's semantics
+	// (206, 304); Accept-Encoding is only advisory.
+	if gz && r.Header.Get("Range") == "" && r.Header.Get("If-Modified-Since") == "" &&
+		r.Header.Get("If-None-Match") == "" && r.Header.Get("If-Range") == "" {
+		ct := mime.TypeByExtension(filepath.Ext(p))
+		if ct == "" {
+			ct = "application/octet-stream"
+		}
+		w.Header().Set("Content-Type", ct)
+		w.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(w)
+		if _, err := io.Copy(zw, f); err == nil {
+			_ = zw.Close()
+		}
+		return
+	}
+	http.ServeContent(w, r, p, st.ModTime(), f)
+}
+
+// wantsGzip parses Accept-Encoding: gzip if acceptable, identity otherwise;
+// an error when the client accepts neither.
+func wantsGzip(r *http.Request) (bool, error) {
+	h := r.Header.Get("Accept-Encoding")
+	if h == "" {
+		return false, nil
+	}
+	q := map[string]float64{}
+	for _, part := range strings.Split(h, ",") {
+		name, params, _ := strings.Cut(strings.TrimSpace(part), ";")
+		weight := 1.0
+		if v, ok := strings.CutPrefix(strings.TrimSpace(params), "q="); ok {
+			if f, err := strconv.ParseFloat(v, 64); err == nil {
+				weight = f
+			}
+		}
+		q[strings.ToLower(strings.TrimSpace(name))] = weight
+	}
+	if w, ok := q["gzip"]; ok && w > 0 {
+		return true, nil
+	}
+	if w, ok := q["identity"]; ok && w == 0 {
+		return false, errors.New("no acceptable encoding: only gzip and identity are supported")
+	}
+	if w, ok := q["*"]; ok && w == 0 {
+		if _, listed := q["identity"]; !listed {
+			return false, errors.New("no acceptable encoding: only gzip and identity are supported")
+		}
+	}
+	return false, nil
+}
+
+func (s *Server) handleUpload(w http.ResponseWriter, r *http.Request) {
+	defer r.Body.Close()
+	if err := s.checkFilesAuth(r, "write"); err != nil {
+		jsonError(w, http.StatusUnauthorized, err)
+		return
+	}
+	u, err := s.fileUser(r)
+	if err != nil {
+		jsonError(w, http.StatusUnauthorized, err)
+		return
+	}
+	body := io.Reader(r.Body)
+	if strings.EqualFold(strings.TrimSpace(r.Header.Get("Content-Encoding")), "gzip") {
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			jsonError(w, http.StatusBadRequest, fmt.Errorf("error decompressing request body: %w", err))
+			return
+		}
+		defer zr.Close()
+		body = zr
+	}
+	meta := uploadMetadata(r.Header)
+	mediaType, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	query := r.URL.Query()
+	var entries []fileEntry
+	switch {
+	case mediaType == "application/octet-stream":
+		if !query.Has("path") {
+			jsonError(w, http.StatusBadRequest, errors.New("path query parameter is required for raw body upload"))
+			return
+		}
+		e, code, err := s.writeUpload(query.Get("path"), body, u, meta)
+		if err != nil {
+			jsonError(w, code, err)
+			return
+		}
+		entries = append(entries, e)
+	case strings.HasPrefix(mediaType, "multipart/"):
+		mr := multipart.NewReader(body, params["boundary"])
+		seen := map[string]bool{}
+		for {
+			part, err := mr.NextPart()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				jsonError(w, http.StatusBadRequest, fmt.Errorf("error reading form: %w", err))
+				return
+			}
+			if part.FormName() != "file" {
+				part.Close()
+				continue
+			}
+			target := query.Get("path")
+			if !query.Has("path") {
+				// Part.FileName() would apply filepath.Base; the SDK puts
+				// the full destination path in filename.
+				target = partFileName(part)
+			}
+			if target == "" {
+				part.Close()
+				jsonError(w, http.StatusBadRequest, errors.New("file part has no filename and no path query parameter was given"))
+				return
+			}
+			abs, _ := s.resolve(target, u)
+			if seen[abs] {
+				part.Close()
+				jsonError(w, http.StatusBadRequest, fmt.Errorf("you cannot upload multiple files to the same path '%s' in one upload request", abs))
+				return
+			}
+			seen[abs] = true
+			e, code, err := s.writeUpload(target, part, u, meta)
+			part.Close()
+			if err != nil {
+				jsonError(w, code, err)
+				return
+			}
+			entries = append(entries, e)
+		}
+		if len(entries) == 0 {
+			jsonError(w, http.StatusBadRequest, errors.New("no file part in the multipart form"))
+			return
+		}
+	default:
+		jsonError(w, http.StatusBadRequest, fmt.Errorf("unsupported content type: %s, expected multipart/form-data or application/octet-stream", r.Header.Get("Content-Type")))
+		return
+	}
+	writeJSON(w, http.StatusOK, entries)
+}
+
+// partFileName returns the filename parameter of a part's
+// Content-Disposition as sent, path included.
+func partFileName(part *multipart.Part) string {
+	_, params, err := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+	if err != nil {
+		return ""
+	}
+	return params["filename"]
+}
+
+// uploadMetadata collects X-Metadata-<key> headers (keys lowercased).
+func uploadMetadata(h http.Header) map[string]string {
+	var meta map[string]string
+	for k, vs := range h {
+		if key, ok := strings.CutPrefix(strings.ToLower(k), "x-metadata-"); ok && key != "" && len(vs) > 0 {
+			if meta == nil {
+				meta = map[string]string{}
+			}
+			meta[key] = vs[0]
+		}
+	}
+	return meta
+}
+
+// writeUpload writes one uploaded file like envd's processFile: missing
+// parents are created owned by the user, the file is truncated and chowned
+// to the user. It returns the HTTP status to use on error.
+func (s *Server) writeUpload(target string, data io.Reader, u *sandboxUser, meta map[string]string) (fileEntry, int, error) {
+	p, err := s.resolve(target, u)
+	if err != nil {
+		return fileEntry{}, http.StatusBadRequest, err
+	}
+	if err := ensureDirs(filepath.Dir(p), u); err != nil {
+		return fileEntry{}, statusFor(err), fmt.Errorf("error ensuring directories: %w", err)
+	}
+	if st, err := os.Stat(p); err == nil && st.IsDir() {
+		return fileEntry{}, http.StatusBadRequest, fmt.Errorf("path is a directory: %s", p)
+	}
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return fileEntry{}, statusFor(err), fmt.Errorf("error opening file: %w", err)
+	}
+	defer f.Close()
+	if err := f.Chown(int(u.UID), int(u.GID)); err != nil {
+		return fileEntry{}, http.StatusInternalServerError, fmt.Errorf("error changing file ownership: %w", err)
+	}
+	if _, err := io.Copy(f, data); err != nil {
+		return fileEntry{}, statusFor(err), fmt.Errorf("error writing file: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fileEntry{}, statusFor(err), fmt.Errorf("error writing file: %w", err)
+	}
+	e := fileEntry{Path: p, Name: filepath.Base(p), Type: "file"}
+	if len(meta) > 0 {
+		for k, v := range meta {
+			if err := unix.Setxattr(p, "user.e2b."+k, []byte(v), 0); err != nil {
+				return fileEntry{}, http.StatusInternalServerError, fmt.Errorf("store metadata %s: %w", k, err)
+			}
+		}
+		e.Metadata = meta
+	}
+	return e, 0, nil
+}
+
+// statusFor maps a write error to its HTTP status; a full disk is 507,
+// which the SDK turns into NotEnoughSpaceError.
+func statusFor(err error) int {
+	switch {
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return http.StatusInsufficientStorage
+	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR):
+		return http.StatusBadRequest
+	case errors.Is(err, fs.ErrPermission):
+		return http.StatusForbidden
+	}
+	return http.StatusInternalServerError
+}

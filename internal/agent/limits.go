@@ -1,0 +1,345 @@
+package agent
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// defaultOutputBytes caps a command's output when the config has no cap.
+const defaultOutputBytes = 10 << 20
+
+// watchdogInterval is how often the watchdog samples while commands run. A
+// memory hog allocating 2 GB/s overshoots the limit by ~40 MB at this rate,
+// well below the host cgroup's headroom.
+const watchdogInterval = 20 * time.Millisecond
+
+// The named errors. Each says which limit was hit, its value and the flag
+// that raises it, so that an agent reading the error can act on it.
+
+func timeoutReason(d time.Duration) string {
+	return fmt.Sprintf("killed: command timeout %s reached (raise with --timeout)", formatDuration(d))
+}
+
+func memoryReason(limit int64) string {
+	return fmt.Sprintf("killed: sandbox memory limit %s reached (raise with --memory)", formatBytes(limit))
+}
+
+func pidsReason(limit int64) string {
+	return fmt.Sprintf("killed: sandbox pids limit %d reached (raise with --pids)", limit)
+}
+
+func diskReason(limit int64) string {
+	return fmt.Sprintf("sandbox disk limit %s reached (raise with --disk)", formatBytes(limit))
+}
+
+func truncationMarker(limit int64) string {
+	return fmt.Sprintf("\n[cella: output truncated at %s (raise with --output-limit)]\n", formatBytes(limit))
+}
+
+// formatBytes renders sizes the way users type them: 512 MiB, 1 GiB, 1.5 GiB.
+func formatBytes(n int64) string {
+	units := []struct {
+		size int64
+		name string
+	}{{1 << 40, "TiB"}, {1 << 30, "GiB"}, {1 << 20, "MiB"}, {1 << 10, "KiB"}}
+	for _, u := range units {
+		if n >= u.size {
+			v := float64(n) / float64(u.size)
+			s := strconv.FormatFloat(v, 'f', 1, 64)
+			s = trimZeroFraction(s)
+			return s + " " + u.name
+		}
+	}
+	return strconv.FormatInt(n, 10) + " bytes"
+}
+
+// formatDuration renders 55s, 1.5s, 300s, 250ms (time.Duration.String would
+// say 5m0s, which does not match what the user passed to --timeout).
+func formatDuration(d time.Duration) string {
+	if d < time.Second {
+		return strconv.FormatInt(d.Milliseconds(), 10) + "ms"
+	}
+	return trimZeroFraction(strconv.FormatFloat(d.Seconds(), 'f', 3, 64)) + "s"
+}
+
+func trimZeroFraction(s string) string {
+	if !bytes.ContainsRune([]byte(s), '.') {
+		return s
+	}
+	for s[len(s)-1] == '0' {
+		s = s[:len(s)-1]
+	}
+	return trimSuffixDot(s)
+}
+
+func trimSuffixDot(s string) string {
+	if s[len(s)-1] == '.' {
+		return s[:len(s)-1]
+	}
+	return s
+}
+
+// watchdog enforces the memory and pids limits by sampling /proc while at
+// least one command runs. It is idle (no goroutine) otherwise.
+type watchdog struct {
+	s *Server
+
+	mu      sync.Mutex
+	running bool
+}
+
+// kick starts the sampling loop if it is not running. Call it after a
+// command was registered as running.
+func (w *watchdog) kick() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.running {
+		return
+	}
+	w.running = true
+	go w.loop()
+}
+
+func (w *watchdog) loop() {
+	t := time.NewTicker(watchdogInterval)
+	defer t.Stop()
+	buf := make([]byte, 4096)
+	for {
+		select {
+		case <-t.C:
+		case <-w.s.done:
+			w.mu.Lock()
+			w.running = false
+			w.mu.Unlock()
+			return
+		}
+		live := w.s.procs.running()
+		if len(live) == 0 {
+			w.mu.Lock()
+			// Re-check under mu: kick() registers before it takes mu, so
+			// a command started now is either seen here or restarts us.
+			if len(w.s.procs.running()) == 0 {
+				w.running = false
+				w.mu.Unlock()
+				return
+			}
+			w.mu.Unlock()
+			continue
+		}
+		w.sample(live, buf)
+	}
+}
+
+// procSample is what the watchdog learns about one session.
+type sessionUsage struct {
+	count int64
+	rss   int64 // anonymous resident bytes
+}
+
+func (w *watchdog) sample(live []*proc, buf []byte) {
+	limits := w.s.config().Limits
+	if limits.MemoryBytes <= 0 && limits.Pids <= 0 {
+		return
+	}
+	bySID := make(map[int]*proc, len(live))
+	for _, p := range live {
+		bySID[p.pid] = p
+	}
+	usage, members, total := scanSessions(buf, w.s.opts.SandboxWide, bySID, limits.MemoryBytes > 0)
+
+	if limits.Pids > 0 {
+		var worst int
+		var worstN int64
+		for sid, u := range usage {
+			if u.count > worstN {
+				worst, worstN = sid, u.count
+			}
+			if u.count > limits.Pids {
+				w.s.killSession(sid, bySID[sid], pidsReason(limits.Pids), members[sid])
+			}
+		}
+		if w.s.opts.SandboxWide && total.count > limits.Pids && worstN <= limits.Pids && worst != 0 {
+			w.s.killSession(worst, bySID[worst], pidsReason(limits.Pids), members[worst])
+		}
+	}
+	if limits.MemoryBytes > 0 && total.rss > limits.MemoryBytes {
+		var worst int
+		var worstRSS int64 = -1
+		for sid, u := range usage {
+			if u.rss > worstRSS {
+				worst, worstRSS = sid, u.rss
+			}
+		}
+		if worst != 0 {
+			slog.Warn("memory limit reached", "limit", limits.MemoryBytes, "total_rss", total.rss, "session", worst, "session_rss", worstRSS)
+			w.s.killSession(worst, bySID[worst], memoryReason(limits.MemoryBytes), members[worst])
+		}
+	}
+}
+
+// scanSessions walks /proc and sums the process count and anonymous RSS per
+// session. Only live processes count (zombies are already dead and hold no
+// memory). With sandboxWide every process but the agent counts; otherwise
+// only the sessions of commands we started (tests run on a shared host).
+//
+// RSS is resident minus file-backed pages (statm's "shared"): shared
+// libraries and page cache would otherwise be counted once per process.
+func scanSessions(buf []byte, sandboxWide bool, ours map[int]*proc, withMem bool) (map[int]*sessionUsage, map[int][]int, sessionUsage) {
+	usage := map[int]*sessionUsage{}
+	members := map[int][]int{}
+	var total sessionUsage
+	d, err := os.Open("/proc")
+	if err != nil {
+		return usage, members, total
+	}
+	names, _ := d.Readdirnames(-1)
+	d.Close()
+	self := os.Getpid()
+	page := int64(os.Getpagesize())
+	for _, name := range names {
+		pid, err := strconv.Atoi(name)
+		if err != nil || pid == self {
+			continue
+		}
+		state, sid, ok := readStat(pid, buf)
+		if !ok || state == 'Z' || state == 'X' {
+			continue
+		}
+		if !sandboxWide {
+			if _, mine := ours[sid]; !mine {
+				continue
+			}
+		}
+		u := usage[sid]
+		if u == nil {
+			u = &sessionUsage{}
+			usage[sid] = u
+		}
+		u.count++
+		total.count++
+		members[sid] = append(members[sid], pid)
+		if withMem {
+			if rss, ok := readAnonRSS(pid, buf); ok {
+				u.rss += rss * page
+				total.rss += rss * page
+			}
+		}
+	}
+	return usage, members, total
+}
+
+// readStat returns the state and session id from /proc/<pid>/stat.
+func readStat(pid int, buf []byte) (byte, int, bool) {
+	n, ok := readProcFile(pid, "/stat", buf)
+	if !ok {
+		return 0, 0, false
+	}
+	b := buf[:n]
+	// comm may contain spaces and parens; fields resume after the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return 0, 0, false
+	}
+	f := bytes.Fields(b[i+2:])
+	// state ppid pgrp session ...
+	if len(f) < 4 || len(f[0]) == 0 {
+		return 0, 0, false
+	}
+	sid, err := strconv.Atoi(string(f[3]))
+	if err != nil {
+		return 0, 0, false
+	}
+	return f[0][0], sid, true
+}
+
+// readAnonRSS returns resident minus shared pages from /proc/<pid>/statm.
+func readAnonRSS(pid int, buf []byte) (int64, bool) {
+	n, ok := readProcFile(pid, "/statm", buf)
+	if !ok {
+		return 0, false
+	}
+	f := bytes.Fields(buf[:n])
+	if len(f) < 3 {
+		return 0, false
+	}
+	res, err1 := strconv.ParseInt(string(f[1]), 10, 64)
+	shared, err2 := strconv.ParseInt(string(f[2]), 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	if res < shared {
+		return 0, true
+	}
+	return res - shared, true
+}
+
+// readProcFile reads a small /proc file without the allocations of
+// os.ReadFile; the watchdog does this for every process every 20 ms.
+func readProcFile(pid int, file string, buf []byte) (int, bool) {
+	fd, err := unix.Open("/proc/"+strconv.Itoa(pid)+file, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, false
+	}
+	defer unix.Close(fd)
+	n, err := unix.Read(fd, buf)
+	if err != nil || n <= 0 {
+		return 0, false
+	}
+	return n, true
+}
+
+// sessionMembers lists the live processes of a session.
+func sessionMembers(sid int) []int {
+	buf := make([]byte, 4096)
+	d, err := os.Open("/proc")
+	if err != nil {
+		return nil
+	}
+	names, _ := d.Readdirnames(-1)
+	d.Close()
+	var out []int
+	for _, name := range names {
+		pid, err := strconv.Atoi(name)
+		if err != nil {
+			continue
+		}
+		if state, s, ok := readStat(pid, buf); ok && s == sid && state != 'Z' {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// killSession kills a whole session: its process group in one kill(2) (the
+// kernel signals every member atomically, so a fork bomb cannot outrun it),
+// then every known member that moved to another group.
+func (s *Server) killSession(sid int, p *proc, reason string, members []int) {
+	if p != nil {
+		p.setKillReason(reason)
+	}
+	if sid <= 1 {
+		return
+	}
+	_ = unix.Kill(-sid, unix.SIGKILL)
+	for _, pid := range members {
+		if pid != os.Getpid() && pid > 1 {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+	}
+}
+
+// diskFull reports whether the filesystem at path has (almost) no space left.
+func diskFull(path string) bool {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return false
+	}
+	return st.Bavail*uint64(st.Bsize) < 1<<20
+}

@@ -1,0 +1,216 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
+
+	"github.com/cella-sandbox/cella/internal/envd/process"
+	"github.com/cella-sandbox/cella/internal/envd/process/processconnect"
+)
+
+// defaultKeepalive is envd's keepalive interval when the client sends none.
+const defaultKeepalive = 90 * time.Second
+
+// processService implements process.Process.
+type processService struct{ s *Server }
+
+var _ processconnect.ProcessHandler = processService{}
+
+// keepaliveInterval reads Keepalive-Ping-Interval (seconds).
+func keepaliveInterval(h http.Header) time.Duration {
+	if v, err := strconv.Atoi(h.Get("Keepalive-Ping-Interval")); err == nil && v > 0 {
+		return time.Duration(v) * time.Second
+	}
+	return defaultKeepalive
+}
+
+// processTimeout is the process lifetime asked for with Connect-Timeout-Ms.
+// The header is read directly so that the reported value is exactly what
+// the client asked for; the context deadline is the fallback.
+func processTimeout(ctx context.Context, h http.Header) time.Duration {
+	if v, err := strconv.ParseInt(h.Get("Connect-Timeout-Ms"), 10, 64); err == nil && v > 0 {
+		return time.Duration(v) * time.Millisecond
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		return time.Until(dl)
+	}
+	return 0
+}
+
+func (ps processService) Start(ctx context.Context, req *connect.Request[process.StartRequest], stream *connect.ServerStream[process.StartResponse]) error {
+	s := ps.s
+	u, err := s.requestUser(req.Header())
+	if err != nil {
+		return err
+	}
+	spec, err := s.resolveStart(u, req.Msg, processTimeout(ctx, req.Header()))
+	if err != nil {
+		return err
+	}
+	// The process must outlive this request (background commands, client
+	// disconnects), so nothing below is tied to ctx except the stream.
+	p, sub, err := s.startProcess(spec)
+	if err != nil {
+		return err
+	}
+	send := func(ev *process.ProcessEvent) error { return stream.Send(&process.StartResponse{Event: ev}) }
+	if err := send(startEvent(p.pid)); err != nil {
+		p.unsubscribe(sub)
+		return err
+	}
+	return streamEvents(ctx, p, sub, keepaliveInterval(req.Header()), send)
+}
+
+func (ps processService) Connect(ctx context.Context, req *connect.Request[process.ConnectRequest], stream *connect.ServerStream[process.ConnectResponse]) error {
+	p, err := ps.s.procs.find(req.Msg.GetProcess())
+	if err != nil {
+		return err
+	}
+	sub := p.subscribe()
+	send := func(ev *process.ProcessEvent) error { return stream.Send(&process.ConnectResponse{Event: ev}) }
+	if err := send(startEvent(p.pid)); err != nil {
+		p.unsubscribe(sub)
+		return err
+	}
+	return streamEvents(ctx, p, sub, keepaliveInterval(req.Header()), send)
+}
+
+func (ps processService) List(ctx context.Context, req *connect.Request[process.ListRequest]) (*connect.Response[process.ListResponse], error) {
+	var out []*process.ProcessInfo
+	for _, p := range ps.s.procs.running() {
+		// The SDK dereferences config, so it is always set.
+		cfg := p.config
+		if cfg == nil {
+			cfg = &process.ProcessConfig{}
+		}
+		out = append(out, &process.ProcessInfo{Config: cfg, Pid: uint32(p.pid), Tag: p.tag})
+	}
+	return connect.NewResponse(&process.ListResponse{Processes: out}), nil
+}
+
+func (ps processService) Update(ctx context.Context, req *connect.Request[process.UpdateRequest]) (*connect.Response[process.UpdateResponse], error) {
+	p, err := ps.s.procs.find(req.Msg.GetProcess())
+	if err != nil {
+		return nil, err
+	}
+	if req.Msg.Pty != nil {
+		if err := p.resize(req.Msg.GetPty().GetSize()); err != nil {
+			return nil, connect.NewError(connect.CodeInvalidArgument, err)
+		}
+	}
+	return connect.NewResponse(&process.UpdateResponse{}), nil
+}
+
+func (ps processService) SendInput(ctx context.Context, req *connect.Request[process.SendInputRequest]) (*connect.Response[process.SendInputResponse], error) {
+	p, err := ps.s.procs.find(req.Msg.GetProcess())
+	if err != nil {
+		return nil, err
+	}
+	if err := p.writeInput(req.Msg.GetInput()); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&process.SendInputResponse{}), nil
+}
+
+func (ps processService) StreamInput(ctx context.Context, stream *connect.ClientStream[process.StreamInputRequest]) (*connect.Response[process.StreamInputResponse], error) {
+	var p *proc
+	for stream.Receive() {
+		switch ev := stream.Msg().Event.(type) {
+		case *process.StreamInputRequest_Start:
+			found, err := ps.s.procs.find(ev.Start.GetProcess())
+			if err != nil {
+				return nil, err
+			}
+			p = found
+		case *process.StreamInputRequest_Data:
+			if p == nil {
+				return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("the first message must be start"))
+			}
+			if err := p.writeInput(ev.Data.GetInput()); err != nil {
+				return nil, err
+			}
+		case *process.StreamInputRequest_Keepalive:
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&process.StreamInputResponse{}), nil
+}
+
+func (ps processService) SendSignal(ctx context.Context, req *connect.Request[process.SendSignalRequest]) (*connect.Response[process.SendSignalResponse], error) {
+	p, err := ps.s.procs.find(req.Msg.GetProcess())
+	if err != nil {
+		return nil, err
+	}
+	var sig unix.Signal
+	switch req.Msg.GetSignal() {
+	case process.Signal_SIGNAL_SIGKILL:
+		sig = unix.SIGKILL
+	case process.Signal_SIGNAL_SIGTERM:
+		sig = unix.SIGTERM
+	default:
+		return nil, connect.NewError(connect.CodeUnimplemented, fmt.Errorf("invalid signal: %s", req.Msg.GetSignal()))
+	}
+	if err := p.signal(sig); err != nil {
+		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("signal process %d: %w", p.pid, err))
+	}
+	return connect.NewResponse(&process.SendSignalResponse{}), nil
+}
+
+func (ps processService) CloseStdin(ctx context.Context, req *connect.Request[process.CloseStdinRequest]) (*connect.Response[process.CloseStdinResponse], error) {
+	p, err := ps.s.procs.find(req.Msg.GetProcess())
+	if err != nil {
+		return nil, err
+	}
+	p.inputMu.Lock()
+	defer p.inputMu.Unlock()
+	if p.ptmx != nil {
+		// A terminal has no separate stdin to close; end-of-file is the
+		// EOF character, which is what closing the input means to it.
+		if _, err := p.ptmx.Write([]byte{4}); err != nil && p.running() {
+			return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("write EOF to pty: %w", err))
+		}
+		return connect.NewResponse(&process.CloseStdinResponse{}), nil
+	}
+	if p.stdin != nil {
+		p.stdin.Close()
+		p.stdin = nil
+	}
+	return connect.NewResponse(&process.CloseStdinResponse{}), nil
+}
+
+// writeInput writes stdin or pty input; the kind must match the process.
+func (p *proc) writeInput(in *process.ProcessInput) error {
+	p.inputMu.Lock()
+	defer p.inputMu.Unlock()
+	switch v := in.GetInput().(type) {
+	case *process.ProcessInput_Stdin:
+		if p.ptmx != nil {
+			return connect.NewError(connect.CodeInternal, errors.New("process has a pty; send pty input instead of stdin"))
+		}
+		if p.stdin == nil {
+			return connect.NewError(connect.CodeFailedPrecondition, errors.New("stdin is not enabled or was closed"))
+		}
+		if _, err := p.stdin.Write(v.Stdin); err != nil {
+			return connect.NewError(connect.CodeInternal, fmt.Errorf("write stdin: %w", err))
+		}
+	case *process.ProcessInput_Pty:
+		if p.ptmx == nil {
+			return connect.NewError(connect.CodeInternal, errors.New("process has no pty; send stdin instead of pty input"))
+		}
+		if _, err := p.ptmx.Write(v.Pty); err != nil {
+			return connect.NewError(connect.CodeInternal, fmt.Errorf("write pty: %w", err))
+		}
+	default:
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("input is required"))
+	}
+	return nil
+}

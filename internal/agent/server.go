@@ -1,0 +1,325 @@
+package agent
+
+import (
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/http"
+	"strings"
+	"sync"
+
+	"connectrpc.com/connect"
+
+	"github.com/cella-sandbox/cella/internal/envd/filesystem/filesystemconnect"
+	"github.com/cella-sandbox/cella/internal/envd/process/processconnect"
+)
+
+// Options are the parts of a Server that differ between a real sandbox and
+// a test.
+type Options struct {
+	// PasswdPath and GroupPath are the user database (default /etc/passwd
+	// and /etc/group).
+	PasswdPath string
+	GroupPath  string
+	// Reaper waits for started processes; nil waits per pid (tests).
+	Reaper *Reaper
+	// ExecHelper is the binary re-executed as "agent-exec" to apply
+	// Landlock before exec (default /.cella/cella). It is only used when
+	// the config's runtime is "namespaces".
+	ExecHelper string
+	// SandboxWide makes the watchdog count every process but the agent
+	// (true inside a sandbox). Otherwise only the sessions of commands the
+	// server started count, which is what a test on a shared host needs.
+	SandboxWide bool
+	// DiskPath is the filesystem checked for the disk limit (default /).
+	DiskPath string
+}
+
+// DefaultExecHelper is where the cella binary is mounted in a sandbox.
+const DefaultExecHelper = "/.cella/cella"
+
+// Server is the agent's API: envd's process and filesystem services plus
+// its plain HTTP endpoints and cella's extensions.
+type Server struct {
+	opts     Options
+	users    userDB
+	reaper   *Reaper
+	procs    procTable
+	watchers watcherTable
+	watchdog watchdog
+	done     chan struct{}
+	closeMu  sync.Once
+
+	// mu guards cfg, which /init updates while requests read it.
+	mu  sync.RWMutex
+	cfg Config
+}
+
+// NewServer makes a server for cfg. It starts no goroutines until a
+// command runs.
+func NewServer(cfg Config, opts Options) *Server {
+	if opts.PasswdPath == "" {
+		opts.PasswdPath = "/etc/passwd"
+	}
+	if opts.GroupPath == "" {
+		opts.GroupPath = "/etc/group"
+	}
+	if opts.ExecHelper == "" {
+		opts.ExecHelper = DefaultExecHelper
+	}
+	if opts.DiskPath == "" {
+		opts.DiskPath = "/"
+	}
+	if cfg.DefaultUser == "" {
+		cfg.DefaultUser = "root"
+	}
+	s := &Server{
+		opts:     opts,
+		users:    userDB{passwdPath: opts.PasswdPath, groupPath: opts.GroupPath},
+		reaper:   opts.Reaper,
+		procs:    procTable{byPid: map[int]*proc{}},
+		watchers: watcherTable{byID: map[string]*dirWatcher{}},
+		done:     make(chan struct{}),
+		cfg:      cfg,
+	}
+	s.watchdog.s = s
+	return s
+}
+
+// Close kills every running command and stops every watcher.
+func (s *Server) Close() {
+	s.closeMu.Do(func() { close(s.done) })
+	for _, p := range s.procs.running() {
+		_ = p.signal(9)
+	}
+	s.watchers.closeAll()
+}
+
+func (s *Server) config() Config {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.cfg
+}
+
+// globalEnv is the sandbox-wide environment: the config's env vars plus
+// the E2B_* variables SDK code relies on.
+func (s *Server) globalEnv() map[string]string {
+	cfg := s.config()
+	env := maps.Clone(cfg.EnvVars)
+	if env == nil {
+		env = map[string]string{}
+	}
+	env["E2B_SANDBOX"] = "true"
+	env["E2B_SANDBOX_ID"] = cfg.SandboxID
+	env["E2B_TEMPLATE_ID"] = cfg.TemplateID
+	return env
+}
+
+// execHelper returns the helper binary and its mode when commands must be
+// started through the Landlock helper.
+func (s *Server) execHelper(u *sandboxUser) (string, string) {
+	if s.config().Runtime != "namespaces" {
+		// gVisor already interposes every syscall; Landlock adds nothing
+		// there (and runsc does not implement it).
+		return "", ""
+	}
+	if !isExecutable(s.opts.ExecHelper) {
+		slog.Warn("landlock helper missing; commands run without landlock", "helper", s.opts.ExecHelper)
+		return "", ""
+	}
+	if u.UID == 0 {
+		return s.opts.ExecHelper, helperModeRoot
+	}
+	return s.opts.ExecHelper, helperModeUser
+}
+
+// requestUser is the Linux user of an RPC: the Basic-auth user name (the
+// password is ignored, as in envd), else the default user.
+func (s *Server) requestUser(h http.Header) (*sandboxUser, error) {
+	name := s.config().DefaultUser
+	if auth := h.Get("Authorization"); auth != "" {
+		user, ok := parseBasicUser(auth)
+		if !ok {
+			return nil, connect.NewError(connect.CodeUnauthenticated, errors.New("invalid Authorization header: expected Basic auth with the user name"))
+		}
+		if user != "" {
+			name = user
+		}
+	}
+	u, err := s.users.lookup(name)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("invalid username: '%s'", name))
+	}
+	return u, nil
+}
+
+func parseBasicUser(auth string) (string, bool) {
+	const prefix = "Basic "
+	if len(auth) < len(prefix) || !strings.EqualFold(auth[:len(prefix)], prefix) {
+		return "", false
+	}
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(auth[len(prefix):]))
+	if err != nil {
+		return "", false
+	}
+	user, _, _ := strings.Cut(string(b), ":")
+	return user, true
+}
+
+// fileUser is the user of a plain-HTTP file request: ?username=, else the
+// Basic-auth user, else the default.
+func (s *Server) fileUser(r *http.Request) (*sandboxUser, error) {
+	name := r.URL.Query().Get("username")
+	if name == "" {
+		if auth := r.Header.Get("Authorization"); auth != "" {
+			if u, ok := parseBasicUser(auth); ok {
+				name = u
+			}
+		}
+	}
+	if name == "" {
+		name = s.config().DefaultUser
+	}
+	u, err := s.users.lookup(name)
+	if err != nil {
+		return nil, fmt.Errorf("error looking up user '%s': %w", name, err)
+	}
+	return u, nil
+}
+
+// Handler is the agent's API as the daemon reaches it over the channel.
+func (s *Server) Handler() http.Handler { return s.handler(true) }
+
+// LocalHandler is the same API for programs inside the sandbox
+// (127.0.0.1:49983). It differs in one way: /init, which can replace the
+// access token, needs the current token even when none is set, so only the
+// daemon (which wrote the config) can call it.
+func (s *Server) LocalHandler() http.Handler { return s.handler(false) }
+
+func (s *Server) handler(trusted bool) http.Handler {
+	mux := http.NewServeMux()
+	opts := []connect.HandlerOption{}
+	path, h := processconnect.NewProcessHandler(processService{s}, opts...)
+	mux.Handle(path, h)
+	path, h = filesystemconnect.NewFilesystemHandler(filesystemService{s}, opts...)
+	mux.Handle(path, h)
+
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("GET /envs", s.handleEnvs)
+	mux.HandleFunc("POST /init", func(w http.ResponseWriter, r *http.Request) { s.handleInit(w, r, trusted) })
+	mux.HandleFunc("GET /files", s.handleDownload)
+	mux.HandleFunc("POST /files", s.handleUpload)
+	mux.HandleFunc("GET /cella/tar", s.handleTarGet)
+	mux.HandleFunc("POST /cella/tar", s.handleTarPut)
+	return s.withAuth(mux)
+}
+
+// authExempt are the endpoints that do their own auth (or need none), as in
+// envd's WithAuthorization.
+var authExempt = map[string]bool{
+	"GET /health": true,
+	"GET /files":  true,
+	"POST /files": true,
+	"POST /init":  true,
+}
+
+const unauthorizedMessage = "unauthorized access, please provide a valid access token or method signing if supported"
+
+func (s *Server) withAuth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token := s.config().AccessToken
+		if token != "" && !authExempt[r.Method+" "+r.URL.Path] && !tokenEqual(r.Header.Get("X-Access-Token"), token) {
+			jsonError(w, http.StatusUnauthorized, errors.New(unauthorizedMessage))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func tokenEqual(got, want string) bool {
+	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
+}
+
+// jsonError writes envd's plain-endpoint error body.
+func jsonError(w http.ResponseWriter, code int, err error) {
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}{code, err.Error()})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func (s *Server) handleEnvs(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, s.globalEnv())
+}
+
+// initRequest is envd's /init body; the fields cella does not use are
+// accepted and ignored.
+type initRequest struct {
+	EnvVars        map[string]string `json:"envVars"`
+	AccessToken    *string           `json:"accessToken"`
+	DefaultUser    *string           `json:"defaultUser"`
+	DefaultWorkdir *string           `json:"defaultWorkdir"`
+}
+
+// handleInit updates the running config, e.g. when a warm sandbox is handed
+// to its owner. Once a token is set, only a caller that knows it may change
+// anything; without one only the daemon (trusted) may.
+func (s *Server) handleInit(w http.ResponseWriter, r *http.Request, trusted bool) {
+	cur := s.config().AccessToken
+	switch {
+	case cur != "" && !tokenEqual(r.Header.Get("X-Access-Token"), cur):
+		jsonError(w, http.StatusUnauthorized, errors.New(unauthorizedMessage))
+		return
+	case cur == "" && !trusted:
+		jsonError(w, http.StatusUnauthorized, errors.New("init is only available to the sandbox's daemon"))
+		return
+	}
+	var req initRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil {
+		jsonError(w, http.StatusBadRequest, fmt.Errorf("parse init request: %w", err))
+		return
+	}
+	if req.DefaultUser != nil && *req.DefaultUser != "" {
+		if _, err := s.users.lookup(*req.DefaultUser); err != nil {
+			jsonError(w, http.StatusBadRequest, err)
+			return
+		}
+	}
+	s.mu.Lock()
+	if req.EnvVars != nil {
+		env := maps.Clone(s.cfg.EnvVars)
+		if env == nil {
+			env = map[string]string{}
+		}
+		maps.Copy(env, req.EnvVars)
+		s.cfg.EnvVars = env
+	}
+	if req.AccessToken != nil {
+		s.cfg.AccessToken = *req.AccessToken
+	}
+	if req.DefaultUser != nil && *req.DefaultUser != "" {
+		s.cfg.DefaultUser = *req.DefaultUser
+	}
+	if req.DefaultWorkdir != nil {
+		s.cfg.DefaultWorkdir = *req.DefaultWorkdir
+	}
+	s.mu.Unlock()
+	w.Header().Set("X-Envd-Version", Version)
+	w.WriteHeader(http.StatusNoContent)
+}

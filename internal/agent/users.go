@@ -1,0 +1,153 @@
+package agent
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// sandboxUser is an account of the sandbox's own user database. The agent
+// parses /etc/passwd and /etc/group itself instead of using os/user: the
+// agent is a static binary (no NSS), and the files are re-read on every
+// lookup so that accounts created inside the sandbox (useradd) just work.
+type sandboxUser struct {
+	Name   string
+	UID    uint32
+	GID    uint32
+	Home   string
+	Groups []uint32 // supplementary groups, including the primary one
+}
+
+// userDB reads the sandbox's passwd and group files.
+type userDB struct {
+	passwdPath string
+	groupPath  string
+}
+
+// lookup finds a user by name. A numeric name that is not in passwd is
+// accepted as a bare uid (gid = uid, home = /) so that images without an
+// entry for the uid still work.
+func (db userDB) lookup(name string) (*sandboxUser, error) {
+	if name == "" {
+		return nil, fmt.Errorf("no user given")
+	}
+	var found *sandboxUser
+	err := scanColonFile(db.passwdPath, func(f []string) bool {
+		if len(f) < 7 || f[0] != name {
+			return true
+		}
+		uid, err1 := strconv.ParseUint(f[2], 10, 32)
+		gid, err2 := strconv.ParseUint(f[3], 10, 32)
+		if err1 != nil || err2 != nil {
+			return true
+		}
+		found = &sandboxUser{Name: f[0], UID: uint32(uid), GID: uint32(gid), Home: f[5]}
+		return false
+	})
+	if err != nil && !os.IsNotExist(err) {
+		return nil, fmt.Errorf("read %s: %w", db.passwdPath, err)
+	}
+	if found == nil {
+		if name == "root" {
+			found = &sandboxUser{Name: "root", Home: "/root"}
+		} else {
+			return nil, fmt.Errorf("user '%s' does not exist in the sandbox", name)
+		}
+	}
+	if found.Home == "" {
+		found.Home = "/"
+	}
+	found.Groups = db.groupsOf(found.Name, found.GID)
+	return found, nil
+}
+
+// groupsOf lists the supplementary groups of a user (the primary gid first).
+func (db userDB) groupsOf(name string, primary uint32) []uint32 {
+	groups := []uint32{primary}
+	_ = scanColonFile(db.groupPath, func(f []string) bool {
+		if len(f) < 4 || f[3] == "" {
+			return true
+		}
+		for _, m := range strings.Split(f[3], ",") {
+			if m != name {
+				continue
+			}
+			if gid, err := strconv.ParseUint(f[2], 10, 32); err == nil && uint32(gid) != primary {
+				groups = append(groups, uint32(gid))
+			}
+			break
+		}
+		return true
+	})
+	return groups
+}
+
+// names maps uids and gids to names for EntryInfo.owner/group. Unknown ids
+// are returned as numbers, like envd.
+type idNames struct {
+	users  map[uint32]string
+	groups map[uint32]string
+}
+
+func (db userDB) idNames() idNames {
+	n := idNames{users: map[uint32]string{}, groups: map[uint32]string{}}
+	_ = scanColonFile(db.passwdPath, func(f []string) bool {
+		if len(f) >= 3 {
+			if id, err := strconv.ParseUint(f[2], 10, 32); err == nil {
+				if _, dup := n.users[uint32(id)]; !dup {
+					n.users[uint32(id)] = f[0]
+				}
+			}
+		}
+		return true
+	})
+	_ = scanColonFile(db.groupPath, func(f []string) bool {
+		if len(f) >= 3 {
+			if id, err := strconv.ParseUint(f[2], 10, 32); err == nil {
+				if _, dup := n.groups[uint32(id)]; !dup {
+					n.groups[uint32(id)] = f[0]
+				}
+			}
+		}
+		return true
+	})
+	return n
+}
+
+func (n idNames) user(uid uint32) string {
+	if s, ok := n.users[uid]; ok {
+		return s
+	}
+	return strconv.FormatUint(uint64(uid), 10)
+}
+
+func (n idNames) group(gid uint32) string {
+	if s, ok := n.groups[gid]; ok {
+		return s
+	}
+	return strconv.FormatUint(uint64(gid), 10)
+}
+
+// scanColonFile calls fn with the fields of every non-comment line until fn
+// returns false.
+func scanColonFile(path string, fn func([]string) bool) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		if !fn(strings.Split(line, ":")) {
+			return nil
+		}
+	}
+	return sc.Err()
+}

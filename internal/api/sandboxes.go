@@ -1,0 +1,450 @@
+package api
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/agent"
+	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/sandbox"
+)
+
+// newSandboxRequest is E2B's NewSandbox / NewSandboxV2 plus cella's limit
+// fields. Unknown fields are accepted: newer SDKs add them.
+type newSandboxRequest struct {
+	TemplateID          string            `json:"templateID"`
+	Timeout             *int64            `json:"timeout"`
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Network             json.RawMessage   `json:"network"`
+	AutoPause           bool              `json:"autoPause"`
+	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
+	AutoResume          *struct {
+		Enabled bool `json:"enabled"`
+	} `json:"autoResume"`
+	VolumeMounts json.RawMessage `json:"volumeMounts"`
+	Secure       *bool           `json:"secure"`
+	MCP          json.RawMessage `json:"mcp"`
+
+	// cella extensions.
+	CPUCount   float64 `json:"cpuCount"`
+	MemoryMB   int64   `json:"memoryMB"`
+	DiskSizeMB int64   `json:"diskSizeMB"`
+	PidsLimit  int64   `json:"pidsLimit"`
+}
+
+// sandboxResponse is E2B's Sandbox.
+type sandboxResponse struct {
+	SandboxID          string  `json:"sandboxID"`
+	TemplateID         string  `json:"templateID"`
+	Alias              string  `json:"alias,omitempty"`
+	ClientID           string  `json:"clientID"`
+	EnvdVersion        string  `json:"envdVersion"`
+	EnvdAccessToken    string  `json:"envdAccessToken"`
+	TrafficAccessToken *string `json:"trafficAccessToken"`
+	Domain             string  `json:"domain"`
+}
+
+const clientID = "cella"
+
+func (s *Server) sandboxBody(in sandbox.Info) sandboxResponse {
+	return sandboxResponse{
+		SandboxID: in.ID, TemplateID: in.TemplateID, Alias: in.TemplateID, ClientID: clientID,
+		EnvdVersion: agent.Version, EnvdAccessToken: in.EnvdAccessToken, Domain: s.cfg.Domain,
+	}
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
+	var req newSandboxRequest
+	if err := decodeBody(r, &req); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	opts := sandbox.Options{
+		TemplateID: req.TemplateID, Metadata: req.Metadata, EnvVars: req.EnvVars,
+		AllowInternetAccess: req.AllowInternetAccess, Network: req.Network, AutoPause: req.AutoPause,
+		VolumeMounts: req.VolumeMounts, CPUs: req.CPUCount, MemoryMB: req.MemoryMB, DiskMB: req.DiskSizeMB,
+		Pids: req.PidsLimit, APIKeyID: apiKeyFrom(r.Context()).ID,
+	}
+	if req.AutoResume != nil {
+		opts.AutoResume = req.AutoResume.Enabled
+	}
+	if req.Timeout != nil {
+		if *req.Timeout < 0 {
+			s.writeErr(w, r, errdefs.InvalidArgument("timeout must not be negative (got %d)", *req.Timeout))
+			return
+		}
+		opts.Timeout = time.Duration(*req.Timeout) * time.Second
+	}
+	if len(req.VolumeMounts) > 0 && string(req.VolumeMounts) != "null" && string(req.VolumeMounts) != "[]" {
+		s.writeErr(w, r, errdefs.NotImplemented("volumeMounts are not implemented in this version of cella"))
+		return
+	}
+	sb, err := s.cfg.Manager.Create(r.Context(), opts)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.sandboxBody(sb.Info()))
+}
+
+// sandboxDetail is E2B's SandboxDetail plus cella's fields.
+type sandboxDetail struct {
+	sandboxResponse
+	Metadata            map[string]string `json:"metadata"`
+	AllowInternetAccess bool              `json:"allowInternetAccess"`
+	StartedAt           time.Time         `json:"startedAt"`
+	EndAt               time.Time         `json:"endAt"`
+	State               string            `json:"state"`
+	CPUCount            float64           `json:"cpuCount"`
+	MemoryMB            int64             `json:"memoryMB"`
+	DiskSizeMB          int64             `json:"diskSizeMB"`
+	Network             networkDetail     `json:"network"`
+	Lifecycle           lifecycleDetail   `json:"lifecycle"`
+	VolumeMounts        []any             `json:"volumeMounts"`
+
+	// cella's own fields.
+	Runtime       string `json:"runtime"`
+	PidsLimit     int64  `json:"pidsLimit"`
+	DiskUsedBytes int64  `json:"diskUsedBytes"`
+	Error         string `json:"error,omitempty"`
+}
+
+type networkDetail struct {
+	AllowOut []string `json:"allowOut"`
+	DenyOut  []string `json:"denyOut"`
+	// Effective is what is enforced now, whatever was requested.
+	Effective string          `json:"effective"`
+	Requested json.RawMessage `json:"requested,omitempty"`
+}
+
+type lifecycleDetail struct {
+	OnTimeout  string `json:"onTimeout"`
+	AutoResume bool   `json:"autoResume"`
+}
+
+func (s *Server) detail(in sandbox.Info) sandboxDetail {
+	md := in.Options.Metadata
+	if md == nil {
+		md = map[string]string{}
+	}
+	var requested json.RawMessage
+	if in.Options.Network != nil || in.Options.AllowInternetAccess != nil {
+		requested, _ = json.Marshal(map[string]any{"network": in.Options.Network, "allow_internet_access": in.Options.AllowInternetAccess})
+	}
+	return sandboxDetail{
+		sandboxResponse: s.sandboxBody(in),
+		Metadata:        md,
+		StartedAt:       in.StartedAt, EndAt: in.EndAt, State: in.State,
+		CPUCount: in.Options.CPUs, MemoryMB: in.Options.MemoryMB, DiskSizeMB: in.Options.DiskMB,
+		Network: networkDetail{
+			AllowOut: []string{}, DenyOut: []string{"0.0.0.0/0", "::/0"},
+			Effective: "no egress: this version of cella gives sandboxes no network route at all, whatever the request asks",
+			Requested: requested,
+		},
+		Lifecycle:    lifecycleDetail{OnTimeout: "kill"},
+		VolumeMounts: []any{},
+		Runtime:      in.Runtime, PidsLimit: in.Options.Pids, DiskUsedBytes: in.DiskUsedBytes, Error: in.Error,
+	}
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.cfg.Manager.Get(r.PathValue("id"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.detail(sb.Info()))
+}
+
+func (s *Server) killSandbox(w http.ResponseWriter, r *http.Request) {
+	if err := s.cfg.Manager.Kill(r.Context(), r.PathValue("id")); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Timeout *int64 `json:"timeout"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	if req.Timeout == nil {
+		s.writeErr(w, r, errdefs.InvalidArgument("timeout (seconds) is required"))
+		return
+	}
+	if *req.Timeout < 0 {
+		s.writeErr(w, r, errdefs.InvalidArgument("timeout must not be negative (got %d)", *req.Timeout))
+		return
+	}
+	if err := s.cfg.Manager.SetTimeout(r.Context(), r.PathValue("id"), time.Duration(*req.Timeout)*time.Second); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Duration *int64 `json:"duration"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	d := int64(60)
+	if req.Duration != nil {
+		d = *req.Duration
+	}
+	if d < 0 {
+		s.writeErr(w, r, errdefs.InvalidArgument("duration must not be negative (got %d)", d))
+		return
+	}
+	if _, err := s.cfg.Manager.Extend(r.Context(), r.PathValue("id"), time.Duration(d)*time.Second); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Timeout *int64 `json:"timeout"`
+		Memory  *bool  `json:"memory"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	d := sandbox.DefaultTimeout
+	if req.Timeout != nil {
+		if *req.Timeout < 0 {
+			s.writeErr(w, r, errdefs.InvalidArgument("timeout must not be negative (got %d)", *req.Timeout))
+			return
+		}
+		d = time.Duration(*req.Timeout) * time.Second
+	}
+	sb, err := s.cfg.Manager.Extend(r.Context(), r.PathValue("id"), d)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.sandboxBody(sb.Info()))
+}
+
+// listedSandbox is E2B's ListedSandbox.
+type listedSandbox struct {
+	SandboxID    string            `json:"sandboxID"`
+	TemplateID   string            `json:"templateID"`
+	Alias        string            `json:"alias,omitempty"`
+	ClientID     string            `json:"clientID"`
+	CPUCount     float64           `json:"cpuCount"`
+	MemoryMB     int64             `json:"memoryMB"`
+	DiskSizeMB   int64             `json:"diskSizeMB"`
+	StartedAt    time.Time         `json:"startedAt"`
+	EndAt        time.Time         `json:"endAt"`
+	EnvdVersion  string            `json:"envdVersion"`
+	Metadata     map[string]string `json:"metadata"`
+	State        string            `json:"state"`
+	VolumeMounts []any             `json:"volumeMounts"`
+	Runtime      string            `json:"runtime"`
+}
+
+func listed(in sandbox.Info) listedSandbox {
+	md := in.Options.Metadata
+	if md == nil {
+		md = map[string]string{}
+	}
+	return listedSandbox{
+		SandboxID: in.ID, TemplateID: in.TemplateID, Alias: in.TemplateID, ClientID: clientID,
+		CPUCount: in.Options.CPUs, MemoryMB: in.Options.MemoryMB, DiskSizeMB: in.Options.DiskMB,
+		StartedAt: in.StartedAt, EndAt: in.EndAt, EnvdVersion: agent.Version, Metadata: md, State: in.State,
+		VolumeMounts: []any{}, Runtime: in.Runtime,
+	}
+}
+
+// parseMetadataFilter decodes E2B's metadata query: the framework has
+// decoded it once; the whole string is unescaped again, split on & and =,
+// and each key and value unescaped once more.
+func parseMetadataFilter(raw string) (map[string]string, error) {
+	out := map[string]string{}
+	if raw == "" {
+		return out, nil
+	}
+	whole, err := url.QueryUnescape(raw)
+	if err != nil {
+		return nil, errdefs.InvalidArgument("invalid metadata filter: %v", err)
+	}
+	for _, pair := range strings.Split(whole, "&") {
+		if pair == "" {
+			continue
+		}
+		k, v, _ := strings.Cut(pair, "=")
+		uk, err1 := url.QueryUnescape(k)
+		uv, err2 := url.QueryUnescape(v)
+		if err1 != nil || err2 != nil {
+			return nil, errdefs.InvalidArgument("invalid metadata filter pair %q", pair)
+		}
+		out[uk] = uv
+	}
+	return out, nil
+}
+
+func matchesMetadata(md, want map[string]string) bool {
+	for k, v := range want {
+		if md[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Server) listSandboxesV1(w http.ResponseWriter, r *http.Request) {
+	want, err := parseMetadataFilter(r.URL.Query().Get("metadata"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	out := []listedSandbox{}
+	for _, sb := range s.cfg.Manager.List() {
+		in := sb.Info()
+		if in.State == sandbox.StateRunning && matchesMetadata(in.Options.Metadata, want) {
+			out = append(out, listed(in))
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) listSandboxesV2(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	want, err := parseMetadataFilter(q.Get("metadata"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	states := map[string]bool{sandbox.StateRunning: true, sandbox.StatePaused: true}
+	if st := q.Get("state"); st != "" {
+		states = map[string]bool{}
+		for _, v := range strings.Split(st, ",") {
+			v = strings.TrimSpace(v)
+			switch v {
+			case sandbox.StateRunning, sandbox.StatePaused, sandbox.StateDead:
+				states[v] = true
+			case "":
+			default:
+				s.writeErr(w, r, errdefs.InvalidArgument("invalid state %q: use running, paused or dead", v))
+				return
+			}
+		}
+	}
+	limit := 100
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 100 {
+			s.writeErr(w, r, errdefs.InvalidArgument("limit must be an integer from 1 to 100 (got %q)", l))
+			return
+		}
+		limit = n
+	}
+	var startedAfter time.Time
+	if sa := q.Get("startedAfter"); sa != "" {
+		t, err := time.Parse(time.RFC3339Nano, sa)
+		if err != nil {
+			s.writeErr(w, r, errdefs.InvalidArgument("startedAfter must be an RFC 3339 time (got %q)", sa))
+			return
+		}
+		startedAfter = t
+	}
+	tpl := q.Get("template")
+	asc := q.Get("order") == "asc"
+	if o := q.Get("order"); o != "" && o != "asc" && o != "desc" {
+		s.writeErr(w, r, errdefs.InvalidArgument("order must be asc or desc (got %q)", o))
+		return
+	}
+
+	var all []sandbox.Info
+	for _, sb := range s.cfg.Manager.List() {
+		in := sb.Info()
+		if !states[in.State] || !matchesMetadata(in.Options.Metadata, want) {
+			continue
+		}
+		if tpl != "" && in.TemplateID != tpl {
+			continue
+		}
+		if !startedAfter.IsZero() && !in.StartedAt.After(startedAfter) {
+			continue
+		}
+		all = append(all, in)
+	}
+	sort.Slice(all, func(i, j int) bool {
+		less := all[i].StartedAt.Before(all[j].StartedAt) ||
+			(all[i].StartedAt.Equal(all[j].StartedAt) && all[i].ID < all[j].ID)
+		if asc {
+			return less
+		}
+		return !less
+	})
+	// The cursor is the last item's position key, so pages stay stable
+	// while sandboxes come and go.
+	start := 0
+	if tok := q.Get("nextToken"); tok != "" {
+		ms, id, ok := strings.Cut(tok, "_")
+		n, err := strconv.ParseInt(ms, 10, 64)
+		if !ok || err != nil {
+			s.writeErr(w, r, errdefs.InvalidArgument("invalid nextToken %q", tok))
+			return
+		}
+		start = len(all)
+		for i, in := range all {
+			k := in.StartedAt.UnixNano()
+			after := k > n || (k == n && in.ID > id)
+			if !asc {
+				after = k < n || (k == n && in.ID < id)
+			}
+			if after {
+				start = i
+				break
+			}
+		}
+	}
+	page := all[start:]
+	if len(page) > limit {
+		page = page[:limit]
+		last := page[len(page)-1]
+		w.Header().Set("X-Next-Token", strconv.FormatInt(last.StartedAt.UnixNano(), 10)+"_"+last.ID)
+	}
+	out := make([]listedSandbox, 0, len(page))
+	for _, in := range page {
+		out = append(out, listed(in))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+type templateInfo struct {
+	TemplateID string   `json:"templateID"`
+	Aliases    []string `json:"aliases"`
+	Public     bool     `json:"public"`
+}
+
+func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
+	tpls, err := s.cfg.Templates.List()
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	out := []templateInfo{}
+	for _, t := range tpls {
+		out = append(out, templateInfo{TemplateID: t.Name, Aliases: []string{t.Name}})
+	}
+	writeJSON(w, http.StatusOK, out)
+}

@@ -1,0 +1,130 @@
+// Package api is cella's HTTP surface: the control-plane REST API (a superset
+// of E2B's) and the sandbox traffic proxy that routes envd and port requests
+// to the agent channel of the right sandbox.
+package api
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/sandbox"
+	"github.com/cella-sandbox/cella/internal/store"
+	"github.com/cella-sandbox/cella/internal/template"
+)
+
+// Config configures the API server.
+type Config struct {
+	Manager   *sandbox.Manager
+	Store     *store.Store
+	Templates *template.Store
+	// Domain is returned to clients for <port>-<id>.<domain> hosts.
+	Domain string
+	Log    *slog.Logger
+}
+
+// Server serves the REST API and the sandbox proxy on one listener.
+type Server struct {
+	cfg Config
+	log *slog.Logger
+	mux *http.ServeMux
+}
+
+// New builds the server's routes.
+func New(cfg Config) *Server {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	s := &Server{cfg: cfg, log: cfg.Log, mux: http.NewServeMux()}
+	s.routes()
+	return s
+}
+
+type keyCtx struct{}
+
+func (s *Server) routes() {
+	m := s.mux
+	m.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+
+	auth := s.requireKey
+	m.Handle("POST /sandboxes", auth(s.createSandbox))
+	m.Handle("POST /v2/sandboxes", auth(s.createSandbox))
+	m.Handle("GET /sandboxes", auth(s.listSandboxesV1))
+	m.Handle("GET /v2/sandboxes", auth(s.listSandboxesV2))
+	m.Handle("GET /sandboxes/{id}", auth(s.getSandbox))
+	m.Handle("DELETE /sandboxes/{id}", auth(s.killSandbox))
+	m.Handle("POST /sandboxes/{id}/timeout", auth(s.setTimeout))
+	m.Handle("POST /sandboxes/{id}/refreshes", auth(s.refresh))
+	m.Handle("POST /sandboxes/{id}/connect", auth(s.connectSandbox))
+	m.Handle("POST /v2/sandboxes/{id}/connect", auth(s.connectSandbox))
+	m.Handle("GET /templates", auth(s.listTemplates))
+
+	// Later work answers 501 naming the feature, so clients fail clearly.
+	for pattern, feature := range map[string]string{
+		"POST /sandboxes/{id}/pause":     "pause",
+		"POST /sandboxes/{id}/resume":    "resume",
+		"POST /sandboxes/{id}/snapshots": "snapshots",
+		"GET /snapshots":                 "snapshots",
+		"DELETE /templates/{id}":         "snapshot deletion",
+		"POST /sandboxes/{id}/fork":      "fork",
+		"PUT /sandboxes/{id}/network":    "runtime network update",
+		"GET /sandboxes/{id}/metrics":    "sandbox metrics",
+		"GET /sandboxes/metrics":         "sandbox metrics",
+		"GET /sandboxes/{id}/logs":       "sandbox logs",
+		"GET /v2/sandboxes/{id}/logs":    "sandbox logs",
+		"POST /v3/templates":             "template builds over the API (use: cella template build)",
+	} {
+		m.Handle(pattern, auth(notImplemented(feature)))
+	}
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no such route: %s %s", r.Method, r.URL.Path)
+	})
+}
+
+func notImplemented(feature string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotImplemented, "%s is not implemented in this version of cella (%s %s)", feature, r.Method, r.URL.Path)
+	}
+}
+
+// ServeHTTP routes sandbox traffic to the proxy and the rest to the API.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if target, ok, err := s.sandboxTarget(r); ok {
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		s.proxy(w, r, target)
+		return
+	}
+	s.mux.ServeHTTP(&jsonStatusWriter{ResponseWriter: w}, r)
+}
+
+// requireKey checks X-API-Key (or a bearer token) against the stored hashes.
+func (s *Server) requireKey(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("X-API-Key")
+		if key == "" {
+			if a := r.Header.Get("Authorization"); strings.HasPrefix(a, "Bearer ") {
+				key = strings.TrimPrefix(a, "Bearer ")
+			}
+		}
+		if key == "" {
+			s.writeErr(w, r, errdefs.Unauthenticated("missing API key: send it in the X-API-Key header"))
+			return
+		}
+		k, err := s.cfg.Store.LookupAPIKey(r.Context(), key)
+		if err != nil {
+			s.writeErr(w, r, errdefs.Unauthenticated("invalid API key"))
+			return
+		}
+		h(w, r.WithContext(context.WithValue(r.Context(), keyCtx{}, k)))
+	})
+}
+
+func apiKeyFrom(ctx context.Context) store.APIKey {
+	k, _ := ctx.Value(keyCtx{}).(store.APIKey)
+	return k
+}

@@ -1,0 +1,266 @@
+// Package cgroup finds and removes cella's cgroups. Every container cella
+// starts gets the cgroupsPath "/cella/<id>", so on this host's v1 (hybrid)
+// layout its cgroups are /sys/fs/cgroup/<hierarchy>/cella/<id> in every
+// mounted hierarchy (and, if the unified hierarchy is used, under it).
+//
+// The runtimes create these directories; they do not always remove them
+// (runsc leaves empty ones behind after a failed boot, and nothing removes
+// them after a daemon crash), so Destroy and crash reconciliation call
+// Remove, which first kills whatever still runs inside.
+package cgroup
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Parent is the cgroup directory, relative to each hierarchy's root, that
+// holds every cella container's cgroup.
+const Parent = "cella"
+
+// Root is where cgroup hierarchies are mounted. A variable for tests.
+var Root = "/sys/fs/cgroup"
+
+var idRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]*$`)
+
+// Path returns the OCI cgroupsPath of container id.
+func Path(id string) string { return "/" + Parent + "/" + id }
+
+// hierarchies returns the cgroup mount points below Root (each v1
+// hierarchy and the unified one), read from /proc/self/mountinfo so that
+// co-mounted controllers (cpu,cpuacct) or symlinks are not visited twice.
+func hierarchies() ([]string, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("list cgroup hierarchies: %w", err)
+	}
+	var out []string
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		i := slices.Index(f, "-")
+		if i < 0 || i+1 >= len(f) || len(f) < 5 {
+			continue
+		}
+		if fstype := f[i+1]; fstype != "cgroup" && fstype != "cgroup2" {
+			continue
+		}
+		mp := f[4]
+		if strings.HasPrefix(mp, Root+"/") || mp == Root {
+			if !slices.Contains(out, mp) {
+				out = append(out, mp)
+			}
+		}
+	}
+	return out, nil
+}
+
+// Dirs returns every existing cgroup directory of container id.
+func Dirs(id string) ([]string, error) {
+	if !idRE.MatchString(id) {
+		return nil, fmt.Errorf("invalid container id %q", id)
+	}
+	hs, err := hierarchies()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, h := range hs {
+		d := filepath.Join(h, Parent, id)
+		if st, err := os.Stat(d); err == nil && st.IsDir() {
+			out = append(out, d)
+		}
+	}
+	return out, nil
+}
+
+// List returns the IDs that have a cgroup directory under cella's parent
+// in any hierarchy, sorted.
+func List() ([]string, error) {
+	hs, err := hierarchies()
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, h := range hs {
+		ents, err := os.ReadDir(filepath.Join(h, Parent))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list cgroups: %w", err)
+		}
+		for _, e := range ents {
+			if e.IsDir() && !slices.Contains(ids, e.Name()) {
+				ids = append(ids, e.Name())
+			}
+		}
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
+// Pids returns the processes in container id's cgroups (all hierarchies,
+// nested cgroups included), without duplicates.
+func Pids(id string) ([]int, error) {
+	dirs, err := Dirs(id)
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, d := range dirs {
+		p, err := treePids(d)
+		if err != nil {
+			return nil, err
+		}
+		for _, pid := range p {
+			if !slices.Contains(pids, pid) {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids, nil
+}
+
+func treePids(dir string) ([]int, error) {
+	var pids []int
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil // removed under us
+			}
+			return err
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		b, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+		if err != nil {
+			return nil
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+		return nil
+	})
+	return pids, err
+}
+
+// Remove kills every process left in container id's cgroups and removes
+// the directories (nested ones first) in every hierarchy. A container
+// without cgroups is not an error.
+func Remove(id string) error {
+	dirs, err := Dirs(id)
+	if err != nil {
+		return err
+	}
+	if len(dirs) == 0 {
+		return nil
+	}
+	if err := kill(id, dirs); err != nil {
+		return fmt.Errorf("remove cgroups of %s: %w", id, err)
+	}
+	var errs []error
+	for _, d := range dirs {
+		if err := rmTree(d); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("remove cgroups of %s: %w", id, err)
+	}
+	return nil
+}
+
+// kill SIGKILLs the processes in dirs until none is left. A frozen cgroup
+// is thawed first: a frozen task does not die until thawed.
+func kill(id string, dirs []string) error {
+	for _, d := range dirs {
+		_ = filepath.WalkDir(d, func(p string, e fs.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				if st, err := os.ReadFile(filepath.Join(p, "freezer.state")); err == nil && !bytes.HasPrefix(st, []byte("THAWED")) {
+					_ = os.WriteFile(filepath.Join(p, "freezer.state"), []byte("THAWED"), 0)
+				}
+			}
+			return nil
+		})
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var pids []int
+		for _, d := range dirs {
+			p, err := treePids(d)
+			if err != nil {
+				return err
+			}
+			pids = append(pids, p...)
+		}
+		if len(pids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d processes survive SIGKILL: %v", len(pids), pids)
+		}
+		for _, pid := range pids {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// rmTree removes a cgroup directory and its sub-cgroups, deepest first
+// (cgroup dirs are removed with rmdir; their files cannot be unlinked).
+// EBUSY right after the last process died is retried briefly: the kernel
+// releases a cgroup asynchronously from the exit of its last task.
+func rmTree(dir string) error {
+	var sub []string
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			sub = append(sub, p)
+		}
+		return nil
+	})
+	slices.Reverse(sub)
+	for _, d := range sub {
+		var err error
+		for i := 0; i < 100; i++ {
+			err = unix.Rmdir(d)
+			if err == nil || errors.Is(err, unix.ENOENT) {
+				err = nil
+				break
+			}
+			if !errors.Is(err, unix.EBUSY) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err != nil {
+			return fmt.Errorf("rmdir %s: %w", d, err)
+		}
+	}
+	return nil
+}
+
+// MemoryLimit reads container id's v1 memory ceiling in bytes (for tests and
+// diagnostics).
+func MemoryLimit(id string) (int64, error) {
+	b, err := os.ReadFile(filepath.Join(Root, "memory", Parent, id, "memory.limit_in_bytes"))
+	if err != nil {
+		return 0, fmt.Errorf("read memory limit of %s: %w", id, err)
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+}

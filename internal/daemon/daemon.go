@@ -1,0 +1,203 @@
+// Package daemon assembles a cella daemon: store, admin key, runtime (probed),
+// templates, sandbox manager and API handler, with every resource registered
+// as a closer and closed in reverse order. `cella serve` and the end-to-end
+// tests build the same daemon through it.
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/api"
+	"github.com/cella-sandbox/cella/internal/runtime"
+	"github.com/cella-sandbox/cella/internal/runtime/crun"
+	"github.com/cella-sandbox/cella/internal/runtime/gvisor"
+	"github.com/cella-sandbox/cella/internal/sandbox"
+	"github.com/cella-sandbox/cella/internal/store"
+	"github.com/cella-sandbox/cella/internal/template"
+)
+
+// Config is the daemon's configuration.
+type Config struct {
+	DataDir     string
+	CacheDir    string
+	Runtime     string // runtime.GVisor or runtime.Namespaces
+	Domain      string
+	RunscPath   string // required for gvisor
+	AgentBinary string // the static cella binary run as the agent
+	Log         *slog.Logger
+	// BuildProgress receives template build progress (default: the log).
+	BuildProgress io.Writer
+}
+
+// Validate checks the config.
+func (c *Config) Validate() error {
+	if c.Runtime != runtime.GVisor && c.Runtime != runtime.Namespaces {
+		return fmt.Errorf("runtime must be %s or %s (got %q)", runtime.GVisor, runtime.Namespaces, c.Runtime)
+	}
+	if !filepath.IsAbs(c.DataDir) || !filepath.IsAbs(c.CacheDir) {
+		return errors.New("data dir and cache dir must be absolute paths")
+	}
+	if c.Domain == "" {
+		return errors.New("domain must not be empty")
+	}
+	if c.Runtime == runtime.GVisor && c.RunscPath == "" {
+		return errors.New("the gvisor runtime needs the path of runsc")
+	}
+	if c.AgentBinary == "" {
+		return errors.New("agent binary is required")
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	if c.BuildProgress == nil {
+		c.BuildProgress = logWriter{c.Log}
+	}
+	return nil
+}
+
+// Daemon is a running cella daemon without its listener.
+type Daemon struct {
+	Handler   http.Handler
+	Manager   *sandbox.Manager
+	Store     *store.Store
+	Templates *template.Store
+	Runtime   runtime.Runtime
+	Reconcile sandbox.ReconcileReport
+	// AdminKeyPath is where the admin key was written on first start.
+	AdminKeyPath string
+
+	closers []func()
+}
+
+// New builds and starts a daemon: on failure everything made so far is
+// released again.
+func New(ctx context.Context, c Config) (d *Daemon, err error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	log := c.Log
+	d = &Daemon{}
+	defer func() {
+		if err != nil {
+			d.Close()
+		}
+	}()
+	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create data dir: %w", err)
+	}
+	st, err := store.Open(filepath.Join(c.DataDir, "cella.db"))
+	if err != nil {
+		return nil, err
+	}
+	d.Store = st
+	d.add(func() { st.Close() })
+	if d.AdminKeyPath, err = ensureAdminKey(ctx, st, c.DataDir, log); err != nil {
+		return nil, err
+	}
+
+	rt, err := newRuntime(c)
+	if err != nil {
+		return nil, err
+	}
+	d.Runtime = rt
+	d.add(func() { rt.Close() })
+	pctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	took, err := rt.Probe(pctx, filepath.Join(c.DataDir, "probe"))
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("runtime %s does not work on this host, refusing to start: %w", rt.Name(), err)
+	}
+	log.Info("runtime probed", "runtime", rt.Name(), "run_true", took.Round(time.Millisecond))
+
+	tpls, err := template.NewStore(c.CacheDir)
+	if err != nil {
+		return nil, err
+	}
+	d.Templates = tpls
+	mgr, err := sandbox.NewManager(sandbox.Config{
+		DataDir: c.DataDir, Runtime: rt, Templates: tpls, Store: st, AgentBinary: c.AgentBinary, Log: log,
+		BuildProgress: c.BuildProgress,
+	})
+	if err != nil {
+		return nil, err
+	}
+	d.Manager = mgr
+	d.add(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		mgr.Shutdown(sctx)
+	})
+	if d.Reconcile, err = mgr.Reconcile(ctx); err != nil {
+		return nil, fmt.Errorf("reconcile after start: %w", err)
+	}
+	d.Handler = api.New(api.Config{Manager: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log})
+	return d, nil
+}
+
+func (d *Daemon) add(f func()) { d.closers = append(d.closers, f) }
+
+// Close stops every sandbox and releases everything, in reverse order.
+func (d *Daemon) Close() {
+	for i := len(d.closers) - 1; i >= 0; i-- {
+		d.closers[i]()
+	}
+	d.closers = nil
+}
+
+func newRuntime(c Config) (runtime.Runtime, error) {
+	switch c.Runtime {
+	case runtime.GVisor:
+		return gvisor.New(gvisor.Config{RunscPath: c.RunscPath, RootDir: filepath.Join(c.DataDir, "runsc")})
+	case runtime.Namespaces:
+		return crun.New(crun.Config{RootDir: filepath.Join(c.DataDir, "crun")})
+	}
+	return nil, fmt.Errorf("unknown runtime %q", c.Runtime)
+}
+
+// ensureAdminKey creates the admin API key on first start. Only its hash is
+// stored; the key itself goes to <data-dir>/admin.key, readable by root only.
+func ensureAdminKey(ctx context.Context, st *store.Store, dataDir string, log *slog.Logger) (string, error) {
+	path := filepath.Join(dataDir, "admin.key")
+	n, err := st.CountAPIKeys(ctx)
+	if err != nil {
+		return "", err
+	}
+	if n > 0 {
+		log.Info("admin API key", "file", path)
+		return path, nil
+	}
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	key := "e2b_" + hex.EncodeToString(b)
+	if err := os.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("write admin key: %w", err)
+	}
+	if err := st.AddAPIKey(ctx, "admin", "admin", key); err != nil {
+		return "", err
+	}
+	log.Info("created the admin API key", "file", path)
+	return path, nil
+}
+
+// logWriter turns template build progress lines into log records.
+type logWriter struct{ log *slog.Logger }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	for len(p) > 0 && (p[len(p)-1] == '\n' || p[len(p)-1] == '\r') {
+		p = p[:len(p)-1]
+	}
+	w.log.Info("template build", "line", string(p))
+	return len(p), nil
+}

@@ -1,0 +1,255 @@
+// Package ocitest holds test helpers shared by the gvisor and crun
+// runtime tests: a sandbox directory with a real root filesystem (the
+// built "base" template through an overlay when it exists, else read-only
+// binds of the host's /usr and /etc), a unix socket in RunDir that the
+// container's PID 1 reports to, and leak checks after Destroy.
+package ocitest
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/cgroup"
+	"github.com/cella-sandbox/cella/internal/rootfs"
+	"github.com/cella-sandbox/cella/internal/runtime"
+	"github.com/cella-sandbox/cella/internal/runtime/oci"
+	"github.com/cella-sandbox/cella/internal/template"
+)
+
+// SocketName is the socket PID 1 reports to, in RunDir.
+const SocketName = "t.sock"
+
+// Fixture is one sandbox's host side.
+type Fixture struct {
+	Dir      string // 0755, traversable by a user-namespaced root
+	Spec     runtime.Spec
+	Template *template.Template // nil: host-paths rootfs
+	Layer    *rootfs.Layer      // nil: host-paths rootfs
+	ln       *net.UnixListener
+}
+
+// NeedRoot skips the test unless it runs as root.
+func NeedRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+}
+
+// BaseTemplate returns the built "base" template from $CELLA_TEMPLATE_CACHE
+// (default /var/cache/cella), or nil.
+func BaseTemplate(t *testing.T) *template.Template {
+	dir := os.Getenv("CELLA_TEMPLATE_CACHE")
+	if dir == "" {
+		dir = template.DefaultCacheDir
+	}
+	if _, err := os.Stat(filepath.Join(dir, "names", template.BaseName+".json")); err != nil {
+		return nil
+	}
+	s, err := template.NewStore(dir)
+	if err != nil {
+		return nil
+	}
+	tpl, err := s.Get(template.BaseName)
+	if err != nil {
+		return nil
+	}
+	return tpl
+}
+
+// New prepares a sandbox directory for container id. With useTemplate and a
+// built base template, the rootfs is an overlay on it; otherwise it is the
+// host-paths rootfs. PID 1 runs script with /bin/sh.
+func New(t *testing.T, id string, useTemplate bool, script string) *Fixture {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "cella-rt-"+id+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f := &Fixture{Dir: dir}
+	t.Cleanup(func() {
+		if f.ln != nil {
+			f.ln.Close()
+		}
+		if err := rootfs.UnmountAll(dir); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+		os.RemoveAll(dir)
+	})
+	bundle := filepath.Join(dir, "bundle")
+	run := filepath.Join(dir, "run")
+	for _, d := range []string{bundle, run} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Spec = runtime.Spec{
+		ID:          id,
+		BundleDir:   bundle,
+		AgentBinary: "/usr/bin/true", // stand-in: the test's PID 1 is /bin/sh
+		Args:        []string{"/bin/sh", "-c", script},
+		Env:         []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"},
+		RunDir:      run,
+		Hostname:    "sbx-" + id,
+		LogPath:     filepath.Join(dir, "container.log"),
+		Limits:      runtime.Limits{CPUs: 1, MemoryBytes: 512 << 20, Pids: 256},
+	}
+	if useTemplate {
+		f.Template = BaseTemplate(t)
+	}
+	if f.Template != nil {
+		l, err := rootfs.Mount(f.Template.RootFS, filepath.Join(dir, "sbx"), 64<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Layer = l
+		f.Spec.RootFS = l.Root
+	} else {
+		f.Spec.RootFS = filepath.Join(dir, "rootfs")
+		mounts, err := oci.HostPathsRootfs(f.Spec.RootFS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Spec.Mounts = mounts
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(run, SocketName), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.ln = ln
+	return f
+}
+
+// Report is what ReportScript sends.
+type Report struct {
+	UIDMap     []string `json:"uid_map"`
+	Seccomp    string   `json:"Seccomp"`
+	NoNewPrivs string   `json:"NoNewPrivs"`
+	CapEff     string   `json:"CapEff"`
+	Hostname   string   `json:"hostname"`
+	NetDevs    []string `json:"netdevs"`
+	Unshare    string   `json:"unshare"`
+	UserWrite  string   `json:"user_write"`
+	PID        int      `json:"pid"`
+	PPID       int      `json:"ppid"`
+}
+
+// ReportScript is a PID 1 script that inspects its sandbox with python3,
+// reports to the socket, then stays up.
+const ReportScript = `python3 - <<'EOF'
+import ctypes, json, os, socket
+r = {}
+r['uid_map'] = open('/proc/self/uid_map').read().split()
+for l in open('/proc/self/status').read().splitlines():
+    k, _, v = l.partition(':')
+    if k in ('Seccomp', 'NoNewPrivs', 'CapEff'):
+        r[k] = v.strip()
+r['hostname'] = socket.gethostname()
+r['netdevs'] = [l.split(':')[0].strip() for l in open('/proc/net/dev').read().splitlines()[2:]]
+libc = ctypes.CDLL(None, use_errno=True)
+rc = libc.unshare(0x10000000)  # CLONE_NEWUSER
+r['unshare'] = 'ok' if rc == 0 else os.strerror(ctypes.get_errno())
+pid = os.fork()
+if pid == 0:
+    try:
+        os.setgroups([]); os.setgid(1000); os.setuid(1000)
+        with open('/home/user/written-by-user', 'w') as f:
+            f.write('x')
+        os._exit(0)
+    except BaseException as e:
+        print('user write:', e, flush=True)
+        os._exit(1)
+_, st = os.waitpid(pid, 0)
+r['user_write'] = 'ok' if st == 0 else 'failed'
+r['pid'] = os.getpid(); r['ppid'] = os.getppid()
+s = socket.socket(socket.AF_UNIX)
+s.connect('/run/cella/t.sock')
+s.sendall(json.dumps(r).encode() + b'\n')
+s.close()
+EOF
+exec sleep 1000`
+
+// Accept waits for PID 1's report.
+func (f *Fixture) Accept(t *testing.T, timeout time.Duration) Report {
+	t.Helper()
+	_ = f.ln.SetDeadline(time.Now().Add(timeout))
+	c, err := f.ln.Accept()
+	if err != nil {
+		log, _ := os.ReadFile(f.Spec.LogPath)
+		t.Fatalf("no connection from the container: %v\ncontainer log:\n%s", err, log)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	line, err := bufio.NewReader(c).ReadBytes('\n')
+	if err != nil {
+		t.Fatalf("read report: %v", err)
+	}
+	var r Report
+	if err := json.Unmarshal(line, &r); err != nil {
+		t.Fatalf("parse report %q: %v", line, err)
+	}
+	return r
+}
+
+// AssertGone fails the test if anything of container id is left: a
+// process in its cgroups or naming it on its command line, a cgroup dir,
+// a mount under any of mountPrefixes, or an entry in rt's List.
+func AssertGone(t *testing.T, rt runtime.Runtime, id string, mountPrefixes ...string) {
+	t.Helper()
+	if dirs, err := cgroup.Dirs(id); err != nil || len(dirs) > 0 {
+		t.Errorf("cgroup dirs left: %v %v", dirs, err)
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	self := os.Getpid()
+	for _, p := range procs {
+		if p == filepath.Join("/proc", itoa(self)) {
+			continue
+		}
+		cg, _ := os.ReadFile(filepath.Join(p, "cgroup"))
+		cmd, _ := os.ReadFile(filepath.Join(p, "cmdline"))
+		if strings.Contains(string(cg), "/"+cgroup.Parent+"/"+id) || strings.Contains(string(cmd), id) {
+			t.Errorf("process left: %s %q", p, strings.ReplaceAll(string(cmd), "\x00", " "))
+		}
+	}
+	for _, pre := range mountPrefixes {
+		if m, err := rootfs.FindMounts(pre); err != nil || len(m) > 0 {
+			t.Errorf("mounts left under %s: %v %v", pre, m, err)
+		}
+	}
+	ids, err := rt.List(t.Context())
+	if err != nil {
+		t.Errorf("List: %v", err)
+	}
+	for _, x := range ids {
+		if x == id {
+			t.Errorf("%s still listed", id)
+		}
+	}
+	if _, err := rt.State(t.Context(), id); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("State after Destroy: %v, want ErrNotFound", err)
+	}
+}
+
+func itoa(n int) string {
+	return strings.TrimSpace(strings.Join(strings.Fields(strings.Repeat(" ", 0)+func() string {
+		b := []byte{}
+		if n == 0 {
+			return "0"
+		}
+		for n > 0 {
+			b = append([]byte{byte('0' + n%10)}, b...)
+			n /= 10
+		}
+		return string(b)
+	}()), ""))
+}

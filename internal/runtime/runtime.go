@@ -1,0 +1,94 @@
+// Package runtime is the boundary between cella and an isolation engine. A
+// Runtime starts one container per sandbox from a prepared root filesystem
+// with the cella agent as PID 1, and can find and remove its containers
+// again after a crash. Every implementation passes runtimetest.
+package runtime
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Names of the runtimes cella ships.
+const (
+	GVisor     = "gvisor"
+	Namespaces = "namespaces"
+)
+
+// ErrNotFound is returned when a container does not exist.
+var ErrNotFound = errors.New("container not found")
+
+// Limits are the host-side ceilings of one container. The agent enforces the
+// sandbox's nominal limits inside; these are the backstop.
+type Limits struct {
+	CPUs        float64 // CPU quota in cores; 0 = unlimited
+	MemoryBytes int64   // cgroup memory ceiling; 0 = unlimited
+	Pids        int64   // cgroup pids ceiling; 0 = unlimited
+}
+
+// Mount is an extra bind mount into the container.
+type Mount struct {
+	Source      string
+	Destination string
+	ReadOnly    bool
+}
+
+// Spec describes one container to start.
+type Spec struct {
+	ID string // container ID, unique on the host, [a-z0-9-]
+	// BundleDir is a directory owned by this container where the runtime may
+	// write its OCI bundle (config.json) and logs; it exists and is empty.
+	BundleDir string
+	// RootFS is the container's root, already mounted (template + its own
+	// copy-on-write layer). The runtime must not write the template.
+	RootFS string
+	// AgentBinary is the host path of the cella binary, mounted read-only
+	// at AgentGuestPath and started as PID 1 with Args.
+	AgentBinary string
+	Args        []string // argv of PID 1 (Args[0] is AgentGuestPath)
+	Env         []string // environment of PID 1 only
+	// RunDir is the host directory mounted at channel.GuestRunDir inside;
+	// the agent finds its config and the daemon's socket there.
+	RunDir   string
+	Hostname string
+	Limits   Limits
+	Mounts   []Mount
+	// LogPath receives the container's own stdout/stderr (the agent's log).
+	LogPath string
+}
+
+// AgentGuestPath is where the agent binary appears inside every container.
+const AgentGuestPath = "/.cella/cella"
+
+// Status is what the runtime knows of a container.
+type Status string
+
+const (
+	StatusCreated Status = "created"
+	StatusRunning Status = "running"
+	StatusPaused  Status = "paused"
+	StatusStopped Status = "stopped"
+)
+
+// Runtime drives one isolation engine.
+type Runtime interface {
+	// Name is GVisor or Namespaces.
+	Name() string
+	// Probe checks that the engine works on this host by running a trivial
+	// container; it returns a clear error saying what is missing if not.
+	Probe(ctx context.Context, scratchDir string) (time.Duration, error)
+	// Start creates and starts a container; PID 1 runs when it returns.
+	Start(ctx context.Context, spec Spec) error
+	// State reports a container's status, or ErrNotFound.
+	State(ctx context.Context, id string) (Status, error)
+	// Destroy kills every process of the container and deletes it and its
+	// host resources (cgroups, runtime state). Destroying a container that
+	// does not exist is not an error.
+	Destroy(ctx context.Context, id string) error
+	// List returns the IDs of every container this runtime holds on the
+	// host, including ones cella has no record of (after a crash).
+	List(ctx context.Context) ([]string, error)
+	// Close releases what the runtime holds (not the containers).
+	Close() error
+}

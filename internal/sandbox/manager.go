@@ -1,0 +1,566 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/agent"
+	"github.com/cella-sandbox/cella/internal/channel"
+	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/rootfs"
+	"github.com/cella-sandbox/cella/internal/runtime"
+	"github.com/cella-sandbox/cella/internal/store"
+	"github.com/cella-sandbox/cella/internal/template"
+)
+
+// Config configures a Manager.
+type Config struct {
+	DataDir     string
+	Runtime     runtime.Runtime
+	Templates   *template.Store
+	Store       *store.Store
+	AgentBinary string // host path of the cella binary run as the agent
+	Log         *slog.Logger
+	// AgentTimeout bounds how long create waits for the agent's hello.
+	AgentTimeout time.Duration
+	// BuildProgress receives progress lines when a template is built on
+	// first use (the daemon's log).
+	BuildProgress io.Writer
+}
+
+// Validate checks the config.
+func (c *Config) Validate() error {
+	switch {
+	case c.DataDir == "":
+		return errors.New("sandbox manager: DataDir is required")
+	case c.Runtime == nil:
+		return errors.New("sandbox manager: Runtime is required")
+	case c.Templates == nil:
+		return errors.New("sandbox manager: Templates is required")
+	case c.Store == nil:
+		return errors.New("sandbox manager: Store is required")
+	case c.AgentBinary == "":
+		return errors.New("sandbox manager: AgentBinary is required")
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	if c.AgentTimeout == 0 {
+		c.AgentTimeout = 30 * time.Second
+	}
+	if c.BuildProgress == nil {
+		c.BuildProgress = io.Discard
+	}
+	return nil
+}
+
+// Manager creates, tracks and destroys the sandboxes of one daemon.
+type Manager struct {
+	cfg Config
+	log *slog.Logger
+
+	buildMu sync.Mutex // serializes first-use template builds
+
+	mu        sync.Mutex
+	sandboxes map[string]*Sandbox
+	closed    bool
+
+	reaperStop chan struct{}
+	reaperDone chan struct{}
+}
+
+// NewManager makes a manager; call Reconcile before serving.
+func NewManager(cfg Config) (*Manager, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(sandboxesDir(cfg.DataDir), 0o700); err != nil {
+		return nil, fmt.Errorf("create sandboxes dir: %w", err)
+	}
+	m := &Manager{
+		cfg:        cfg,
+		log:        cfg.Log,
+		sandboxes:  map[string]*Sandbox{},
+		reaperStop: make(chan struct{}),
+		reaperDone: make(chan struct{}),
+	}
+	go m.reaper()
+	return m, nil
+}
+
+func sandboxesDir(dataDir string) string { return filepath.Join(dataDir, "sandboxes") }
+
+// RuntimeName is the runtime this manager drives.
+func (m *Manager) RuntimeName() string { return m.cfg.Runtime.Name() }
+
+// record is what the store keeps of a sandbox beyond its columns.
+type record struct {
+	Options         Options `json:"options"`
+	EnvdAccessToken string  `json:"envd_access_token"`
+	ChannelToken    string  `json:"channel_token"`
+	Error           string  `json:"error,omitempty"`
+}
+
+// Create makes a sandbox and returns once its agent answers.
+func (m *Manager) Create(ctx context.Context, opts Options) (*Sandbox, error) {
+	if err := opts.Normalize(); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	closed := m.closed
+	m.mu.Unlock()
+	if closed {
+		return nil, errdefs.Unavailable("daemon is shutting down")
+	}
+	tpl, err := m.template(ctx, opts.TemplateID)
+	if err != nil {
+		return nil, err
+	}
+
+	sb := &Sandbox{
+		ID:              newID(),
+		TemplateID:      opts.TemplateID,
+		Runtime:         m.cfg.Runtime.Name(),
+		Options:         opts,
+		StartedAt:       time.Now().UTC(),
+		EnvdAccessToken: newToken(),
+		channelToken:    newToken(),
+		state:           StateRunning,
+	}
+	sb.endAt = sb.StartedAt.Add(opts.Timeout)
+	sb.Dir = filepath.Join(sandboxesDir(m.cfg.DataDir), sb.ID)
+
+	if err := m.start(ctx, sb, tpl); err != nil {
+		m.cleanup(context.WithoutCancel(ctx), sb)
+		return nil, err
+	}
+	if err := m.persist(ctx, sb); err != nil {
+		m.cleanup(context.WithoutCancel(ctx), sb)
+		return nil, err
+	}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		m.cleanup(context.WithoutCancel(ctx), sb)
+		return nil, errdefs.Unavailable("daemon is shutting down")
+	}
+	m.sandboxes[sb.ID] = sb
+	m.mu.Unlock()
+	go m.supervise(sb)
+	m.log.Info("sandbox created", "id", sb.ID, "opts", opts.String(), "runtime", sb.Runtime)
+	return sb, nil
+}
+
+func (m *Manager) template(ctx context.Context, name string) (*template.Template, error) {
+	tpl, err := m.cfg.Templates.Get(name)
+	if err == nil {
+		return tpl, nil
+	}
+	if !errors.Is(err, template.ErrNotFound) {
+		return nil, fmt.Errorf("look up template %s: %w", name, err)
+	}
+	if name != DefaultTemplate {
+		return nil, errdefs.NotFound("template %q not found (build it with: cella template build %s ...)", name, name)
+	}
+	m.buildMu.Lock()
+	defer m.buildMu.Unlock()
+	if tpl, err := m.cfg.Templates.Get(name); err == nil {
+		return tpl, nil
+	}
+	m.log.Warn("template base is missing: building it now from Debian packages (about a minute, once per machine)")
+	tpl, err = m.cfg.Templates.EnsureBase(ctx, m.cfg.BuildProgress)
+	if err != nil {
+		return nil, fmt.Errorf("build template base: %w", err)
+	}
+	return tpl, nil
+}
+
+// start brings up everything a sandbox runs on; on error the caller cleans up.
+func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template) error {
+	runDir := filepath.Join(sb.Dir, "run")
+	bundleDir := filepath.Join(sb.Dir, "bundle")
+	for _, d := range []string{sb.Dir, runDir, bundleDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return fmt.Errorf("create dirs for %s: %w", sb.ID, err)
+		}
+	}
+	layer, err := rootfs.Mount(tpl.RootFS, sb.Dir, mib(sb.Options.DiskMB))
+	if err != nil {
+		return fmt.Errorf("create rootfs for %s: %w", sb.ID, err)
+	}
+	sb.layer = layer
+
+	ln, err := channel.Listen(filepath.Join(runDir, channel.SocketName))
+	if err != nil {
+		return fmt.Errorf("agent channel for %s: %w", sb.ID, err)
+	}
+	sb.listener = ln
+
+	if err := agent.WriteConfig(runDir, m.agentConfig(sb, tpl)); err != nil {
+		return err
+	}
+	spec := runtime.Spec{
+		ID:          sb.ID,
+		BundleDir:   bundleDir,
+		RootFS:      layer.Root,
+		AgentBinary: m.cfg.AgentBinary,
+		Args:        []string{runtime.AgentGuestPath, "agent"},
+		Env:         []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		RunDir:      runDir,
+		Hostname:    "cella",
+		Limits:      m.ceilings(sb.Options),
+		LogPath:     filepath.Join(sb.Dir, "agent.log"),
+	}
+	if err := m.cfg.Runtime.Start(ctx, spec); err != nil {
+		return fmt.Errorf("start %s container for %s: %w", m.cfg.Runtime.Name(), sb.ID, err)
+	}
+	actx, cancel := context.WithTimeout(ctx, m.cfg.AgentTimeout)
+	defer cancel()
+	conn, _, err := ln.Accept(actx, sb.channelToken)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: agent did not answer within %v (%w); agent log: %s",
+			sb.ID, m.cfg.AgentTimeout, err, tail(spec.LogPath, 800))
+	}
+	sb.conn = conn
+	return nil
+}
+
+func (m *Manager) agentConfig(sb *Sandbox, tpl *template.Template) agent.Config {
+	env := map[string]string{}
+	for _, kv := range tpl.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	for k, v := range sb.Options.EnvVars {
+		env[k] = v
+	}
+	return agent.Config{
+		SandboxID:      sb.ID,
+		TemplateID:     sb.TemplateID,
+		Runtime:        m.cfg.Runtime.Name(),
+		ChannelToken:   sb.channelToken,
+		AccessToken:    sb.EnvdAccessToken,
+		EnvVars:        env,
+		DefaultUser:    tpl.User,
+		DefaultWorkdir: tpl.Workdir,
+		Limits: agent.Limits{
+			CPUs:        sb.Options.CPUs,
+			MemoryBytes: mib(sb.Options.MemoryMB),
+			Pids:        sb.Options.Pids,
+			DiskBytes:   mib(sb.Options.DiskMB),
+			OutputBytes: DefaultOutputBytes,
+		},
+	}
+}
+
+// ceilings are the host cgroup limits: the agent enforces the nominal
+// limits inside and kills only the offending command; these stay above them
+// as a backstop because under gVisor hitting the cgroup limit kills the whole
+// sandbox, and gVisor's own sentry and stub processes count too.
+func (m *Manager) ceilings(o Options) runtime.Limits {
+	mem := mib(o.MemoryMB)
+	l := runtime.Limits{CPUs: o.CPUs, MemoryBytes: mem + mem/4 + mib(256), Pids: o.Pids*2 + 256}
+	if m.cfg.Runtime.Name() == runtime.Namespaces {
+		l.MemoryBytes = mem + mib(128)
+		l.Pids = o.Pids + 64
+	}
+	return l
+}
+
+func (m *Manager) persist(ctx context.Context, sb *Sandbox) error {
+	sb.mu.Lock()
+	rec := record{Options: sb.Options, EnvdAccessToken: sb.EnvdAccessToken, ChannelToken: sb.channelToken, Error: sb.err}
+	row := store.Sandbox{ID: sb.ID, TemplateID: sb.TemplateID, Runtime: sb.Runtime, State: sb.state,
+		StartedAt: sb.StartedAt, EndAt: sb.endAt, APIKeyID: sb.Options.APIKeyID}
+	sb.mu.Unlock()
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	row.Record = b
+	return m.cfg.Store.PutSandbox(ctx, row)
+}
+
+// supervise keeps the agent channel of a running sandbox: when the agent's
+// connection drops it waits for the agent to dial again, and if the container
+// is gone it marks the sandbox dead with the reason.
+func (m *Manager) supervise(sb *Sandbox) {
+	for {
+		sb.mu.Lock()
+		conn, state := sb.conn, sb.state
+		sb.mu.Unlock()
+		if state != StateRunning {
+			return
+		}
+		if conn != nil {
+			<-conn.Closed()
+		}
+		if !m.isTracked(sb) {
+			return
+		}
+		st, err := m.cfg.Runtime.State(context.Background(), sb.ID)
+		if err != nil || st == runtime.StatusStopped {
+			m.markDead(sb, m.deathReason(sb))
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		newConn, _, err := sb.listener.Accept(ctx, sb.channelToken)
+		cancel()
+		if !m.isTracked(sb) {
+			if newConn != nil {
+				newConn.Close()
+			}
+			return
+		}
+		sb.mu.Lock()
+		sb.conn = newConn
+		sb.mu.Unlock()
+		if err != nil {
+			m.log.Warn("agent channel lost", "id", sb.ID, "err", err)
+			if st, err := m.cfg.Runtime.State(context.Background(), sb.ID); err != nil || st == runtime.StatusStopped {
+				m.markDead(sb, m.deathReason(sb))
+				return
+			}
+		}
+	}
+}
+
+func (m *Manager) isTracked(sb *Sandbox) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.sandboxes[sb.ID] == sb
+}
+
+func (m *Manager) deathReason(sb *Sandbox) string {
+	if oomKilled(sb.ID) {
+		return fmt.Sprintf("killed: sandbox exceeded its host memory ceiling of %d MiB (sandbox memory limit %d MiB; raise with --memory)",
+			m.ceilings(sb.Options).MemoryBytes>>20, sb.Options.MemoryMB)
+	}
+	return "sandbox stopped unexpectedly: its container exited; agent log: " + tail(filepath.Join(sb.Dir, "agent.log"), 400)
+}
+
+// markDead records why a sandbox died and frees its host resources, keeping
+// the record so that GET /sandboxes/{id} can say what happened.
+func (m *Manager) markDead(sb *Sandbox, reason string) {
+	sb.mu.Lock()
+	sb.state = StateDead
+	sb.err = reason
+	sb.mu.Unlock()
+	m.log.Warn("sandbox died", "id", sb.ID, "reason", reason)
+	ctx := context.Background()
+	m.releaseHost(ctx, sb)
+	if err := m.persist(ctx, sb); err != nil {
+		m.log.Error("persist dead sandbox", "id", sb.ID, "err", err)
+	}
+}
+
+// Get returns a sandbox by ID.
+func (m *Manager) Get(id string) (*Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, ok := m.sandboxes[id]
+	if !ok {
+		return nil, errdefs.NotFound("sandbox %q not found", id)
+	}
+	return sb, nil
+}
+
+// List returns every tracked sandbox, oldest first.
+func (m *Manager) List() []*Sandbox {
+	m.mu.Lock()
+	out := make([]*Sandbox, 0, len(m.sandboxes))
+	for _, sb := range m.sandboxes {
+		out = append(out, sb)
+	}
+	m.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].StartedAt.Equal(out[j].StartedAt) {
+			return out[i].ID < out[j].ID
+		}
+		return out[i].StartedAt.Before(out[j].StartedAt)
+	})
+	return out
+}
+
+// Kill destroys a sandbox and forgets it.
+func (m *Manager) Kill(ctx context.Context, id string) error {
+	m.mu.Lock()
+	sb, ok := m.sandboxes[id]
+	if ok {
+		delete(m.sandboxes, id)
+	}
+	m.mu.Unlock()
+	if !ok {
+		return errdefs.NotFound("sandbox %q not found", id)
+	}
+	m.cleanup(ctx, sb)
+	m.log.Info("sandbox killed", "id", id)
+	return nil
+}
+
+// SetTimeout makes the sandbox expire d from now (E2B: replaces the TTL).
+func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) error {
+	if d < 0 {
+		return errdefs.InvalidArgument("timeout must not be negative (got %v)", d)
+	}
+	if d > MaxTimeout {
+		return errdefs.InvalidArgument("timeout %v is above the maximum of %v", d, MaxTimeout)
+	}
+	sb, err := m.Get(id)
+	if err != nil {
+		return err
+	}
+	if sb.State() == StateDead {
+		return errdefs.Conflict("sandbox %q is dead: %s", id, sb.Err())
+	}
+	sb.mu.Lock()
+	sb.endAt = time.Now().UTC().Add(d)
+	sb.mu.Unlock()
+	return m.persist(ctx, sb)
+}
+
+// Extend makes the sandbox live at least d from now (E2B connect: TTL is
+// only extended, never shortened).
+func (m *Manager) Extend(ctx context.Context, id string, d time.Duration) (*Sandbox, error) {
+	sb, err := m.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State() == StateDead {
+		return nil, errdefs.NotFound("sandbox %q is not running: %s", id, sb.Err())
+	}
+	if d > MaxTimeout {
+		d = MaxTimeout
+	}
+	sb.mu.Lock()
+	if want := time.Now().UTC().Add(d); want.After(sb.endAt) {
+		sb.endAt = want
+	}
+	sb.mu.Unlock()
+	return sb, m.persist(ctx, sb)
+}
+
+// cleanup removes everything of a sandbox: container, mounts, files, record.
+func (m *Manager) cleanup(ctx context.Context, sb *Sandbox) {
+	sb.mu.Lock()
+	sb.state = StateDead
+	sb.mu.Unlock()
+	m.releaseHost(ctx, sb)
+	if err := m.cfg.Store.DeleteSandbox(ctx, sb.ID); err != nil {
+		m.log.Error("delete sandbox record", "id", sb.ID, "err", err)
+	}
+}
+
+// releaseHost frees the host resources of a sandbox in the reverse order of
+// their creation. Every step tolerates a resource that is already gone.
+func (m *Manager) releaseHost(ctx context.Context, sb *Sandbox) {
+	sb.mu.Lock()
+	conn := sb.conn
+	sb.conn = nil
+	sb.mu.Unlock()
+	if conn != nil {
+		conn.Close()
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := m.cfg.Runtime.Destroy(dctx, sb.ID); err != nil {
+		m.log.Error("destroy container", "id", sb.ID, "err", err)
+	}
+	if sb.listener != nil {
+		sb.listener.Close()
+	}
+	if sb.layer != nil {
+		if err := sb.layer.Unmount(); err != nil {
+			m.log.Error("unmount rootfs", "id", sb.ID, "err", err)
+		}
+	} else if sb.Dir != "" {
+		if err := rootfs.UnmountAll(sb.Dir); err != nil {
+			m.log.Error("unmount rootfs", "id", sb.ID, "err", err)
+		}
+	}
+	if sb.Dir != "" {
+		if err := os.RemoveAll(sb.Dir); err != nil {
+			m.log.Error("remove sandbox dir", "id", sb.ID, "err", err)
+		}
+	}
+}
+
+// Forget removes a dead sandbox's record.
+func (m *Manager) Forget(ctx context.Context, id string) error {
+	return m.Kill(ctx, id)
+}
+
+// Shutdown stops every sandbox (SIGTERM of the daemon). Records are removed:
+// a stopped daemon leaves nothing running behind.
+func (m *Manager) Shutdown(ctx context.Context) error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	all := make([]*Sandbox, 0, len(m.sandboxes))
+	for id, sb := range m.sandboxes {
+		all = append(all, sb)
+		delete(m.sandboxes, id)
+	}
+	m.mu.Unlock()
+	close(m.reaperStop)
+	<-m.reaperDone
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for _, sb := range all {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			m.cleanup(ctx, sb)
+		}()
+	}
+	wg.Wait()
+	m.log.Info("all sandboxes stopped", "count", len(all))
+	return nil
+}
+
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "(none)"
+	}
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "" {
+		return "(empty)"
+	}
+	return s
+}
+
+// oomKilled reports whether the kernel OOM-killed inside the sandbox's
+// memory cgroup (cgroup v1 memory.oom_control counts oom_kill events).
+func oomKilled(id string) bool {
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory/cella", id, "memory.oom_control"))
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && f[0] == "oom_kill" && f[1] != "0" {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,116 @@
+package sandbox
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/errdefs"
+)
+
+// Defaults of a sandbox's limits, as documented in the README.
+const (
+	DefaultTimeout     = 300 * time.Second
+	MaxTimeout         = 24 * time.Hour
+	DefaultCPUs        = 1.0
+	DefaultMemoryMB    = 512
+	DefaultDiskMB      = 1024
+	DefaultPids        = 256
+	DefaultOutputBytes = 10 << 20
+	DefaultTemplate    = "base"
+)
+
+// Options is a normalized create request. Fields cella does not act on yet
+// (network policy, autoPause, volumes) are kept as sent so that the record
+// shows what was asked for beside what is in effect.
+type Options struct {
+	TemplateID string            `json:"template_id"`
+	Timeout    time.Duration     `json:"timeout"`
+	CPUs       float64           `json:"cpus"`
+	MemoryMB   int64             `json:"memory_mb"`
+	DiskMB     int64             `json:"disk_mb"`
+	Pids       int64             `json:"pids"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
+	EnvVars    map[string]string `json:"env_vars,omitempty"`
+
+	AllowInternetAccess *bool           `json:"allow_internet_access,omitempty"`
+	Network             json.RawMessage `json:"network,omitempty"`
+	AutoPause           bool            `json:"auto_pause,omitempty"`
+	AutoResume          bool            `json:"auto_resume,omitempty"`
+	VolumeMounts        json.RawMessage `json:"volume_mounts,omitempty"`
+
+	APIKeyID string `json:"api_key_id,omitempty"`
+}
+
+var templateNameRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`)
+
+// Normalize fills defaults and rejects values cella cannot honour, with a
+// message that says which field and what is allowed.
+func (o *Options) Normalize() error {
+	if o.TemplateID == "" {
+		o.TemplateID = DefaultTemplate
+	}
+	if !templateNameRe.MatchString(o.TemplateID) {
+		return errdefs.InvalidArgument("invalid template %q: use letters, digits, '.', '_' and '-'", o.TemplateID)
+	}
+	if o.Timeout < 0 {
+		return errdefs.InvalidArgument("timeout must not be negative (got %v)", o.Timeout)
+	}
+	if o.Timeout == 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.Timeout > MaxTimeout {
+		return errdefs.InvalidArgument("timeout %v is above the maximum of %v", o.Timeout, MaxTimeout)
+	}
+	if o.CPUs < 0 || o.MemoryMB < 0 || o.DiskMB < 0 || o.Pids < 0 {
+		return errdefs.InvalidArgument("cpus, memory, disk and pids must not be negative")
+	}
+	if o.CPUs == 0 {
+		o.CPUs = DefaultCPUs
+	}
+	if o.MemoryMB == 0 {
+		o.MemoryMB = DefaultMemoryMB
+	}
+	if o.DiskMB == 0 {
+		o.DiskMB = DefaultDiskMB
+	}
+	if o.Pids == 0 {
+		o.Pids = DefaultPids
+	}
+	if o.CPUs > 64 {
+		return errdefs.InvalidArgument("cpus %g is above the maximum of 64", o.CPUs)
+	}
+	if o.MemoryMB < 64 {
+		return errdefs.InvalidArgument("memory %d MiB is below the minimum of 64 MiB", o.MemoryMB)
+	}
+	if o.DiskMB < 16 {
+		return errdefs.InvalidArgument("disk %d MiB is below the minimum of 16 MiB", o.DiskMB)
+	}
+	if o.Pids < 16 {
+		return errdefs.InvalidArgument("pids %d is below the minimum of 16", o.Pids)
+	}
+	for k := range o.EnvVars {
+		if k == "" || containsAny(k, "=\x00") {
+			return errdefs.InvalidArgument("invalid environment variable name %q", k)
+		}
+	}
+	return nil
+}
+
+func containsAny(s, chars string) bool {
+	for _, c := range s {
+		for _, d := range chars {
+			if c == d {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func mib(n int64) int64 { return n << 20 }
+
+func (o Options) String() string {
+	return fmt.Sprintf("template=%s cpus=%g memory=%dMiB disk=%dMiB pids=%d timeout=%v", o.TemplateID, o.CPUs, o.MemoryMB, o.DiskMB, o.Pids, o.Timeout)
+}

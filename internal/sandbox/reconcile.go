@@ -1,0 +1,182 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/cgroup"
+	"github.com/cella-sandbox/cella/internal/channel"
+	"github.com/cella-sandbox/cella/internal/rootfs"
+	"github.com/cella-sandbox/cella/internal/runtime"
+)
+
+// ReconcileReport says what reconciliation found and did.
+type ReconcileReport struct {
+	Adopted           []string // running sandboxes re-attached
+	MarkedDead        []string // records whose container was gone
+	RemovedContainers []string // containers without a record
+	RemovedDirs       []string // sandbox dirs without a record
+	RemovedMounts     []string
+	RemovedCgroups    []string
+}
+
+func (r ReconcileReport) String() string {
+	return fmt.Sprintf("adopted=%d marked_dead=%d removed_containers=%d removed_dirs=%d removed_mounts=%d removed_cgroups=%d",
+		len(r.Adopted), len(r.MarkedDead), len(r.RemovedContainers), len(r.RemovedDirs), len(r.RemovedMounts), len(r.RemovedCgroups))
+}
+
+// Reconcile makes the host match the records after a start or a crash:
+// sandboxes whose container still runs are adopted again (their agent dials
+// back in), records whose container is gone are marked dead, and containers,
+// mounts, cgroups and directories that no record explains are removed.
+func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
+	var rep ReconcileReport
+	rows, err := m.cfg.Store.ListSandboxes(ctx)
+	if err != nil {
+		return rep, err
+	}
+	containers, err := m.cfg.Runtime.List(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("list %s containers: %w", m.cfg.Runtime.Name(), err)
+	}
+	live := map[string]bool{}
+	for _, id := range containers {
+		live[id] = true
+	}
+	keep := map[string]bool{} // sandbox IDs whose host resources stay
+
+	for _, row := range rows {
+		var rec record
+		if err := json.Unmarshal(row.Record, &rec); err != nil {
+			m.log.Error("unreadable sandbox record, dropping it", "id", row.ID, "err", err)
+			_ = m.cfg.Store.DeleteSandbox(ctx, row.ID)
+			continue
+		}
+		sb := &Sandbox{
+			ID: row.ID, TemplateID: row.TemplateID, Runtime: row.Runtime, Options: rec.Options,
+			StartedAt: row.StartedAt.UTC(), EnvdAccessToken: rec.EnvdAccessToken, channelToken: rec.ChannelToken,
+			Dir: filepath.Join(sandboxesDir(m.cfg.DataDir), row.ID), state: row.State, endAt: row.EndAt.UTC(), err: rec.Error,
+		}
+		if row.State == StateRunning && row.Runtime == m.cfg.Runtime.Name() && live[row.ID] {
+			if st, err := m.cfg.Runtime.State(ctx, row.ID); err == nil && st == runtime.StatusRunning {
+				if err := m.adopt(sb); err == nil {
+					keep[row.ID] = true
+					rep.Adopted = append(rep.Adopted, row.ID)
+					continue
+				} else {
+					m.log.Warn("cannot adopt sandbox", "id", row.ID, "err", err)
+				}
+			}
+		}
+		if row.State == StateRunning {
+			sb.state = StateDead
+			sb.err = "sandbox stopped while the daemon was down (its container was gone at restart)"
+			if row.Runtime != m.cfg.Runtime.Name() {
+				sb.err = fmt.Sprintf("sandbox belongs to runtime %s, but the daemon restarted with %s", row.Runtime, m.cfg.Runtime.Name())
+			}
+			rep.MarkedDead = append(rep.MarkedDead, row.ID)
+			if err := m.persist(ctx, sb); err != nil {
+				return rep, err
+			}
+		}
+		// Dead records stay readable; their host resources go.
+		m.mu.Lock()
+		m.sandboxes[sb.ID] = sb
+		m.mu.Unlock()
+	}
+
+	for _, id := range containers {
+		if keep[id] {
+			continue
+		}
+		if err := m.cfg.Runtime.Destroy(ctx, id); err != nil {
+			m.log.Error("remove orphan container", "id", id, "err", err)
+			continue
+		}
+		rep.RemovedContainers = append(rep.RemovedContainers, id)
+	}
+
+	prefix := sandboxesDir(m.cfg.DataDir) + "/"
+	mounts, err := rootfs.FindMounts(prefix)
+	if err != nil {
+		return rep, fmt.Errorf("find leftover mounts: %w", err)
+	}
+	for _, mp := range mounts {
+		id := strings.SplitN(strings.TrimPrefix(mp, prefix), "/", 2)[0]
+		if keep[id] {
+			continue
+		}
+		rep.RemovedMounts = append(rep.RemovedMounts, mp)
+	}
+	entries, err := os.ReadDir(sandboxesDir(m.cfg.DataDir))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return rep, err
+	}
+	for _, e := range entries {
+		if keep[e.Name()] {
+			continue
+		}
+		dir := filepath.Join(sandboxesDir(m.cfg.DataDir), e.Name())
+		if err := rootfs.UnmountAll(dir); err != nil {
+			m.log.Error("unmount leftover", "dir", dir, "err", err)
+			continue
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			m.log.Error("remove leftover dir", "dir", dir, "err", err)
+			continue
+		}
+		rep.RemovedDirs = append(rep.RemovedDirs, dir)
+	}
+	cgs, err := cgroup.List()
+	if err != nil {
+		m.log.Warn("list cgroups", "err", err)
+	}
+	for _, id := range cgs {
+		if keep[id] {
+			continue
+		}
+		if err := cgroup.Remove(id); err != nil {
+			m.log.Error("remove orphan cgroup", "id", id, "err", err)
+			continue
+		}
+		rep.RemovedCgroups = append(rep.RemovedCgroups, id)
+	}
+	m.log.Info("reconciled host with records", "report", rep.String())
+	return rep, nil
+}
+
+// adopt re-attaches a sandbox whose container survived a daemon restart: its
+// root filesystem is still mounted, and its agent dials the socket again.
+func (m *Manager) adopt(sb *Sandbox) error {
+	layer, err := rootfs.Open(sb.Dir)
+	if err != nil {
+		return fmt.Errorf("re-attach rootfs: %w", err)
+	}
+	sock := filepath.Join(sb.Dir, "run", channel.SocketName)
+	_ = os.Remove(sock)
+	ln, err := channel.Listen(sock)
+	if err != nil {
+		return err
+	}
+	sb.layer = layer
+	sb.listener = ln
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	conn, _, err := ln.Accept(ctx, sb.channelToken)
+	cancel()
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("agent did not dial back: %w", err)
+	}
+	sb.conn = conn
+	m.mu.Lock()
+	m.sandboxes[sb.ID] = sb
+	m.mu.Unlock()
+	go m.supervise(sb)
+	return nil
+}

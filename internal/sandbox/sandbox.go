@@ -1,0 +1,130 @@
+// Package sandbox owns the lifecycle of sandboxes: it turns a create request
+// into a mounted root filesystem, a running container with the agent as PID 1
+// and a live agent channel, keeps the durable record in the store, expires
+// sandboxes when their time is up, and after a crash removes whatever the
+// host still holds that no record explains.
+package sandbox
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"sync"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/channel"
+	"github.com/cella-sandbox/cella/internal/rootfs"
+)
+
+// States a sandbox can be in.
+const (
+	StateRunning = "running"
+	StatePaused  = "paused"
+	// StateDead is a sandbox whose container ended without being killed
+	// through cella (crash, host OOM); Error says why.
+	StateDead = "dead"
+)
+
+// Sandbox is one sandbox. Its exported fields are fixed at creation;
+// the mutable ones are read through methods.
+type Sandbox struct {
+	ID              string
+	TemplateID      string
+	Runtime         string
+	Options         Options
+	StartedAt       time.Time
+	EnvdAccessToken string
+	Dir             string
+
+	channelToken string
+	layer        *rootfs.Layer
+	listener     *channel.Listener
+
+	mu    sync.Mutex
+	state string
+	endAt time.Time
+	err   string
+	conn  *channel.Conn
+}
+
+// State returns the current state.
+func (s *Sandbox) State() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state
+}
+
+// EndAt returns when the sandbox expires.
+func (s *Sandbox) EndAt() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.endAt
+}
+
+// Err returns why a dead sandbox died.
+func (s *Sandbox) Err() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Conn returns the agent channel, or nil when the sandbox is not running.
+func (s *Sandbox) Conn() *channel.Conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != StateRunning {
+		return nil
+	}
+	return s.conn
+}
+
+// Info is a snapshot of a sandbox for the API.
+type Info struct {
+	ID              string
+	TemplateID      string
+	Runtime         string
+	State           string
+	Error           string
+	StartedAt       time.Time
+	EndAt           time.Time
+	Options         Options
+	EnvdAccessToken string
+	DiskUsedBytes   int64
+}
+
+// Info returns a consistent snapshot.
+func (s *Sandbox) Info() Info {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in := Info{
+		ID: s.ID, TemplateID: s.TemplateID, Runtime: s.Runtime, State: s.state, Error: s.err,
+		StartedAt: s.StartedAt, EndAt: s.endAt, Options: s.Options, EnvdAccessToken: s.EnvdAccessToken,
+	}
+	if s.layer != nil {
+		if used, _, err := s.layer.Usage(); err == nil {
+			in.DiskUsedBytes = used
+		}
+	}
+	return in
+}
+
+const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+// newID makes a 20-character [a-z0-9] ID, a valid DNS label like E2B's.
+func newID() string {
+	b := make([]byte, 20)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	for i := range b {
+		b[i] = idAlphabet[int(b[i])%len(idAlphabet)]
+	}
+	return string(b)
+}
+
+func newToken() string {
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}

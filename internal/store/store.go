@@ -1,0 +1,189 @@
+// Package store keeps cella's durable state in one SQLite file: API keys
+// (hashes only) and sandbox records. It is the source of truth that crash
+// reconciliation compares against what the runtimes actually hold.
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	_ "modernc.org/sqlite"
+)
+
+// ErrNotFound is returned when a record does not exist.
+var ErrNotFound = errors.New("not found")
+
+// Store is the SQLite-backed state of one daemon.
+type Store struct {
+	db *sql.DB
+}
+
+const schema = `
+CREATE TABLE IF NOT EXISTS api_keys (
+	id         TEXT PRIMARY KEY,
+	name       TEXT NOT NULL,
+	hash       TEXT NOT NULL UNIQUE,
+	created_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sandboxes (
+	id           TEXT PRIMARY KEY,
+	template_id  TEXT NOT NULL,
+	runtime      TEXT NOT NULL,
+	state        TEXT NOT NULL,
+	started_at   INTEGER NOT NULL,
+	end_at       INTEGER NOT NULL,
+	api_key_id   TEXT NOT NULL DEFAULT '',
+	record       TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state);
+`
+
+// Open opens (creating if needed) the database at path.
+func Open(path string) (*Store, error) {
+	dsn := "file:" + path + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	// One writer at a time is what SQLite does anyway; a single connection
+	// avoids SQLITE_BUSY storms under concurrent creates.
+	db.SetMaxOpenConns(1)
+	if _, err := db.Exec(schema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("init schema in %s: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+// HashKey is how API keys are stored: never the key itself.
+func HashKey(key string) string {
+	h := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(h[:])
+}
+
+// APIKey is a stored key's public part.
+type APIKey struct {
+	ID        string
+	Name      string
+	CreatedAt time.Time
+}
+
+// AddAPIKey stores the hash of key under name.
+func (s *Store) AddAPIKey(ctx context.Context, id, name, key string) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO api_keys(id,name,hash,created_at) VALUES(?,?,?,?)`,
+		id, name, HashKey(key), time.Now().Unix())
+	if err != nil {
+		return fmt.Errorf("store api key %s: %w", name, err)
+	}
+	return nil
+}
+
+// CountAPIKeys returns how many keys exist.
+func (s *Store) CountAPIKeys(ctx context.Context) (int, error) {
+	var n int
+	err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM api_keys`).Scan(&n)
+	return n, err
+}
+
+// LookupAPIKey finds the key whose hash matches key.
+func (s *Store) LookupAPIKey(ctx context.Context, key string) (APIKey, error) {
+	var k APIKey
+	var created int64
+	err := s.db.QueryRowContext(ctx, `SELECT id,name,created_at FROM api_keys WHERE hash=?`, HashKey(key)).
+		Scan(&k.ID, &k.Name, &created)
+	if errors.Is(err, sql.ErrNoRows) {
+		return k, ErrNotFound
+	}
+	if err != nil {
+		return k, fmt.Errorf("look up api key: %w", err)
+	}
+	k.CreatedAt = time.Unix(created, 0)
+	return k, nil
+}
+
+// Sandbox is the durable record of one sandbox. Fields the daemon needs to
+// query on are columns; the rest travels as JSON in Record.
+type Sandbox struct {
+	ID         string
+	TemplateID string
+	Runtime    string
+	State      string
+	StartedAt  time.Time
+	EndAt      time.Time
+	APIKeyID   string
+	Record     json.RawMessage
+}
+
+// PutSandbox inserts or replaces a sandbox record.
+func (s *Store) PutSandbox(ctx context.Context, sb Sandbox) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes(id,template_id,runtime,state,started_at,end_at,api_key_id,record)
+		VALUES(?,?,?,?,?,?,?,?)
+		ON CONFLICT(id) DO UPDATE SET template_id=excluded.template_id, runtime=excluded.runtime, state=excluded.state,
+		started_at=excluded.started_at, end_at=excluded.end_at, api_key_id=excluded.api_key_id, record=excluded.record`,
+		sb.ID, sb.TemplateID, sb.Runtime, sb.State, sb.StartedAt.UnixMilli(), sb.EndAt.UnixMilli(), sb.APIKeyID, string(sb.Record))
+	if err != nil {
+		return fmt.Errorf("store sandbox %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// GetSandbox returns one sandbox record.
+func (s *Store) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
+	row := s.db.QueryRowContext(ctx, `SELECT id,template_id,runtime,state,started_at,end_at,api_key_id,record FROM sandboxes WHERE id=?`, id)
+	sb, err := scanSandbox(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return sb, ErrNotFound
+	}
+	return sb, err
+}
+
+// ListSandboxes returns every sandbox record, oldest first.
+func (s *Store) ListSandboxes(ctx context.Context) ([]Sandbox, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id,template_id,runtime,state,started_at,end_at,api_key_id,record FROM sandboxes ORDER BY started_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	defer rows.Close()
+	var out []Sandbox
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sb)
+	}
+	return out, rows.Err()
+}
+
+// DeleteSandbox removes a sandbox record.
+func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
+	_, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id=?`, id)
+	if err != nil {
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+type scanner interface{ Scan(...any) error }
+
+func scanSandbox(r scanner) (Sandbox, error) {
+	var sb Sandbox
+	var started, end int64
+	var rec string
+	if err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Runtime, &sb.State, &started, &end, &sb.APIKeyID, &rec); err != nil {
+		return sb, err
+	}
+	sb.StartedAt = time.UnixMilli(started)
+	sb.EndAt = time.UnixMilli(end)
+	sb.Record = json.RawMessage(rec)
+	return sb, nil
+}

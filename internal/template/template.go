@@ -1,0 +1,639 @@
+// Package template manages sandbox templates: a root filesystem directory
+// plus the metadata a sandbox needs to start in it (default user, working
+// directory, environment).
+//
+// Layout of the cache directory (default /var/cache/cella):
+//
+//	images/<key>/rootfs/     the root filesystem, never written after it is built
+//	images/<key>/image.json  the image's metadata (Template without Name)
+//	names/<name>.json        {"image": "<key>"}: which image a name points at
+//	.lock                    flock held while the cache is being changed
+//
+// Built images are keyed by a hash of their recipe (suite + packages), so a
+// second Build of the same recipe, under any name, is instant. Imported
+// images get a fresh key each time. An image is built in a temporary
+// directory under images/ and renamed into place, so a crash never leaves a
+// half-built image under a real key. Images are never rewritten in place:
+// running sandboxes use them as their overlay lower layer, and changing a
+// lower layer under a mounted overlay is undefined behaviour.
+package template
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrNotFound is returned when a template name is unknown.
+var ErrNotFound = errors.New("template not found")
+
+// Defaults for templates and the store.
+const (
+	DefaultCacheDir = "/var/cache/cella"
+	DefaultMirror   = "http://deb.debian.org/debian"
+	// MirrorEnv overrides the Debian mirror for every Build whose recipe
+	// does not name one (tests and air-gapped hosts use it).
+	MirrorEnv = "CELLA_DEBIAN_MIRROR"
+
+	BaseName = "base"
+
+	DefaultUser    = "user"
+	DefaultUID     = 1000
+	DefaultGID     = 1000
+	DefaultWorkdir = "/home/user"
+	DefaultShell   = "/bin/bash"
+)
+
+// DefaultEnv is the environment every template starts with.
+var DefaultEnv = []string{
+	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"LANG=C.UTF-8",
+}
+
+// BaseRecipe is the recipe of the "base" template.
+var BaseRecipe = Recipe{
+	Suite: "bookworm",
+	Packages: []string{
+		"bash", "coreutils", "procps", "python3", "nodejs", "npm",
+		"git", "curl", "ca-certificates",
+	},
+}
+
+// Recipe says how to build a template from Debian packages.
+type Recipe struct {
+	Suite    string   `json:"suite"`              // e.g. "bookworm"
+	Packages []string `json:"packages,omitempty"` // installed with apt-get on top of minbase
+	// Mirror is the Debian mirror; empty means $CELLA_DEBIAN_MIRROR or
+	// DefaultMirror. It is not part of the cache key: every mirror serves
+	// the same packages.
+	Mirror string `json:"mirror,omitempty"`
+}
+
+var (
+	suiteRE   = regexp.MustCompile(`^[a-z][a-z0-9-]*$`)
+	packageRE = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]*(=[A-Za-z0-9.+:~-]+)?$`)
+	nameRE    = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,127}$`)
+)
+
+// Validate rejects recipes that could inject arguments into debootstrap or
+// apt-get.
+func (r Recipe) Validate() error {
+	if !suiteRE.MatchString(r.Suite) {
+		return fmt.Errorf("invalid suite %q", r.Suite)
+	}
+	for _, p := range r.Packages {
+		if !packageRE.MatchString(p) {
+			return fmt.Errorf("invalid package name %q", p)
+		}
+	}
+	if r.Mirror != "" && !strings.HasPrefix(r.Mirror, "http://") && !strings.HasPrefix(r.Mirror, "https://") && !strings.HasPrefix(r.Mirror, "file://") {
+		return fmt.Errorf("invalid mirror %q: want an http, https or file URL", r.Mirror)
+	}
+	return nil
+}
+
+// Key is the cache key of the image the recipe builds.
+func (r Recipe) Key() string {
+	pkgs := slices.Clone(r.Packages)
+	slices.Sort(pkgs)
+	pkgs = slices.Compact(pkgs)
+	h := sha256.New()
+	fmt.Fprintf(h, "cella-template-v1\x00%s\x00%s", r.Suite, strings.Join(pkgs, "\x00"))
+	return "r-" + hex.EncodeToString(h.Sum(nil))[:20]
+}
+
+func (r Recipe) mirror() string {
+	if r.Mirror != "" {
+		return r.Mirror
+	}
+	if m := os.Getenv(MirrorEnv); m != "" {
+		return m
+	}
+	return DefaultMirror
+}
+
+// Template is a root filesystem plus what a sandbox needs to start in it.
+type Template struct {
+	Name    string    `json:"name"`
+	Image   string    `json:"image"`  // cache key of the image
+	RootFS  string    `json:"rootfs"` // absolute path; use it as an overlay lower dir only
+	User    string    `json:"user"`
+	UID     int       `json:"uid"`
+	GID     int       `json:"gid"`
+	Workdir string    `json:"workdir"`
+	Env     []string  `json:"env"`
+	Recipe  *Recipe   `json:"recipe,omitempty"` // nil for imported images
+	Source  string    `json:"source,omitempty"` // the directory an imported image came from
+	Created time.Time `json:"created"`
+}
+
+// Store is a directory of templates.
+type Store struct {
+	CacheDir string
+
+	mu sync.Mutex // serializes changes within this process; flock across processes
+}
+
+// NewStore returns a store rooted at cacheDir (DefaultCacheDir if empty),
+// creating the directory.
+func NewStore(cacheDir string) (*Store, error) {
+	if cacheDir == "" {
+		cacheDir = DefaultCacheDir
+	}
+	abs, err := filepath.Abs(cacheDir)
+	if err != nil {
+		return nil, fmt.Errorf("template cache dir %q: %w", cacheDir, err)
+	}
+	s := &Store{CacheDir: abs}
+	for _, d := range []string{s.imagesDir(), s.namesDir()} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("create template cache: %w", err)
+		}
+	}
+	return s, nil
+}
+
+func (s *Store) imagesDir() string { return filepath.Join(s.CacheDir, "images") }
+func (s *Store) namesDir() string  { return filepath.Join(s.CacheDir, "names") }
+func (s *Store) imageDir(key string) string {
+	return filepath.Join(s.imagesDir(), key)
+}
+
+type nameRecord struct {
+	Image string `json:"image"`
+}
+
+// Get returns the template called name, or an error wrapping ErrNotFound.
+func (s *Store) Get(name string) (*Template, error) {
+	if !nameRE.MatchString(name) {
+		return nil, fmt.Errorf("template %q: %w", name, ErrNotFound)
+	}
+	b, err := os.ReadFile(filepath.Join(s.namesDir(), name+".json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("template %q: %w", name, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read template %q: %w", name, err)
+	}
+	var rec nameRecord
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return nil, fmt.Errorf("parse template %q: %w", name, err)
+	}
+	t, err := s.readImage(rec.Image)
+	if err != nil {
+		return nil, fmt.Errorf("template %q: %w", name, err)
+	}
+	t.Name = name
+	return t, nil
+}
+
+func (s *Store) readImage(key string) (*Template, error) {
+	dir := s.imageDir(key)
+	b, err := os.ReadFile(filepath.Join(dir, "image.json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("image %s: %w", key, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read image %s: %w", key, err)
+	}
+	var t Template
+	if err := json.Unmarshal(b, &t); err != nil {
+		return nil, fmt.Errorf("parse image %s: %w", key, err)
+	}
+	// The cache dir may have moved since the image was written.
+	t.Image = key
+	t.RootFS = filepath.Join(dir, "rootfs")
+	if _, err := os.Stat(t.RootFS); err != nil {
+		return nil, fmt.Errorf("image %s: %w", key, ErrNotFound)
+	}
+	return &t, nil
+}
+
+// List returns every named template, sorted by name.
+func (s *Store) List() ([]*Template, error) {
+	ents, err := os.ReadDir(s.namesDir())
+	if err != nil {
+		return nil, fmt.Errorf("list templates: %w", err)
+	}
+	var out []*Template
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || strings.HasPrefix(name, ".") {
+			continue
+		}
+		t, err := s.Get(name)
+		if errors.Is(err, ErrNotFound) {
+			continue // name points at a removed image
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// Delete removes a name. The image stays: sandboxes may still run on it.
+func (s *Store) Delete(name string) error {
+	err := os.Remove(filepath.Join(s.namesDir(), name+".json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("template %q: %w", name, ErrNotFound)
+	}
+	return err
+}
+
+// EnsureBase returns the "base" template, building it first if missing.
+func (s *Store) EnsureBase(ctx context.Context, progress io.Writer) (*Template, error) {
+	if t, err := s.Get(BaseName); err == nil {
+		return t, nil
+	} else if !errors.Is(err, ErrNotFound) {
+		return nil, err
+	}
+	return s.Build(ctx, BaseName, BaseRecipe, progress)
+}
+
+// lock takes the cache's cross-process lock.
+func (s *Store) lock() (unlock func(), err error) {
+	s.mu.Lock()
+	f, err := os.OpenFile(filepath.Join(s.CacheDir, ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("open cache lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		s.mu.Unlock()
+		return nil, fmt.Errorf("lock template cache: %w", err)
+	}
+	return func() { f.Close(); s.mu.Unlock() }, nil
+}
+
+func (s *Store) setName(name, key string) error {
+	b, _ := json.Marshal(nameRecord{Image: key})
+	return writeFileAtomic(filepath.Join(s.namesDir(), name+".json"), b, 0o644)
+}
+
+// Build builds the template name from recipe, or, if an image of the same
+// recipe is cached, just points name at it. Progress lines (including the
+// output of debootstrap and apt-get) go to progress, which may be nil.
+func (s *Store) Build(ctx context.Context, name string, r Recipe, progress io.Writer) (*Template, error) {
+	if !nameRE.MatchString(name) {
+		return nil, fmt.Errorf("invalid template name %q", name)
+	}
+	if err := r.Validate(); err != nil {
+		return nil, fmt.Errorf("build template %q: %w", name, err)
+	}
+	if progress == nil {
+		progress = io.Discard
+	}
+	unlock, err := s.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+
+	key := r.Key()
+	if _, err := s.readImage(key); err == nil {
+		fmt.Fprintf(progress, "template %s: image %s is cached\n", name, key)
+	} else {
+		if err := s.buildImage(ctx, name, key, r, progress); err != nil {
+			return nil, fmt.Errorf("build template %q: %w", name, err)
+		}
+	}
+	if err := s.setName(name, key); err != nil {
+		return nil, fmt.Errorf("name template %q: %w", name, err)
+	}
+	return s.Get(name)
+}
+
+func (s *Store) buildImage(ctx context.Context, name, key string, r Recipe, progress io.Writer) error {
+	start := time.Now()
+	tmp, err := os.MkdirTemp(s.imagesDir(), ".build-"+key+"-")
+	if err != nil {
+		return err
+	}
+	// Never leave a half-built tree behind, whatever happens.
+	defer os.RemoveAll(tmp)
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return err
+	}
+	root := filepath.Join(tmp, "rootfs")
+
+	step := func(format string, args ...any) {
+		fmt.Fprintf(progress, "template %s: "+format+" (%s)\n", append(append([]any{name}, args...), time.Since(start).Round(time.Second))...)
+	}
+	mirror := r.mirror()
+	step("debootstrap --variant=minbase %s from %s", r.Suite, mirror)
+	if _, err := exec.LookPath("debootstrap"); err != nil {
+		return fmt.Errorf("debootstrap is not installed (apt-get install debootstrap): %w", err)
+	}
+	cmd := exec.CommandContext(ctx, "debootstrap", "--variant=minbase", r.Suite, root, mirror)
+	cmd.Stdout, cmd.Stderr = progress, progress
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("debootstrap %s: %w (see debootstrap's output; the log is %s)", r.Suite, err, filepath.Join(root, "debootstrap", "debootstrap.log"))
+	}
+
+	// Keep maintainer scripts from starting services in the chroot.
+	policy := filepath.Join(root, "usr/sbin/policy-rc.d")
+	if err := os.WriteFile(policy, []byte("#!/bin/sh\nexit 101\n"), 0o755); err != nil {
+		return err
+	}
+	if err := copyResolvConf(root); err != nil {
+		return err
+	}
+	if len(r.Packages) > 0 {
+		step("apt-get install %s", strings.Join(r.Packages, " "))
+		script := "apt-get update && apt-get install -y --no-install-recommends \"$@\""
+		if err := runInChroot(ctx, root, progress, append([]string{"/bin/sh", "-c", script, "sh"}, r.Packages...)...); err != nil {
+			return fmt.Errorf("install packages: %w", err)
+		}
+	}
+	step("create user %s (uid %d)", DefaultUser, DefaultUID)
+	if err := EnsureUser(root); err != nil {
+		return err
+	}
+	step("clean apt caches")
+	if err := runInChroot(ctx, root, progress, "apt-get", "clean"); err != nil {
+		return fmt.Errorf("apt-get clean: %w", err)
+	}
+	if err := cleanImage(root); err != nil {
+		return err
+	}
+	os.Remove(policy)
+
+	meta := newTemplate(key)
+	meta.Recipe = &r
+	if err := writeImageMeta(tmp, meta); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, s.imageDir(key)); err != nil {
+		return fmt.Errorf("install image %s: %w", key, err)
+	}
+	size := dirSize(s.imageDir(key))
+	step("done: image %s, %d MiB", key, size>>20)
+	return nil
+}
+
+// Import adopts dir as template name: dir is copied (reflinked where the
+// filesystem can) into the cache, and user "user" is created in the copy if
+// it is missing. dir itself is not changed.
+func (s *Store) Import(name, dir string) (*Template, error) {
+	if !nameRE.MatchString(name) {
+		return nil, fmt.Errorf("invalid template name %q", name)
+	}
+	st, err := os.Stat(dir)
+	if err != nil {
+		return nil, fmt.Errorf("import template %q: %w", name, err)
+	}
+	if !st.IsDir() {
+		return nil, fmt.Errorf("import template %q: %s is not a directory", name, dir)
+	}
+	abs, _ := filepath.Abs(dir)
+	unlock, err := s.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+
+	key := "i-" + randomHex(10)
+	tmp, err := os.MkdirTemp(s.imagesDir(), ".import-"+key+"-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return nil, err
+	}
+	root := filepath.Join(tmp, "rootfs")
+	// cp -a keeps owners, modes, xattrs, hard links, devices and sparse
+	// files, which a hand-written copy would have to reimplement.
+	out, err := exec.Command("cp", "-a", "--reflink=auto", "--", abs, root).CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("import template %q: cp -a %s: %w: %s", name, abs, err, bytes.TrimSpace(out))
+	}
+	if err := EnsureUser(root); err != nil {
+		return nil, fmt.Errorf("import template %q: %w", name, err)
+	}
+	meta := newTemplate(key)
+	meta.Source = abs
+	if err := writeImageMeta(tmp, meta); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(tmp, s.imageDir(key)); err != nil {
+		return nil, fmt.Errorf("install image %s: %w", key, err)
+	}
+	if err := s.setName(name, key); err != nil {
+		return nil, err
+	}
+	slog.Info("template imported", "name", name, "image", key, "source", abs)
+	return s.Get(name)
+}
+
+func newTemplate(key string) *Template {
+	return &Template{
+		Image:   key,
+		User:    DefaultUser,
+		UID:     DefaultUID,
+		GID:     DefaultGID,
+		Workdir: DefaultWorkdir,
+		Env:     slices.Clone(DefaultEnv),
+		Created: time.Now().UTC().Truncate(time.Second),
+	}
+}
+
+func writeImageMeta(dir string, t *Template) error {
+	b, err := json.MarshalIndent(t, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(dir, "image.json"), append(b, '\n'), 0o644)
+}
+
+// runInChroot runs argv chrooted into root, with /proc and /dev mounted in
+// a private mount namespace of its own, so the mounts vanish with the
+// process even if the daemon dies (apt's maintainer scripts need both).
+func runInChroot(ctx context.Context, root string, out io.Writer, argv ...string) error {
+	script := `set -e
+mount -t proc proc "$1/proc"
+mount --bind /dev "$1/dev"
+root=$1; shift
+exec chroot "$root" "$@"`
+	cmd := exec.CommandContext(ctx, "/bin/sh", append([]string{"-c", script, "sh", root}, argv...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	cmd.Env = []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"DEBIAN_FRONTEND=noninteractive",
+		"LANG=C.UTF-8",
+		"HOME=/root",
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	return cmd.Run()
+}
+
+func copyResolvConf(root string) error {
+	b, err := os.ReadFile("/etc/resolv.conf")
+	if err != nil {
+		return nil // no resolver on the host; the mirror may be an IP or file://
+	}
+	p := filepath.Join(root, "etc/resolv.conf")
+	os.Remove(p) // may be a dangling symlink
+	return os.WriteFile(p, b, 0o644)
+}
+
+// cleanImage removes what a template should not carry: package lists
+// (re-fetched by apt-get update), logs and the build host's resolver.
+func cleanImage(root string) error {
+	for _, glob := range []string{
+		"var/lib/apt/lists/*", "var/cache/apt/*.bin", "var/cache/debconf/*-old",
+		"var/log/*.log", "var/log/apt/*", "tmp/*", "root/.cache",
+	} {
+		matches, _ := filepath.Glob(filepath.Join(root, glob))
+		for _, m := range matches {
+			if filepath.Base(m) == "lock" || filepath.Base(m) == "partial" {
+				continue
+			}
+			if err := os.RemoveAll(m); err != nil {
+				return fmt.Errorf("clean image: %w", err)
+			}
+		}
+	}
+	// Each sandbox gets its own resolver config (or none: no network).
+	return os.WriteFile(filepath.Join(root, "etc/resolv.conf"), nil, 0o644)
+}
+
+// EnsureUser makes sure root has user "user" (uid/gid 1000, home
+// /home/user owned by it, shell /bin/bash), editing /etc/passwd, /etc/group
+// and /etc/shadow directly so that it works for images without useradd
+// (busybox) and never runs code from the image on the host.
+func EnsureUser(root string) error {
+	etc := filepath.Join(root, "etc")
+	if err := os.MkdirAll(etc, 0o755); err != nil {
+		return fmt.Errorf("ensure user: %w", err)
+	}
+	pw := fmt.Sprintf("%s:x:%d:%d::%s:%s", DefaultUser, DefaultUID, DefaultGID, DefaultWorkdir, DefaultShell)
+	if err := ensureLine(filepath.Join(etc, "passwd"), DefaultUser, pw, 0o644, true); err != nil {
+		return err
+	}
+	gr := fmt.Sprintf("%s:x:%d:", DefaultUser, DefaultGID)
+	if err := ensureLine(filepath.Join(etc, "group"), DefaultUser, gr, 0o644, true); err != nil {
+		return err
+	}
+	days := time.Now().Unix() / 86400
+	sh := fmt.Sprintf("%s:*:%d:0:99999:7:::", DefaultUser, days)
+	if err := ensureLine(filepath.Join(etc, "shadow"), DefaultUser, sh, 0o640, false); err != nil {
+		return err
+	}
+	home := filepath.Join(root, DefaultWorkdir)
+	if _, err := os.Lstat(home); errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(home, 0o750); err != nil {
+			return fmt.Errorf("create home: %w", err)
+		}
+		copySkel(filepath.Join(root, "etc/skel"), home)
+	} else if err != nil {
+		return err
+	}
+	// Own the whole home tree: imported dirs may carry foreign ids.
+	return filepath.WalkDir(home, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, DefaultUID, DefaultGID)
+	})
+}
+
+// ensureLine appends line to the colon-separated database file unless an
+// entry for name exists. create says whether to create a missing file.
+func ensureLine(path, name, line string, mode fs.FileMode, create bool) error {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		if !create {
+			return nil
+		}
+	} else if err != nil {
+		return fmt.Errorf("ensure user: %w", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), name+":") {
+			return nil
+		}
+	}
+	if len(b) > 0 && b[len(b)-1] != '\n' {
+		b = append(b, '\n')
+	}
+	b = append(b, line+"\n"...)
+	if st, err := os.Stat(path); err == nil {
+		mode = st.Mode().Perm()
+	}
+	if err := os.WriteFile(path, b, mode); err != nil {
+		return fmt.Errorf("ensure user: %w", err)
+	}
+	return nil
+}
+
+func copySkel(skel, home string) {
+	ents, err := os.ReadDir(skel)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(skel, e.Name()))
+		if err == nil {
+			_ = os.WriteFile(filepath.Join(home, e.Name()), b, 0o644)
+		}
+	}
+}
+
+func writeFileAtomic(path string, b []byte, mode fs.FileMode) error {
+	tmp := path + ".tmp-" + randomHex(4)
+	if err := os.WriteFile(tmp, b, mode); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func dirSize(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}

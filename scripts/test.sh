@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# `make test`: the whole suite, as root, against real gVisor and crun
+# sandboxes. The base template is built once per machine and cached.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CELLA_TEST_BIN=$PWD/bin/cella
+export CELLA_TEST_RUNSC=$PWD/bin/runsc
+./bin/cella template ensure-base
+go test -count=1 -timeout 25m ./...
