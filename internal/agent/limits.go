@@ -93,6 +93,31 @@ type watchdog struct {
 
 	mu      sync.Mutex
 	running bool
+	// lingering are the sessions of ended commands that may still have
+	// members (`cmd &`, a fork bomb whose first shell returned at once):
+	// they stay under the limits until they are empty.
+	lingering map[int]bool
+}
+
+// track keeps watching the session of an ended command.
+func (w *watchdog) track(sid int) {
+	w.mu.Lock()
+	if w.lingering == nil {
+		w.lingering = map[int]bool{}
+	}
+	w.lingering[sid] = true
+	w.mu.Unlock()
+	w.kick()
+}
+
+func (w *watchdog) lingeringSessions() []int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]int, 0, len(w.lingering))
+	for sid := range w.lingering {
+		out = append(out, sid)
+	}
+	return out
 }
 
 // kick starts the sampling loop if it is not running. Call it after a
@@ -125,13 +150,12 @@ func (w *watchdog) loop() {
 			w.mu.Lock()
 			// Re-check under mu: kick() registers before it takes mu, so
 			// a command started now is either seen here or restarts us.
-			if len(w.s.procs.running()) == 0 {
+			if len(w.lingering) == 0 && len(w.s.procs.running()) == 0 {
 				w.running = false
 				w.mu.Unlock()
 				return
 			}
 			w.mu.Unlock()
-			continue
 		}
 		w.sample(live, buf)
 	}
@@ -145,14 +169,28 @@ type sessionUsage struct {
 
 func (w *watchdog) sample(live []*proc, buf []byte) {
 	limits := w.s.config().Limits
+	lingering := w.lingeringSessions()
 	if limits.MemoryBytes <= 0 && limits.Pids <= 0 {
+		w.mu.Lock()
+		clear(w.lingering)
+		w.mu.Unlock()
 		return
 	}
-	bySID := make(map[int]*proc, len(live))
+	bySID := make(map[int]*proc, len(live)+len(lingering))
+	for _, sid := range lingering {
+		bySID[sid] = nil
+	}
 	for _, p := range live {
 		bySID[p.pid] = p
 	}
 	usage, members, total := scanSessions(buf, w.s.opts.SandboxWide, bySID, limits.MemoryBytes > 0)
+	w.mu.Lock()
+	for _, sid := range lingering {
+		if usage[sid] == nil {
+			delete(w.lingering, sid)
+		}
+	}
+	w.mu.Unlock()
 
 	if limits.Pids > 0 {
 		var worst int

@@ -550,6 +550,7 @@ func (s *Server) waitProcess(p *proc, waitCh <-chan unix.WaitStatus, readWG *syn
 	p.subs = nil
 	p.mu.Unlock()
 	close(p.done)
+	s.watchdog.track(p.pid)
 	slog.Info("process ended", "pid", p.pid, "status", end.Status, "error", end.GetError())
 
 	time.AfterFunc(endRetention, func() { s.procs.forget(p) })

@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -212,7 +213,7 @@ func AssertGone(t *testing.T, rt runtime.Runtime, id string, mountPrefixes ...st
 	procs, _ := filepath.Glob("/proc/[0-9]*")
 	self := os.Getpid()
 	for _, p := range procs {
-		if p == filepath.Join("/proc", itoa(self)) {
+		if p == filepath.Join("/proc", strconv.Itoa(self)) {
 			continue
 		}
 		cg, _ := os.ReadFile(filepath.Join(p, "cgroup"))
@@ -238,18 +239,4 @@ func AssertGone(t *testing.T, rt runtime.Runtime, id string, mountPrefixes ...st
 	if _, err := rt.State(t.Context(), id); !errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("State after Destroy: %v, want ErrNotFound", err)
 	}
-}
-
-func itoa(n int) string {
-	return strings.TrimSpace(strings.Join(strings.Fields(strings.Repeat(" ", 0)+func() string {
-		b := []byte{}
-		if n == 0 {
-			return "0"
-		}
-		for n > 0 {
-			b = append([]byte{byte('0' + n%10)}, b...)
-			n /= 10
-		}
-		return string(b)
-	}()), ""))
 }

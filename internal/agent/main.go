@@ -1,0 +1,234 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cella-sandbox/cella/internal/channel"
+)
+
+// LocalAddr is where programs inside the sandbox reach the agent (envd's
+// port on loopback; the code interpreter calls /envs there).
+var LocalAddr = "127.0.0.1:" + strconv.Itoa(channel.AgentPort)
+
+// Main runs the agent as PID 1 of a sandbox: it reads the config the daemon
+// wrote, reaps orphans, connects to the daemon and serves the API until
+// SIGTERM/SIGINT or ctx ends.
+func Main(ctx context.Context) error {
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	cfg, err := ReadConfig(channel.GuestRunDir)
+	if err != nil {
+		return err
+	}
+
+	// PID-1 duties. PATH is set for the agent's own lookups; commands get
+	// their own environment. The kernel never delivers SIGTERM/SIGINT to a
+	// namespace's init without a handler, and with one they mean "shut down
+	// cleanly".
+	if os.Getenv("PATH") == "" {
+		os.Setenv("PATH", defaultPath)
+	}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE, syscall.SIGTTIN, syscall.SIGTTOU)
+	// Outside a pid namespace (or under a runtime that keeps its own init)
+	// orphans still come to us.
+	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+	// Under memory pressure the kernel must kill a command, never the
+	// agent; children get their score back in adjustOOM.
+	_ = os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
+	prewarmThreads(16)
+
+	reaper := NewReaper()
+	go reaper.Run(ctx)
+
+	srv := NewServer(cfg, Options{Reaper: reaper, SandboxWide: true})
+	defer srv.Close()
+
+	var wg sync.WaitGroup
+	// In-sandbox loopback listener. Failing to bind is not fatal: the
+	// daemon's channel is what matters.
+	if ln, err := net.Listen("tcp", LocalAddr); err != nil {
+		slog.Warn("local listener", "addr", LocalAddr, "err", err)
+	} else {
+		hs := newHTTPServer(srv.LocalHandler())
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = hs.Serve(ln) }()
+		go func() { <-ctx.Done(); _ = hs.Close() }()
+	}
+
+	hello := channel.Hello{SandboxID: cfg.SandboxID, Token: cfg.ChannelToken, Version: Version, PID: os.Getpid()}
+	slog.Info("agent starting", "sandbox", cfg.SandboxID, "runtime", cfg.Runtime, "version", Version)
+	err = serveChannel(ctx, SocketPath(), hello, srv.Handler())
+	wg.Wait()
+	slog.Info("agent stopped")
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// prewarmThreads makes the Go runtime create n OS threads now, while it
+// still can. During a fork bomb the pids cgroup may refuse new threads until
+// the watchdog has killed the bomb, and a runtime that cannot create a thread
+// aborts; idle threads are kept and reused, so the agent rides it out.
+func prewarmThreads(n int) {
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// A blocking syscall hands the P to a new M.
+			_ = unix.Nanosleep(&unix.Timespec{Nsec: int64(20 * time.Millisecond)}, nil)
+		}()
+	}
+	wg.Wait()
+}
+
+func newHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       640 * time.Second, // envd's
+		ErrorLog:          slog.NewLogLogger(slog.Default().Handler(), slog.LevelDebug),
+	}
+}
+
+// serveChannel keeps a session with the daemon up until ctx ends: it dials,
+// serves the streams the daemon opens, and redials with a short backoff
+// when the session drops (daemon restart, host suspend).
+func serveChannel(ctx context.Context, socketPath string, hello channel.Hello, h http.Handler) error {
+	ln := newStreamListener()
+	hs := newHTTPServer(h)
+	go func() { _ = hs.Serve(ln) }()
+	defer hs.Close()
+
+	backoff := 50 * time.Millisecond
+	for {
+		sess, err := channel.DialDaemon(ctx, socketPath, hello)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			slog.Debug("dial daemon", "err", err)
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(backoff):
+			}
+			backoff = min(backoff*2, 2*time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		slog.Info("connected to daemon", "socket", socketPath)
+		stopOnCancel := context.AfterFunc(ctx, func() { sess.Close() })
+		serveSession(sess, ln)
+		stopOnCancel()
+		sess.Close()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		slog.Warn("daemon session ended; reconnecting")
+	}
+}
+
+// serveSession dispatches the streams of one session until it ends.
+func serveSession(sess *channel.AgentSession, ln *streamListener) {
+	for {
+		conn, port, err := sess.Accept()
+		if err != nil {
+			return
+		}
+		if port == channel.AgentPort {
+			if !ln.deliver(conn) {
+				conn.Close()
+			}
+			continue
+		}
+		go forwardPort(conn, port)
+	}
+}
+
+// forwardPort pipes a stream to a TCP port on the sandbox's loopback.
+func forwardPort(st net.Conn, port int) {
+	defer st.Close()
+	d := net.Dialer{Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		slog.Debug("forward: dial", "port", port, "err", err)
+		return
+	}
+	defer c.Close()
+	done := make(chan struct{}, 2)
+	go func() {
+		_, _ = io.Copy(c, st)
+		// Half-close so request/response protocols see EOF and still answer.
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.CloseWrite()
+		}
+		done <- struct{}{}
+	}()
+	go func() {
+		_, _ = io.Copy(st, c)
+		// yamux Close is a half-close (FIN); reading continues.
+		_ = st.Close()
+		done <- struct{}{}
+	}()
+	<-done
+	<-done
+}
+
+// streamListener is a net.Listener fed with channel streams, so that one
+// http.Server (with keep-alive) serves every stream of every session.
+type streamListener struct {
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+func newStreamListener() *streamListener {
+	return &streamListener{conns: make(chan net.Conn), done: make(chan struct{})}
+}
+
+func (l *streamListener) deliver(c net.Conn) bool {
+	select {
+	case l.conns <- c:
+		return true
+	case <-l.done:
+		return false
+	}
+}
+
+func (l *streamListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *streamListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *streamListener) Addr() net.Addr { return channelAddr{} }
+
+type channelAddr struct{}
+
+func (channelAddr) Network() string { return "cella-channel" }
+func (channelAddr) String() string  { return fmt.Sprintf("channel:%d", channel.AgentPort) }

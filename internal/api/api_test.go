@@ -1,0 +1,350 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/client"
+	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
+	"github.com/cella-sandbox/cella/internal/runtime"
+)
+
+type apiT struct {
+	t   *testing.T
+	env *daemontest.Env
+}
+
+func (a apiT) do(method, path, key string, body any, hdr map[string]string) (int, http.Header, []byte) {
+	a.t.Helper()
+	var r io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		r = strings.NewReader(b)
+	default:
+		j, _ := json.Marshal(b)
+		r = bytes.NewReader(j)
+	}
+	req, err := http.NewRequest(method, a.env.URL+path, r)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("X-API-Key", key)
+	}
+	for k, v := range hdr {
+		if k == "Host" {
+			req.Host = v
+			continue
+		}
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, data
+}
+
+// wantError checks a JSON error body {"code":status,"message":...}.
+func (a apiT) wantError(status int, gotStatus int, body []byte, contains string) {
+	a.t.Helper()
+	if gotStatus != status {
+		a.t.Fatalf("status %d, want %d; body %s", gotStatus, status, body)
+	}
+	var e struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}
+	if err := json.Unmarshal(body, &e); err != nil {
+		a.t.Fatalf("error body is not JSON: %q", body)
+	}
+	if e.Code != status || e.Message == "" {
+		a.t.Fatalf("error body %s: want code %d and a message", body, status)
+	}
+	if contains != "" && !strings.Contains(e.Message, contains) {
+		a.t.Fatalf("error message %q does not mention %q", e.Message, contains)
+	}
+}
+
+func sandboxDirs(t *testing.T, env *daemontest.Env) []string {
+	entries, _ := os.ReadDir(filepath.Join(env.DataDir, "sandboxes"))
+	var out []string
+	for _, e := range entries {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+func TestAPI(t *testing.T) {
+	env := daemontest.Start(t, runtime.GVisor, daemontest.Options{})
+	a := apiT{t: t, env: env}
+	key := env.APIKey
+
+	t.Run("HealthWithoutKey", func(t *testing.T) {
+		if st, _, _ := a.do("GET", "/health", "", nil, nil); st != http.StatusNoContent {
+			t.Fatalf("GET /health: %d", st)
+		}
+	})
+	t.Run("Auth", func(t *testing.T) {
+		st, _, body := a.do("GET", "/v2/sandboxes", "", nil, nil)
+		a.wantError(401, st, body, "API key")
+		st, _, body = a.do("GET", "/v2/sandboxes", "e2b_00000000000000000000000000000000", nil, nil)
+		a.wantError(401, st, body, "invalid API key")
+		st, _, body = a.do("POST", "/sandboxes", "wrong", map[string]any{"templateID": "base"}, nil)
+		a.wantError(401, st, body, "")
+	})
+	t.Run("BadInputCreatesNothing", func(t *testing.T) {
+		st, _, body := a.do("POST", "/sandboxes", key, `{"templateID": "base", "timeout":`, nil)
+		a.wantError(400, st, body, "invalid JSON")
+		st, _, body = a.do("POST", "/v2/sandboxes", key, map[string]any{"templateID": "no-such-template"}, nil)
+		a.wantError(404, st, body, "no-such-template")
+		st, _, body = a.do("POST", "/v2/sandboxes", key, map[string]any{"templateID": "base", "timeout": -5}, nil)
+		a.wantError(400, st, body, "negative")
+		st, _, body = a.do("POST", "/v2/sandboxes", key, map[string]any{"templateID": "base", "timeout": "soon"}, nil)
+		a.wantError(400, st, body, "timeout")
+		st, _, body = a.do("POST", "/v2/sandboxes", key, map[string]any{"templateID": "../../etc"}, nil)
+		a.wantError(400, st, body, "invalid template")
+		st, _, body = a.do("POST", "/v2/sandboxes", key, map[string]any{"templateID": "base", "memoryMB": 1}, nil)
+		a.wantError(400, st, body, "memory")
+		if d := sandboxDirs(t, env); len(d) != 0 {
+			t.Fatalf("bad requests left sandbox dirs behind: %v", d)
+		}
+		st, _, body = a.do("GET", "/v2/sandboxes", key, nil, nil)
+		if st != 200 || strings.TrimSpace(string(body)) != "[]" {
+			t.Fatalf("list after bad creates: %d %s", st, body)
+		}
+	})
+	t.Run("UnknownRouteAnd501", func(t *testing.T) {
+		st, _, body := a.do("GET", "/nope", key, nil, nil)
+		a.wantError(404, st, body, "")
+		for _, r := range [][2]string{
+			{"POST", "/sandboxes/x/pause"}, {"POST", "/sandboxes/x/resume"}, {"POST", "/sandboxes/x/snapshots"},
+			{"GET", "/snapshots"}, {"POST", "/sandboxes/x/fork"}, {"PUT", "/sandboxes/x/network"},
+		} {
+			st, _, body := a.do(r[0], r[1], key, "{}", nil)
+			a.wantError(501, st, body, "not implemented")
+		}
+		st, _, body = a.do("PATCH", "/sandboxes/abc", key, nil, nil)
+		a.wantError(405, st, body, "")
+	})
+
+	// One sandbox made the way e2b 2.50 does (v1), one the 2.51 way (v2).
+	var v1, v2 struct {
+		SandboxID       string  `json:"sandboxID"`
+		TemplateID      string  `json:"templateID"`
+		ClientID        string  `json:"clientID"`
+		EnvdVersion     string  `json:"envdVersion"`
+		EnvdAccessToken string  `json:"envdAccessToken"`
+		Domain          string  `json:"domain"`
+		Traffic         *string `json:"trafficAccessToken"`
+	}
+	t.Run("CreateV1", func(t *testing.T) {
+		st, _, body := a.do("POST", "/sandboxes", key, map[string]any{"templateID": "base", "timeout": 300, "secure": true, "allow_internet_access": true}, nil)
+		if st != 201 {
+			t.Fatalf("create v1: %d %s", st, body)
+		}
+		json.Unmarshal(body, &v1)
+		if v1.SandboxID == "" || v1.EnvdVersion == "" || v1.EnvdAccessToken == "" || v1.Domain != "cella.test" || v1.ClientID == "" {
+			t.Fatalf("create v1 body: %s", body)
+		}
+		t.Cleanup(func() { a.do("DELETE", "/sandboxes/"+v1.SandboxID, key, nil, nil) })
+	})
+	t.Run("CreateV2", func(t *testing.T) {
+		st, _, body := a.do("POST", "/v2/sandboxes", key, map[string]any{
+			"templateID": "base", "timeout": 120, "metadata": map[string]string{"user": "a b", "k&": "v=1"},
+			"envVars": map[string]string{"FOO": "bar"}, "network": map[string]any{"allowOut": []string{"1.1.1.1"}},
+			"autoPause": false, "someFutureField": 1,
+		}, nil)
+		if st != 201 {
+			t.Fatalf("create v2: %d %s", st, body)
+		}
+		json.Unmarshal(body, &v2)
+		t.Cleanup(func() { a.do("DELETE", "/sandboxes/"+v2.SandboxID, key, nil, nil) })
+	})
+	t.Run("Detail", func(t *testing.T) {
+		st, _, body := a.do("GET", "/sandboxes/"+v2.SandboxID, key, nil, nil)
+		if st != 200 {
+			t.Fatalf("get: %d %s", st, body)
+		}
+		var d map[string]any
+		json.Unmarshal(body, &d)
+		for _, f := range []string{"sandboxID", "templateID", "metadata", "startedAt", "endAt", "state", "cpuCount", "memoryMB", "envdVersion", "network", "allowInternetAccess"} {
+			if _, ok := d[f]; !ok {
+				t.Fatalf("detail lacks %q: %s", f, body)
+			}
+		}
+		if d["state"] != "running" || d["allowInternetAccess"] != false {
+			t.Fatalf("detail: %s", body)
+		}
+		start, _ := time.Parse(time.RFC3339, d["startedAt"].(string))
+		end, _ := time.Parse(time.RFC3339, d["endAt"].(string))
+		if got := end.Sub(start); got < 119*time.Second || got > 121*time.Second {
+			t.Fatalf("endAt-startedAt = %v, want 120s", got)
+		}
+		if !strings.Contains(string(body), "no egress") {
+			t.Fatalf("detail does not report the effective network: %s", body)
+		}
+		st, _, body = a.do("GET", "/sandboxes/doesnotexist", key, nil, nil)
+		a.wantError(404, st, body, "not found")
+	})
+	t.Run("EnvVarsReachCommands", func(t *testing.T) {
+		sb, err := env.Client.Sandbox(context.Background(), v2.SandboxID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := sb.Exec(context.Background(), "echo $FOO", client.ExecOptions{})
+		if err != nil || res.Stdout != "bar\n" {
+			t.Fatalf("envVars: %v %+v", err, res)
+		}
+	})
+	t.Run("List", func(t *testing.T) {
+		st, _, body := a.do("GET", "/sandboxes", key, nil, nil)
+		if st != 200 || !strings.Contains(string(body), v1.SandboxID) || !strings.Contains(string(body), v2.SandboxID) {
+			t.Fatalf("list v1: %d %s", st, body)
+		}
+		// E2B's triple-encoded metadata filter, exactly as the SDK sends it.
+		q := "metadata=user%3Da%252520b%26k%252526%3Dv%25253D1&state=running,paused&limit=10"
+		st, _, body = a.do("GET", "/v2/sandboxes?"+q, key, nil, nil)
+		var items []map[string]any
+		json.Unmarshal(body, &items)
+		if st != 200 || len(items) != 1 || items[0]["sandboxID"] != v2.SandboxID {
+			t.Fatalf("metadata filter: %d %s", st, body)
+		}
+		st, _, body = a.do("GET", "/v2/sandboxes?state=paused", key, nil, nil)
+		if st != 200 || strings.TrimSpace(string(body)) != "[]" {
+			t.Fatalf("state=paused: %d %s", st, body)
+		}
+		st, _, body = a.do("GET", "/v2/sandboxes?state=bogus", key, nil, nil)
+		a.wantError(400, st, body, "state")
+		st, _, body = a.do("GET", "/v2/sandboxes?limit=0", key, nil, nil)
+		a.wantError(400, st, body, "limit")
+		// Paging: one per page, every sandbox exactly once.
+		seen := map[string]bool{}
+		next := ""
+		for i := 0; i < 5; i++ {
+			p := "/v2/sandboxes?limit=1"
+			if next != "" {
+				p += "&nextToken=" + url.QueryEscape(next)
+			}
+			st, hdr, body := a.do("GET", p, key, nil, nil)
+			var page []map[string]any
+			json.Unmarshal(body, &page)
+			if st != 200 || len(page) > 1 {
+				t.Fatalf("page: %d %s", st, body)
+			}
+			for _, it := range page {
+				seen[it["sandboxID"].(string)] = true
+			}
+			next = hdr.Get("X-Next-Token")
+			if next == "" {
+				break
+			}
+		}
+		if !seen[v1.SandboxID] || !seen[v2.SandboxID] || len(seen) != 2 {
+			t.Fatalf("paging saw %v", seen)
+		}
+	})
+	t.Run("ConnectAndRefresh", func(t *testing.T) {
+		for _, p := range []string{"/sandboxes/" + v1.SandboxID + "/connect", "/v2/sandboxes/" + v1.SandboxID + "/connect"} {
+			st, _, body := a.do("POST", p, key, map[string]any{"timeout": 300}, nil)
+			var got struct {
+				SandboxID       string `json:"sandboxID"`
+				EnvdAccessToken string `json:"envdAccessToken"`
+			}
+			json.Unmarshal(body, &got)
+			if st != 200 || got.SandboxID != v1.SandboxID || got.EnvdAccessToken != v1.EnvdAccessToken {
+				t.Fatalf("connect %s: %d %s", p, st, body)
+			}
+		}
+		st, _, body := a.do("POST", "/v2/sandboxes/missing/connect", key, "{}", nil)
+		a.wantError(404, st, body, "")
+		if st, _, body := a.do("POST", "/sandboxes/"+v1.SandboxID+"/refreshes", key, map[string]any{"duration": 30}, nil); st != 204 {
+			t.Fatalf("refreshes: %d %s", st, body)
+		}
+	})
+	t.Run("Proxy", func(t *testing.T) {
+		hdr := func(id, port string) map[string]string {
+			return map[string]string{"E2b-Sandbox-Id": id, "E2b-Sandbox-Port": port, "X-Access-Token": v2.EnvdAccessToken}
+		}
+		if st, _, body := a.do("GET", "/health", "", nil, hdr(v2.SandboxID, "49983")); st != 204 {
+			t.Fatalf("envd health via headers: %d %s", st, body)
+		}
+		st, _, body := a.do("GET", "/envs", "", nil, map[string]string{"E2b-Sandbox-Id": v2.SandboxID, "E2b-Sandbox-Port": "49983"})
+		if st != 401 {
+			t.Fatalf("envd without access token: want 401, got %d %s", st, body)
+		}
+		st, _, body = a.do("GET", "/health", "", nil, map[string]string{"E2b-Sandbox-Id": v2.SandboxID})
+		if st != 400 || !strings.Contains(string(body), "missing header") {
+			t.Fatalf("one routing header: %d %s", st, body)
+		}
+		st, _, body = a.do("GET", "/health", "", nil, hdr("unknownsandbox", "49983"))
+		if st != 502 || !strings.Contains(string(body), `"code":502`) {
+			t.Fatalf("unknown sandbox: %d %s", st, body)
+		}
+		// A server inside the sandbox, reached by Host and by headers.
+		sb, _ := env.Client.Sandbox(context.Background(), v2.SandboxID)
+		if _, err := sb.Exec(context.Background(), "mkdir -p /tmp/www && echo served-from-sandbox > /tmp/www/index.html && cd /tmp/www && nohup python3 -m http.server 8000 >/dev/null 2>&1 &", client.ExecOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			st, _, body = a.do("GET", "/index.html", "", nil, map[string]string{"Host": fmt.Sprintf("8000-%s.cella.test", v2.SandboxID)})
+			if st == 200 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if st != 200 || string(body) != "served-from-sandbox\n" {
+			t.Fatalf("port 8000 via Host: %d %s", st, body)
+		}
+		st, _, body = a.do("GET", "/index.html", "", nil, hdr(v2.SandboxID, "8000"))
+		if st != 200 || string(body) != "served-from-sandbox\n" {
+			t.Fatalf("port 8000 via headers: %d %s", st, body)
+		}
+		st, _, body = a.do("GET", "/", "", nil, hdr(v2.SandboxID, "8001"))
+		if st != 502 {
+			t.Fatalf("closed port: want 502, got %d %s", st, body)
+		}
+	})
+	t.Run("SetTimeoutExpires", func(t *testing.T) {
+		st, _, body := a.do("POST", "/sandboxes/"+v1.SandboxID+"/timeout", key, map[string]any{"timeout": -1}, nil)
+		a.wantError(400, st, body, "negative")
+		st, _, body = a.do("POST", "/sandboxes/"+v1.SandboxID+"/timeout", key, "{bad", nil)
+		a.wantError(400, st, body, "")
+		if st, _, body := a.do("POST", "/sandboxes/"+v1.SandboxID+"/timeout", key, map[string]any{"timeout": 2}, nil); st != 204 {
+			t.Fatalf("timeout: %d %s", st, body)
+		}
+		time.Sleep(4 * time.Second)
+		st, _, body = a.do("GET", "/sandboxes/"+v1.SandboxID, key, nil, nil)
+		a.wantError(404, st, body, "")
+		st, _, _ = a.do("GET", "/health", "", nil, map[string]string{"E2b-Sandbox-Id": v1.SandboxID, "E2b-Sandbox-Port": "49983"})
+		if st != 502 {
+			t.Fatalf("expired sandbox URL: want 502, got %d", st)
+		}
+		st, _, body = a.do("POST", "/sandboxes/"+v1.SandboxID+"/timeout", key, map[string]any{"timeout": 5}, nil)
+		a.wantError(404, st, body, "")
+	})
+	t.Run("Kill", func(t *testing.T) {
+		if st, _, body := a.do("DELETE", "/sandboxes/"+v2.SandboxID, key, nil, nil); st != 204 {
+			t.Fatalf("delete: %d %s", st, body)
+		}
+		st, _, body := a.do("DELETE", "/sandboxes/"+v2.SandboxID, key, nil, nil)
+		a.wantError(404, st, body, "")
+		if d := sandboxDirs(t, env); len(d) != 0 {
+			t.Fatalf("sandbox dirs left after kill: %v", d)
+		}
+	})
+}

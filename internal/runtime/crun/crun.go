@@ -1,0 +1,397 @@
+// Package crun runs cella sandboxes as Linux namespace containers through
+// crun (runtime name "namespaces"): native speed and ~10 ms starts, but the
+// sandbox shares the host kernel, so it stacks every kernel-side barrier
+// available: pid, mount, network (loopback only), ipc, uts, user and cgroup
+// namespaces; cgroup v1 limits under /cella/<id>; a seccomp deny-list;
+// no_new_privileges; a docker-like minimal capability set; masked /proc
+// files. Landlock is applied by the agent inside.
+//
+// User namespace: container ids 0..65535 are host ids 100000..165535, so
+// even the container's root is an unprivileged nobody on the host. Template
+// files are owned by host uid 0 and 1000 (shared with gVisor, which maps
+// nothing), so through a plain user namespace they would all appear as
+// "nobody" and user 1000 could not write /home/user. The rootfs is
+// therefore given to crun through an idmapped mount (mount_setattr
+// MOUNT_ATTR_IDMAP with a user namespace of the same mapping): inside, the
+// files keep their owners 0/1000, and what uid 1000 writes lands on disk
+// as uid 1000 in the overlay's upper layer, exactly as with gVisor. RunDir
+// is idmapped the same way so the container's root owns the daemon's
+// socket and files there. If the kernel or filesystem cannot idmap, New
+// fails unless Config.NoUserNS is set, which keeps every other namespace
+// but runs the container's root as host root.
+//
+// Hybrid cgroups: crun 1.8 refuses a host whose cgroup2 hierarchy holds
+// controllers next to v1 ones. Each crun call therefore runs in a private
+// mount namespace where /sys/fs/cgroup/unified is hidden under a small
+// writable tmpfs, so crun sees a legacy v1 host and uses the v1 controllers
+// (no host change needed; see runtime-notes §2). The idmapped mounts are
+// made in that same namespace and never appear in the host's.
+package crun
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cella-sandbox/cella/internal/cgroup"
+	"github.com/cella-sandbox/cella/internal/runtime"
+	"github.com/cella-sandbox/cella/internal/runtime/oci"
+)
+
+// Config configures the namespaces runtime.
+type Config struct {
+	// CrunPath is the crun binary; "" means "crun" from $PATH.
+	CrunPath string
+	// RootDir is crun's state directory (--root), under the daemon's data
+	// dir so that List finds exactly cella's containers.
+	RootDir string
+	// IDMap is the user namespace mapping; nil means oci.DefaultIDMap.
+	IDMap *oci.IDMap
+	// NoUserNS runs containers without a user namespace (their root is
+	// host root, only the other namespaces, capabilities and seccomp
+	// contain it). Only for hosts without idmapped mount support.
+	NoUserNS bool
+	// CommandTimeout bounds each crun call; 0 means 30s.
+	CommandTimeout time.Duration
+}
+
+// Validate fills defaults and checks the configuration.
+func (c *Config) Validate() error {
+	if c.CrunPath == "" {
+		c.CrunPath = "crun"
+	}
+	if c.RootDir == "" || !filepath.IsAbs(c.RootDir) {
+		return fmt.Errorf("crun: RootDir %q must be an absolute path", c.RootDir)
+	}
+	if c.IDMap == nil {
+		m := oci.DefaultIDMap
+		c.IDMap = &m
+	}
+	if c.IDMap.Size == 0 || uint64(c.IDMap.HostID)+uint64(c.IDMap.Size) > 1<<32-1 {
+		return fmt.Errorf("crun: invalid id map %+v", *c.IDMap)
+	}
+	if c.IDMap.HostID == 0 {
+		return errors.New("crun: id map must not start at host id 0 (that is no user namespace at all)")
+	}
+	if c.CommandTimeout == 0 {
+		c.CommandTimeout = 30 * time.Second
+	}
+	return nil
+}
+
+// Runtime is the crun implementation of runtime.Runtime.
+type Runtime struct {
+	cfg         Config
+	hideUnified bool
+
+	mu       sync.Mutex
+	usernsFD int // -1 without a user namespace or after Close
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// New checks cfg, finds crun, and prepares the user namespace used for
+// idmapped mounts, verifying that idmapped mounts work for RootDir's
+// filesystem.
+func New(cfg Config) (*Runtime, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	p, err := exec.LookPath(cfg.CrunPath)
+	if err != nil {
+		return nil, fmt.Errorf("crun: binary %q not found (apt-get install crun): %w", cfg.CrunPath, err)
+	}
+	cfg.CrunPath = p
+	if err := os.MkdirAll(cfg.RootDir, 0o700); err != nil {
+		return nil, fmt.Errorf("crun: create root dir: %w", err)
+	}
+	r := &Runtime{cfg: cfg, hideUnified: hybridCgroups(), usernsFD: -1}
+	if !cfg.NoUserNS {
+		fd, err := newUsernsFD(*cfg.IDMap, cfg.CrunPath)
+		if err != nil {
+			return nil, fmt.Errorf("crun: %w", err)
+		}
+		r.usernsFD = fd
+		if err := checkIdmap(cfg.RootDir, fd); err != nil {
+			r.Close()
+			return nil, fmt.Errorf("crun: %w (set NoUserNS to run without a user namespace)", err)
+		}
+	}
+	return r, nil
+}
+
+// Name implements runtime.Runtime.
+func (r *Runtime) Name() string { return runtime.Namespaces }
+
+// Close implements runtime.Runtime. Containers keep running.
+func (r *Runtime) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.usernsFD >= 0 {
+		unix.Close(r.usernsFD)
+		r.usernsFD = -1
+	}
+	return nil
+}
+
+// UserNS reports whether containers get a user namespace.
+func (r *Runtime) UserNS() bool { return !r.cfg.NoUserNS }
+
+func (r *Runtime) globalArgs(logFile string) []string {
+	a := []string{"--root=" + r.cfg.RootDir, "--cgroup-manager=cgroupfs"}
+	if logFile != "" {
+		a = append(a, "--log=file:"+logFile, "--log-format=json")
+	}
+	return a
+}
+
+// crun runs a short crun command in the private mount namespace and
+// returns its stdout; stderr is in the error.
+func (r *Runtime) crun(ctx context.Context, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, r.cfg.CrunPath, append(r.globalArgs(""), args...)...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.WaitDelay = 5 * time.Second
+	if err := runInPrivateMountNS(r.hideUnified, nil, cmd); err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("crun %s: timed out after %s: %s", args[0], r.cfg.CommandTimeout, msg)
+		}
+		return nil, fmt.Errorf("crun %s: %w: %s", args[0], err, msg)
+	}
+	return stdout.Bytes(), nil
+}
+
+// bundle is a prepared bundle: the spec plus the idmapped mounts to make
+// before crun runs.
+type bundle struct {
+	dir    string
+	binds  []idBind
+	crunLg string
+}
+
+type idBind struct {
+	src, dst string
+	ro       bool
+}
+
+// prepare writes spec's bundle. With a user namespace the root and RunDir
+// (and extra mounts) are bound from idmapped mount points in the bundle.
+func (r *Runtime) prepare(spec *runtime.Spec) (*bundle, error) {
+	if err := oci.ValidateSpec(spec); err != nil {
+		return nil, err
+	}
+	b := &bundle{dir: spec.BundleDir, crunLg: filepath.Join(spec.BundleDir, "crun.log")}
+	opts := oci.Options{CgroupNS: true, HostKernel: true}
+	s := *spec
+	if !r.cfg.NoUserNS {
+		opts.UserNS = r.cfg.IDMap
+		// The container's root (an unprivileged host uid) must be able to
+		// reach the mount points in the bundle.
+		if err := os.Chmod(spec.BundleDir, 0o711); err != nil {
+			return nil, err
+		}
+		opts.RootPath = filepath.Join(spec.BundleDir, "rootfs")
+		opts.ReplaceRunDir = filepath.Join(spec.BundleDir, "run")
+		b.binds = append(b.binds,
+			idBind{src: spec.RootFS, dst: opts.RootPath},
+			idBind{src: spec.RunDir, dst: opts.ReplaceRunDir})
+		s.Mounts = slices.Clone(spec.Mounts)
+		for i, m := range s.Mounts {
+			st, err := os.Stat(m.Source)
+			if err != nil {
+				return nil, fmt.Errorf("mount %s: %w", m.Source, err)
+			}
+			if !st.IsDir() {
+				continue // files keep host owners; bind them as they are
+			}
+			dst := filepath.Join(spec.BundleDir, "mnt", strconv.Itoa(i))
+			b.binds = append(b.binds, idBind{src: m.Source, dst: dst, ro: m.ReadOnly})
+			s.Mounts[i].Source = dst
+		}
+		for _, ib := range b.binds {
+			if err := os.MkdirAll(ib.dst, 0o755); err != nil {
+				return nil, err
+			}
+		}
+	}
+	sp, err := oci.Build(&s, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := oci.WriteBundle(spec.BundleDir, sp); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// mounts makes b's idmapped mounts (inside the private mount namespace).
+func (r *Runtime) mounts(b *bundle) func() error {
+	return func() error {
+		if len(b.binds) == 0 {
+			return nil
+		}
+		r.mu.Lock()
+		fd := r.usernsFD
+		r.mu.Unlock()
+		if fd < 0 {
+			return errors.New("runtime closed")
+		}
+		for _, ib := range b.binds {
+			if err := idmapMount(ib.src, ib.dst, fd, ib.ro); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// Start implements runtime.Runtime: `crun run --detach` returns once the
+// container's PID 1 has been executed.
+func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) error {
+	id := spec.ID
+	b, err := r.prepare(&spec)
+	if err != nil {
+		return fmt.Errorf("crun start %s: %w", id, err)
+	}
+	// O_APPEND so that stdout and stderr, two fds of one file, never
+	// overwrite each other; the file is the container's only.
+	logf, err := os.OpenFile(spec.LogPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("crun start %s: open log: %w", id, err)
+	}
+	defer logf.Close()
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(cctx, r.cfg.CrunPath, append(r.globalArgs(b.crunLg),
+		"run", "--detach", "--bundle="+spec.BundleDir, "--pid-file="+filepath.Join(spec.BundleDir, "pid"), id)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.WaitDelay = 5 * time.Second
+	start := time.Now()
+	if err := runInPrivateMountNS(r.hideUnified, r.mounts(b), cmd); err != nil {
+		cause := lastError(b.crunLg)
+		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.CommandTimeout)
+		defer dcancel()
+		if derr := r.Destroy(dctx, id); derr != nil {
+			slog.Warn("crun: cleanup after failed start", "id", id, "err", derr)
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("crun start %s: %w (crun: %s)", id, ctx.Err(), cause)
+		}
+		return fmt.Errorf("crun start %s: %w: %s", id, err, cause)
+	}
+	slog.Debug("crun: container started", "id", id, "took", time.Since(start))
+	return nil
+}
+
+// lastError returns the last error message in a crun JSON log.
+func lastError(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "(no crun log)"
+	}
+	lines := bytes.Split(bytes.TrimSpace(b), []byte("\n"))
+	for i := len(lines) - 1; i >= 0; i-- {
+		var m struct{ Msg, Level string }
+		if json.Unmarshal(lines[i], &m) == nil && m.Msg != "" {
+			return m.Msg
+		}
+	}
+	if len(lines) > 0 && len(lines[len(lines)-1]) > 0 {
+		return string(lines[len(lines)-1])
+	}
+	return "(empty crun log)"
+}
+
+type state struct {
+	ID     string `json:"id"`
+	Status string `json:"status"`
+	Pid    int    `json:"pid"`
+	Bundle string `json:"bundle"`
+}
+
+// State implements runtime.Runtime.
+func (r *Runtime) State(ctx context.Context, id string) (runtime.Status, error) {
+	if _, err := os.Stat(filepath.Join(r.cfg.RootDir, id, "status")); errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("crun state %s: %w", id, runtime.ErrNotFound)
+	}
+	out, err := r.crun(ctx, "state", id)
+	if err != nil {
+		return "", fmt.Errorf("crun state %s: %w", id, err)
+	}
+	var st state
+	if err := json.Unmarshal(out, &st); err != nil {
+		return "", fmt.Errorf("crun state %s: parse: %w", id, err)
+	}
+	switch st.Status {
+	case "creating", "created":
+		return runtime.StatusCreated, nil
+	case "running":
+		return runtime.StatusRunning, nil
+	case "paused":
+		return runtime.StatusPaused, nil
+	case "stopped":
+		return runtime.StatusStopped, nil
+	}
+	return "", fmt.Errorf("crun state %s: unknown status %q", id, st.Status)
+}
+
+// Destroy implements runtime.Runtime. Every step runs even if an earlier
+// one fails.
+func (r *Runtime) Destroy(ctx context.Context, id string) error {
+	var errs []error
+	exists := func() bool {
+		_, err := os.Stat(filepath.Join(r.cfg.RootDir, id))
+		return err == nil
+	}
+	if exists() {
+		if _, err := r.crun(ctx, "kill", "--all", id, "KILL"); err != nil {
+			slog.Debug("crun: kill", "id", id, "err", err) // usually: already stopped
+		}
+		if _, err := r.crun(ctx, "delete", "--force", id); err != nil && exists() {
+			errs = append(errs, err)
+		}
+	}
+	// Whatever survived (a process that escaped crun's kill) sits in the
+	// container's cgroups; Remove kills it and removes the dirs.
+	if err := cgroup.Remove(id); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("crun destroy %s: %w", id, err)
+	}
+	return nil
+}
+
+// List implements runtime.Runtime.
+func (r *Runtime) List(ctx context.Context) ([]string, error) {
+	// crun keeps one directory per container in its root; reading it is
+	// what `crun list` does, minus a process start.
+	ents, err := os.ReadDir(r.cfg.RootDir)
+	if err != nil {
+		return nil, fmt.Errorf("crun list: %w", err)
+	}
+	var ids []string
+	for _, e := range ents {
+		if e.IsDir() {
+			ids = append(ids, e.Name())
+		}
+	}
+	slices.Sort(ids)
+	return ids, nil
+}

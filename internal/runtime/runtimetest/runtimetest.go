@@ -1,0 +1,352 @@
+// Package runtimetest is the conformance suite every cella runtime passes.
+// It drives a real daemon built on the runtime under test, through the same
+// API and agent path users take, and checks lifecycle, isolation, limits and
+// cleanup. A runtime's test calls Run with its name.
+package runtimetest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/cgroup"
+	"github.com/cella-sandbox/cella/internal/client"
+	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
+	"github.com/cella-sandbox/cella/internal/rootfs"
+)
+
+// Run runs the whole suite against the named runtime.
+func Run(t *testing.T, runtimeName string) {
+	env := daemontest.Start(t, runtimeName, daemontest.Options{})
+	t.Run("Lifecycle", func(t *testing.T) { testLifecycle(t, env) })
+	t.Run("Isolation", func(t *testing.T) { testIsolation(t, env) })
+	t.Run("Limits", func(t *testing.T) { testLimits(t, env) })
+	t.Run("CleanupAfterKill", func(t *testing.T) { testCleanupAfterKill(t, env) })
+	t.Run("CleanupAfterDaemonStop", func(t *testing.T) { testCleanupAfterStop(t, env) })
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// create makes a sandbox that is killed when the test ends.
+func create(t *testing.T, env *daemontest.Env, req client.CreateRequest) *client.SandboxConn {
+	t.Helper()
+	ctx := ctxT(t, 3*time.Minute)
+	sb, err := env.Client.Create(ctx, req)
+	if err != nil {
+		t.Fatalf("create sandbox: %v", err)
+	}
+	t.Cleanup(func() { _ = env.Client.Kill(context.Background(), sb.SandboxID) })
+	conn, err := env.Client.Sandbox(ctx, sb.SandboxID)
+	if err != nil {
+		t.Fatalf("attach sandbox: %v", err)
+	}
+	return conn
+}
+
+func run(t *testing.T, sb *client.SandboxConn, cmd string, o client.ExecOptions) client.ExecResult {
+	t.Helper()
+	res, err := sb.Exec(ctxT(t, 2*time.Minute), cmd, o)
+	if err != nil {
+		t.Fatalf("exec %q: %v", cmd, err)
+	}
+	return res
+}
+
+func mustOK(t *testing.T, sb *client.SandboxConn, cmd string) string {
+	t.Helper()
+	res := run(t, sb, cmd, client.ExecOptions{Timeout: time.Minute})
+	if res.ExitCode != 0 {
+		t.Fatalf("%q: exit %d, error %q, stderr %q", cmd, res.ExitCode, res.Error, res.Stderr)
+	}
+	return res.Stdout
+}
+
+func testLifecycle(t *testing.T, env *daemontest.Env) {
+	sb := create(t, env, client.CreateRequest{})
+	if out := mustOK(t, sb, "echo hello"); out != "hello\n" {
+		t.Fatalf("echo: got %q", out)
+	}
+	res := run(t, sb, "echo out; echo err >&2; exit 3", client.ExecOptions{})
+	if res.ExitCode != 3 || res.Stdout != "out\n" || res.Stderr != "err\n" {
+		t.Fatalf("exit 3: got %+v", res)
+	}
+	if out := mustOK(t, sb, "python3 -c 'print(6*7)'"); out != "42\n" {
+		t.Fatalf("python: got %q", out)
+	}
+	// Kill: the record goes and the sandbox URL answers 502.
+	if err := env.Client.Kill(ctxT(t, time.Minute), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Client.Get(ctxT(t, time.Minute), sb.ID); !client.IsNotFound(err) {
+		t.Fatalf("GET after kill: want 404, got %v", err)
+	}
+	req, _ := http.NewRequest("GET", env.URL+"/health", nil)
+	req.Header.Set("E2b-Sandbox-Id", sb.ID)
+	req.Header.Set("E2b-Sandbox-Port", "49983")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("sandbox URL after kill: want 502, got %d", resp.StatusCode)
+	}
+}
+
+func testIsolation(t *testing.T, env *daemontest.Env) {
+	// Canaries the sandbox must not see: a host file, a host env var of the
+	// daemon's process, and a server on the host's loopback.
+	canary := fmt.Sprintf("cella-canary-%d", time.Now().UnixNano())
+	hostFile := filepath.Join("/tmp", canary)
+	if err := os.WriteFile(hostFile, []byte(canary), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(hostFile) })
+	t.Setenv("CELLA_HOST_CANARY", canary)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(canary)) })}
+	go hostSrv.Serve(ln)
+	t.Cleanup(func() { hostSrv.Close() })
+	port := ln.Addr().(*net.TCPAddr).Port
+
+	sb := create(t, env, client.CreateRequest{})
+	other := create(t, env, client.CreateRequest{})
+
+	t.Run("HostFile", func(t *testing.T) {
+		res := run(t, sb, "cat "+hostFile+"; grep -rl "+canary+" /tmp /home /root /run 2>/dev/null; true", client.ExecOptions{User: "root"})
+		if strings.Contains(res.Stdout, canary) {
+			t.Fatalf("sandbox read the host canary file: %q", res.Stdout)
+		}
+	})
+	t.Run("HostEnv", func(t *testing.T) {
+		res := run(t, sb, "env; cat /proc/1/environ | tr '\\0' '\\n'", client.ExecOptions{User: "root"})
+		if strings.Contains(res.Stdout, canary) || strings.Contains(res.Stdout, "CELLA_HOST_CANARY") {
+			t.Fatalf("host environment leaked into the sandbox: %q", res.Stdout)
+		}
+	})
+	t.Run("HostLoopback", func(t *testing.T) {
+		cmd := fmt.Sprintf("curl -sS --max-time 3 http://127.0.0.1:%d/ ; python3 -c \"import socket; s=socket.create_connection(('127.0.0.1', %d), 3); print('connected')\"", port, port)
+		res := run(t, sb, cmd, client.ExecOptions{Timeout: 30 * time.Second})
+		if strings.Contains(res.Stdout, canary) || strings.Contains(res.Stdout, "connected") {
+			t.Fatalf("sandbox reached a host loopback server: %q", res.Stdout)
+		}
+	})
+	t.Run("NoNetwork", func(t *testing.T) {
+		out := mustOK(t, sb, "cat /proc/net/dev | tail -n +3 | awk -F: '{print $1}' | tr -d ' '")
+		for _, ifc := range strings.Fields(out) {
+			if ifc != "lo" {
+				t.Fatalf("sandbox has a network interface besides lo: %q", out)
+			}
+		}
+	})
+	t.Run("OtherSandbox", func(t *testing.T) {
+		// A server in one sandbox is not reachable from the other.
+		run(t, other, "nohup python3 -m http.server 8123 >/dev/null 2>&1 &", client.ExecOptions{Timeout: 10 * time.Second})
+		time.Sleep(500 * time.Millisecond)
+		res := run(t, sb, "curl -sS --max-time 3 http://127.0.0.1:8123/ && echo reached", client.ExecOptions{Timeout: 30 * time.Second})
+		if strings.Contains(res.Stdout, "reached") {
+			t.Fatalf("sandbox reached another sandbox's server: %q", res.Stdout)
+		}
+	})
+	t.Run("ProcIsSandboxOnly", func(t *testing.T) {
+		out := mustOK(t, sb, "ps -eo comm=")
+		for _, bad := range []string{"runsc", "crun", "systemd", "sshd", "containerd", "go"} {
+			for _, name := range strings.Fields(out) {
+				if name == bad {
+					t.Fatalf("sandbox sees host process %q: %q", bad, out)
+				}
+			}
+		}
+		if n := len(strings.Fields(out)); n > 8 {
+			t.Fatalf("sandbox sees %d processes, want only its own: %q", n, out)
+		}
+	})
+	t.Run("DefaultUser", func(t *testing.T) {
+		out := mustOK(t, sb, "id -u; pwd; touch ~/written && echo ok")
+		if out != "1000\n/home/user\nok\n" {
+			t.Fatalf("default user: got %q, want uid 1000 in /home/user", out)
+		}
+		if out := mustOK(t, sb, "id -u"); strings.TrimSpace(out) != "1000" {
+			t.Fatal(out)
+		}
+		res := run(t, sb, "id -u", client.ExecOptions{User: "root"})
+		if strings.TrimSpace(res.Stdout) != "0" {
+			t.Fatalf("--user root: got %q", res.Stdout)
+		}
+	})
+	t.Run("TemplateUnchanged", func(t *testing.T) {
+		mustOK(t, sb, "echo changed > /home/user/.profile-test")
+		run(t, sb, "rm -rf /usr/bin/python3", client.ExecOptions{User: "root"})
+		if out := mustOK(t, other, "test -e /usr/bin/python3 && test ! -e /home/user/.profile-test && echo intact"); out != "intact\n" {
+			t.Fatalf("one sandbox's changes reached another: %q", out)
+		}
+	})
+}
+
+func testLimits(t *testing.T, env *daemontest.Env) {
+	sb := create(t, env, client.CreateRequest{MemoryMB: 256, PidsLimit: 64, DiskSizeMB: 64})
+	bystander := create(t, env, client.CreateRequest{})
+
+	expect := func(t *testing.T, res client.ExecResult, words ...string) {
+		t.Helper()
+		for _, w := range words {
+			if !strings.Contains(res.Error, w) {
+				t.Fatalf("result error %q does not name %q (exit %d, stderr %q)", res.Error, w, res.ExitCode, tailStr(res.Stderr, 300))
+			}
+		}
+		if res.ExitCode == 0 {
+			t.Fatalf("command hitting a limit exited 0: %+v", res)
+		}
+	}
+	stillServing := func(t *testing.T) {
+		t.Helper()
+		if out := mustOK(t, sb, "echo alive"); out != "alive\n" {
+			t.Fatalf("sandbox after limit: %q", out)
+		}
+		if out := mustOK(t, bystander, "echo alive"); out != "alive\n" {
+			t.Fatalf("other sandbox after limit: %q", out)
+		}
+	}
+
+	t.Run("MemoryHog", func(t *testing.T) {
+		res := run(t, sb, `python3 -c "
+chunks = []
+while True:
+    chunks.append(bytearray(b'x' * (16 << 20)))
+"`, client.ExecOptions{Timeout: time.Minute})
+		expect(t, res, "memory limit", "256 MiB", "--memory")
+		stillServing(t)
+	})
+	t.Run("ForkBomb", func(t *testing.T) {
+		res := run(t, sb, `bomb() { bomb | bomb & }; bomb; sleep 30`, client.ExecOptions{Timeout: time.Minute})
+		expect(t, res, "pids limit", "64", "--pids")
+		time.Sleep(time.Second)
+		stillServing(t)
+	})
+	t.Run("InfiniteLoopTimeout", func(t *testing.T) {
+		res := run(t, sb, `while :; do :; done`, client.ExecOptions{Timeout: 2 * time.Second})
+		expect(t, res, "timeout", "--timeout")
+		stillServing(t)
+	})
+	t.Run("DiskFiller", func(t *testing.T) {
+		res := run(t, sb, `dd if=/dev/zero of=/home/user/fill bs=1M count=200`, client.ExecOptions{Timeout: time.Minute})
+		expect(t, res, "disk limit", "64 MiB", "--disk")
+		run(t, sb, "rm -f /home/user/fill", client.ExecOptions{})
+		stillServing(t)
+	})
+	t.Run("OutputFlood", func(t *testing.T) {
+		res := run(t, sb, `head -c 30000000 /dev/zero | tr '\0' 'a'`, client.ExecOptions{Timeout: time.Minute})
+		if len(res.Stdout) > 11<<20 || len(res.Stdout) < 9<<20 {
+			t.Fatalf("output flood: got %d bytes of stdout, want about 10 MiB", len(res.Stdout))
+		}
+		if !strings.Contains(res.Stderr+res.Error, "output truncated at 10 MiB") {
+			t.Fatalf("no truncation marker: error %q, stderr tail %q", res.Error, tailStr(res.Stderr, 200))
+		}
+		stillServing(t)
+	})
+}
+
+func tailStr(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// leftovers lists what the host still holds of a sandbox.
+func leftovers(t *testing.T, env *daemontest.Env, id string) []string {
+	t.Helper()
+	var out []string
+	ids, err := env.Daemon.Runtime.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range ids {
+		if c == id {
+			out = append(out, "container "+id)
+		}
+	}
+	mounts, err := rootfs.FindMounts(filepath.Join(env.DataDir, "sandboxes", id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range mounts {
+		out = append(out, "mount "+m)
+	}
+	cgs, err := cgroup.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cgs {
+		if c == id {
+			out = append(out, "cgroup "+c)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(env.DataDir, "sandboxes", id)); err == nil {
+		out = append(out, "dir "+id)
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err == nil && strings.Contains(string(b), id) {
+			out = append(out, "process "+filepath.Base(filepath.Dir(p))+": "+strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+	return out
+}
+
+func testCleanupAfterKill(t *testing.T, env *daemontest.Env) {
+	ctx := ctxT(t, 2*time.Minute)
+	sb, err := env.Client.Create(ctx, client.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := env.Client.Sandbox(ctx, sb.SandboxID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A background process that would outlive a sloppy kill.
+	run(t, conn, "nohup sleep 1000 >/dev/null 2>&1 &", client.ExecOptions{Timeout: 10 * time.Second})
+	if l := leftovers(t, env, sb.SandboxID); len(l) == 0 {
+		t.Fatal("leftovers() finds nothing for a running sandbox: the check itself is broken")
+	}
+	if err := env.Client.Kill(ctx, sb.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	if l := leftovers(t, env, sb.SandboxID); len(l) > 0 {
+		t.Fatalf("after kill the host still holds: %v", l)
+	}
+}
+
+func testCleanupAfterStop(t *testing.T, env *daemontest.Env) {
+	// A second daemon on its own data dir, stopped with sandboxes running.
+	env2 := daemontest.Start(t, env.Daemon.Runtime.Name(), daemontest.Options{})
+	ctx := ctxT(t, 2*time.Minute)
+	var ids []string
+	for i := 0; i < 2; i++ {
+		sb, err := env2.Client.Create(ctx, client.CreateRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sb.SandboxID)
+	}
+	env2.Close()
+	for _, id := range ids {
+		if l := leftovers(t, env2, id); len(l) > 0 {
+			t.Fatalf("after daemon stop the host still holds: %v", l)
+		}
+	}
+}
