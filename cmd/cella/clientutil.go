@@ -29,6 +29,7 @@ type createFlags struct {
 	memory   string
 	disk     string
 	pids     int64
+	output   string
 	env      []string
 	metadata []string
 }
@@ -42,6 +43,7 @@ func (f *createFlags) register(fs *pflag.FlagSet, timeoutFlag string) {
 	fs.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512M or 2G (default 512M)")
 	fs.StringVar(&f.disk, "disk", "", "writable-layer size, e.g. 1G (default 1G)")
 	fs.Int64Var(&f.pids, "pids", 0, "process limit (default 256)")
+	fs.StringVar(&f.output, "output-limit", "", "per-command output cap, e.g. 50M (default 10M)")
 	fs.StringArrayVar(&f.env, "env", nil, "environment variable K=V for every command (repeatable)")
 	fs.StringArrayVar(&f.metadata, "metadata", nil, "metadata K=V (repeatable)")
 }
@@ -58,6 +60,9 @@ func (f *createFlags) request() (client.CreateRequest, error) {
 	}
 	if req.DiskSizeMB, err = parseMiB(f.disk); err != nil {
 		return req, fmt.Errorf("--disk: %w", err)
+	}
+	if req.OutputMB, err = parseMiB(f.output); err != nil {
+		return req, fmt.Errorf("--output-limit: %w", err)
 	}
 	if req.EnvVars, err = parseKV(f.env, "--env"); err != nil {
 		return req, err

@@ -25,6 +25,7 @@ func newRootCmd() *cobra.Command {
 		newTimeoutCmd(),
 		newCpCmd(),
 		newTemplateCmd(),
+		newBenchCmd(),
 		newAgentCmd(),
 		newAgentExecCmd(),
 	)

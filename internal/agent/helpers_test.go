@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,6 +18,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
 
 	"github.com/cella-sandbox/cella/internal/envd/filesystem/filesystemconnect"
 	"github.com/cella-sandbox/cella/internal/envd/process"
@@ -45,6 +48,10 @@ func TestMain(m *testing.M) {
 	if os.Getenv("CELLA_TEST_AGENT_SOCKET") != "" {
 		os.Exit(runTestAgent())
 	}
+	flag.Parse()
+	if !testing.Verbose() {
+		slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	}
 	os.Exit(m.Run())
 }
 
@@ -66,9 +73,11 @@ func newTestEnv(t *testing.T, opts ...envOpt) *testEnv {
 		t.Skip("agent tests run as root")
 	}
 	dir := t.TempDir()
-	// TempDir is 0700; users must be able to reach their home below it.
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
+	// TempDir and its parent are 0700; users must reach their home below.
+	for _, d := range []string{dir, filepath.Dir(dir)} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	home := filepath.Join(dir, "home", "user")
 	if err := os.MkdirAll(home, 0o755); err != nil {
@@ -275,6 +284,25 @@ func pidsOfUID(uid int) []int {
 	return out
 }
 
+func syscallKill(pid int) error { return unix.Kill(pid, unix.SIGKILL) }
+
 func basicAuth(user string) string {
 	return "Basic " + b64(user+":")
+}
+
+// jsonEqual compares JSON texts semantically (protojson randomizes spaces).
+func jsonEqual(t *testing.T, got []byte, want string) {
+	t.Helper()
+	var g, w any
+	if err := json.Unmarshal(got, &g); err != nil {
+		t.Fatalf("bad JSON %s: %v", got, err)
+	}
+	if err := json.Unmarshal([]byte(want), &w); err != nil {
+		t.Fatalf("bad want JSON %s: %v", want, err)
+	}
+	gb, _ := json.Marshal(g)
+	wb, _ := json.Marshal(w)
+	if string(gb) != string(wb) {
+		t.Fatalf("got %s\nwant %s", got, want)
+	}
 }

@@ -37,6 +37,7 @@ type newSandboxRequest struct {
 	MemoryMB   int64   `json:"memoryMB"`
 	DiskSizeMB int64   `json:"diskSizeMB"`
 	PidsLimit  int64   `json:"pidsLimit"`
+	OutputMB   int64   `json:"outputLimitMB"`
 }
 
 // sandboxResponse is E2B's Sandbox.
@@ -52,6 +53,9 @@ type sandboxResponse struct {
 }
 
 const clientID = "cella"
+
+// v1DefaultTimeout is E2B's default of POST /sandboxes without a timeout.
+const v1DefaultTimeout = 15 * time.Second
 
 func (s *Server) sandboxBody(in sandbox.Info) sandboxResponse {
 	return sandboxResponse{
@@ -70,7 +74,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		TemplateID: req.TemplateID, Metadata: req.Metadata, EnvVars: req.EnvVars,
 		AllowInternetAccess: req.AllowInternetAccess, Network: req.Network, AutoPause: req.AutoPause,
 		VolumeMounts: req.VolumeMounts, CPUs: req.CPUCount, MemoryMB: req.MemoryMB, DiskMB: req.DiskSizeMB,
-		Pids: req.PidsLimit, APIKeyID: apiKeyFrom(r.Context()).ID,
+		Pids: req.PidsLimit, OutputMB: req.OutputMB, APIKeyID: apiKeyFrom(r.Context()).ID,
 	}
 	if req.AutoResume != nil {
 		opts.AutoResume = req.AutoResume.Enabled
@@ -81,6 +85,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		opts.Timeout = time.Duration(*req.Timeout) * time.Second
+	} else if r.URL.Path == "/sandboxes" {
+		// E2B's v1 NewSandbox defaults to 15 s; v2 defaults to 300 s.
+		opts.Timeout = v1DefaultTimeout
 	}
 	if len(req.VolumeMounts) > 0 && string(req.VolumeMounts) != "null" && string(req.VolumeMounts) != "[]" {
 		s.writeErr(w, r, errdefs.NotImplemented("volumeMounts are not implemented in this version of cella"))
@@ -112,6 +119,7 @@ type sandboxDetail struct {
 	// cella's own fields.
 	Runtime       string `json:"runtime"`
 	PidsLimit     int64  `json:"pidsLimit"`
+	OutputLimitMB int64  `json:"outputLimitMB"`
 	DiskUsedBytes int64  `json:"diskUsedBytes"`
 	Error         string `json:"error,omitempty"`
 }
@@ -150,7 +158,7 @@ func (s *Server) detail(in sandbox.Info) sandboxDetail {
 		},
 		Lifecycle:    lifecycleDetail{OnTimeout: "kill"},
 		VolumeMounts: []any{},
-		Runtime:      in.Runtime, PidsLimit: in.Options.Pids, DiskUsedBytes: in.DiskUsedBytes, Error: in.Error,
+		Runtime:      in.Runtime, PidsLimit: in.Options.Pids, OutputLimitMB: in.Options.OutputMB, DiskUsedBytes: in.DiskUsedBytes, Error: in.Error,
 	}
 }
 

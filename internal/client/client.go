@@ -143,6 +143,7 @@ type CreateRequest struct {
 	MemoryMB   int64             `json:"memoryMB,omitempty"`
 	DiskSizeMB int64             `json:"diskSizeMB,omitempty"`
 	PidsLimit  int64             `json:"pidsLimit,omitempty"`
+	OutputMB   int64             `json:"outputLimitMB,omitempty"`
 }
 
 // Sandbox is the answer of create and connect.

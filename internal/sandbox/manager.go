@@ -259,7 +259,7 @@ func (m *Manager) agentConfig(sb *Sandbox, tpl *template.Template) agent.Config 
 			MemoryBytes: mib(sb.Options.MemoryMB),
 			Pids:        sb.Options.Pids,
 			DiskBytes:   mib(sb.Options.DiskMB),
-			OutputBytes: DefaultOutputBytes,
+			OutputBytes: mib(sb.Options.OutputMB),
 		},
 	}
 }
@@ -343,9 +343,13 @@ func (m *Manager) isTracked(sb *Sandbox) bool {
 }
 
 func (m *Manager) deathReason(sb *Sandbox) string {
-	if oomKilled(sb.ID) {
+	if cgroupCounter("memory", sb.ID, "memory.oom_control", "oom_kill") {
 		return fmt.Sprintf("killed: sandbox exceeded its host memory ceiling of %d MiB (sandbox memory limit %d MiB; raise with --memory)",
 			m.ceilings(sb.Options).MemoryBytes>>20, sb.Options.MemoryMB)
+	}
+	if cgroupCounter("pids", sb.ID, "pids.events", "max") {
+		return fmt.Sprintf("killed: sandbox hit its host process ceiling of %d (sandbox pids limit %d; raise with --pids)",
+			m.ceilings(sb.Options).Pids, sb.Options.Pids)
 	}
 	return "sandbox stopped unexpectedly: its container exited; agent log: " + tail(filepath.Join(sb.Dir, "agent.log"), 400)
 }
@@ -549,16 +553,17 @@ func tail(path string, n int) string {
 	return s
 }
 
-// oomKilled reports whether the kernel OOM-killed inside the sandbox's
-// memory cgroup (cgroup v1 memory.oom_control counts oom_kill events).
-func oomKilled(id string) bool {
-	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory/cella", id, "memory.oom_control"))
+// cgroupCounter reports whether a "<key> <n>" counter of a sandbox's cgroup
+// v1 file is non-zero: memory.oom_control's oom_kill counts OOM kills,
+// pids.events' max counts forks refused at the ceiling.
+func cgroupCounter(controller, id, file, key string) bool {
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", controller, "cella", id, file))
 	if err != nil {
 		return false
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
-		if len(f) == 2 && f[0] == "oom_kill" && f[1] != "0" {
+		if len(f) == 2 && f[0] == key && f[1] != "0" {
 			return true
 		}
 	}

@@ -17,7 +17,7 @@ const (
 	DefaultMemoryMB    = 512
 	DefaultDiskMB      = 1024
 	DefaultPids        = 256
-	DefaultOutputBytes = 10 << 20
+	DefaultOutputMB    = 10
 	DefaultTemplate    = "base"
 )
 
@@ -31,6 +31,7 @@ type Options struct {
 	MemoryMB   int64             `json:"memory_mb"`
 	DiskMB     int64             `json:"disk_mb"`
 	Pids       int64             `json:"pids"`
+	OutputMB   int64             `json:"output_mb"` // per-command output cap
 	Metadata   map[string]string `json:"metadata,omitempty"`
 	EnvVars    map[string]string `json:"env_vars,omitempty"`
 
@@ -63,8 +64,11 @@ func (o *Options) Normalize() error {
 	if o.Timeout > MaxTimeout {
 		return errdefs.InvalidArgument("timeout %v is above the maximum of %v", o.Timeout, MaxTimeout)
 	}
-	if o.CPUs < 0 || o.MemoryMB < 0 || o.DiskMB < 0 || o.Pids < 0 {
-		return errdefs.InvalidArgument("cpus, memory, disk and pids must not be negative")
+	if o.CPUs < 0 || o.MemoryMB < 0 || o.DiskMB < 0 || o.Pids < 0 || o.OutputMB < 0 {
+		return errdefs.InvalidArgument("cpus, memory, disk, pids and output limit must not be negative")
+	}
+	if o.OutputMB == 0 {
+		o.OutputMB = DefaultOutputMB
 	}
 	if o.CPUs == 0 {
 		o.CPUs = DefaultCPUs

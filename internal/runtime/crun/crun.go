@@ -47,6 +47,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cella-sandbox/cella/internal/cgroup"
+	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/runtime/oci"
 )
@@ -64,6 +65,11 @@ type Config struct {
 	// host root, only the other namespaces, capabilities and seccomp
 	// contain it). Only for hosts without idmapped mount support.
 	NoUserNS bool
+	// MountDir is an existing host directory that each crun call's private
+	// mount namespace covers with a tmpfs holding the container's root and
+	// RunDir mount points; "" means /run/cella-crun. Nothing is ever
+	// mounted on it in the host's namespace.
+	MountDir string
 	// CommandTimeout bounds each crun call; 0 means 30s.
 	CommandTimeout time.Duration
 }
@@ -88,6 +94,12 @@ func (c *Config) Validate() error {
 	}
 	if c.CommandTimeout == 0 {
 		c.CommandTimeout = 30 * time.Second
+	}
+	if c.MountDir == "" {
+		c.MountDir = "/run/cella-crun"
+	}
+	if !filepath.IsAbs(c.MountDir) {
+		return fmt.Errorf("crun: MountDir %q must be an absolute path", c.MountDir)
 	}
 	return nil
 }
@@ -117,6 +129,9 @@ func New(cfg Config) (*Runtime, error) {
 	cfg.CrunPath = p
 	if err := os.MkdirAll(cfg.RootDir, 0o700); err != nil {
 		return nil, fmt.Errorf("crun: create root dir: %w", err)
+	}
+	if err := os.MkdirAll(cfg.MountDir, 0o711); err != nil {
+		return nil, fmt.Errorf("crun: create mount dir: %w", err)
 	}
 	r := &Runtime{cfg: cfg, hideUnified: hybridCgroups(), usernsFD: -1}
 	if !cfg.NoUserNS {
@@ -177,40 +192,50 @@ func (r *Runtime) crun(ctx context.Context, args ...string) ([]byte, error) {
 	return stdout.Bytes(), nil
 }
 
-// bundle is a prepared bundle: the spec plus the idmapped mounts to make
-// before crun runs.
+// bundle is a prepared bundle: the spec plus the mounts to make in the
+// private mount namespace before crun runs.
 type bundle struct {
 	dir    string
-	binds  []idBind
+	binds  []bind
 	crunLg string
 }
 
-type idBind struct {
-	src, dst string
+type bind struct {
+	src, dst string // dst is relative to MountDir
+	idmap    bool
 	ro       bool
 }
 
-// prepare writes spec's bundle. With a user namespace the root and RunDir
-// (and extra mounts) are bound from idmapped mount points in the bundle.
+// prepare writes spec's bundle. With a user namespace, the root, RunDir
+// and extra directory mounts are bound from mount points on a tmpfs that
+// the private mount namespace puts over MountDir, so that the container's
+// (unprivileged) root never has to traverse the daemon's 0700 dirs, and
+// nothing is left in the host's mount table.
 func (r *Runtime) prepare(spec *runtime.Spec) (*bundle, error) {
 	if err := oci.ValidateSpec(spec); err != nil {
 		return nil, err
 	}
 	b := &bundle{dir: spec.BundleDir, crunLg: filepath.Join(spec.BundleDir, "crun.log")}
-	opts := oci.Options{CgroupNS: true, HostKernel: true}
+	opts := oci.Options{CgroupNS: true, HostKernel: true, OCIVersion: "1.0.2"}
 	s := *spec
 	if !r.cfg.NoUserNS {
 		opts.UserNS = r.cfg.IDMap
-		// The container's root (an unprivileged host uid) must be able to
-		// reach the mount points in the bundle.
-		if err := os.Chmod(spec.BundleDir, 0o711); err != nil {
+		// An overlay rootfs cannot be idmapped as a whole; rebuild it on
+		// idmapped layers (once; it is a no-op afterwards) and bind it as is.
+		// Any other directory is bound through an idmapped mount.
+		rootIDMap := false
+		err := rootfs.IDMapOverlay(spec.RootFS, r.usernsFD, r.cfg.IDMap.HostID)
+		switch {
+		case errors.Is(err, rootfs.ErrNotOverlay):
+			rootIDMap = true
+		case err != nil:
 			return nil, err
 		}
-		opts.RootPath = filepath.Join(spec.BundleDir, "rootfs")
-		opts.ReplaceRunDir = filepath.Join(spec.BundleDir, "run")
+		opts.RootPath = filepath.Join(r.cfg.MountDir, "rootfs")
+		opts.ReplaceRunDir = filepath.Join(r.cfg.MountDir, "run")
 		b.binds = append(b.binds,
-			idBind{src: spec.RootFS, dst: opts.RootPath},
-			idBind{src: spec.RunDir, dst: opts.ReplaceRunDir})
+			bind{src: spec.RootFS, dst: "rootfs", idmap: rootIDMap},
+			bind{src: spec.RunDir, dst: "run", idmap: true})
 		s.Mounts = slices.Clone(spec.Mounts)
 		for i, m := range s.Mounts {
 			st, err := os.Stat(m.Source)
@@ -220,14 +245,9 @@ func (r *Runtime) prepare(spec *runtime.Spec) (*bundle, error) {
 			if !st.IsDir() {
 				continue // files keep host owners; bind them as they are
 			}
-			dst := filepath.Join(spec.BundleDir, "mnt", strconv.Itoa(i))
-			b.binds = append(b.binds, idBind{src: m.Source, dst: dst, ro: m.ReadOnly})
-			s.Mounts[i].Source = dst
-		}
-		for _, ib := range b.binds {
-			if err := os.MkdirAll(ib.dst, 0o755); err != nil {
-				return nil, err
-			}
+			dst := "mnt" + strconv.Itoa(i)
+			b.binds = append(b.binds, bind{src: m.Source, dst: dst, idmap: true, ro: m.ReadOnly})
+			s.Mounts[i].Source = filepath.Join(r.cfg.MountDir, dst)
 		}
 	}
 	sp, err := oci.Build(&s, opts)
@@ -240,7 +260,8 @@ func (r *Runtime) prepare(spec *runtime.Spec) (*bundle, error) {
 	return b, nil
 }
 
-// mounts makes b's idmapped mounts (inside the private mount namespace).
+// mounts returns the function that makes b's mounts inside the private
+// mount namespace.
 func (r *Runtime) mounts(b *bundle) func() error {
 	return func() error {
 		if len(b.binds) == 0 {
@@ -252,9 +273,22 @@ func (r *Runtime) mounts(b *bundle) func() error {
 		if fd < 0 {
 			return errors.New("runtime closed")
 		}
-		for _, ib := range b.binds {
-			if err := idmapMount(ib.src, ib.dst, fd, ib.ro); err != nil {
+		if err := unix.Mount("cella", r.cfg.MountDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=16k,mode=0711"); err != nil {
+			return fmt.Errorf("mount tmpfs at %s: %w", r.cfg.MountDir, err)
+		}
+		for _, m := range b.binds {
+			dst := filepath.Join(r.cfg.MountDir, m.dst)
+			if err := os.Mkdir(dst, 0o755); err != nil {
 				return err
+			}
+			if m.idmap {
+				if err := idmapMount(m.src, dst, fd, m.ro); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := unix.Mount(m.src, dst, "", unix.MS_BIND, ""); err != nil {
+				return fmt.Errorf("bind %s: %w", m.src, err)
 			}
 		}
 		return nil

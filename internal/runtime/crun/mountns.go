@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime/oci"
 )
 
@@ -40,34 +41,27 @@ func hybridCgroups() bool {
 // namespace. The goroutine then exits still locked, which makes the Go
 // runtime destroy the thread instead of reusing it.
 func runInPrivateMountNS(hideUnified bool, prepare func() error, cmd *exec.Cmd) error {
-	errc := make(chan error, 1)
-	go func() {
-		goruntime.LockOSThread()
-		// No UnlockOSThread: this thread's namespace must never run other
-		// goroutines.
-		errc <- func() error {
-			if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
-				return fmt.Errorf("unshare mount namespace: %w", err)
+	return rootfs.OnThrowawayThread(func() error {
+		if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
+			return fmt.Errorf("unshare mount namespace: %w", err)
+		}
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			return fmt.Errorf("make mounts private: %w", err)
+		}
+		if hideUnified {
+			// Writable, because crun creates its (fake, unused) v2 cgroup
+			// dir in it; 4k is plenty for one container's empty dirs.
+			if err := unix.Mount("cella", unifiedDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,mode=0755"); err != nil {
+				return fmt.Errorf("hide %s from crun: %w", unifiedDir, err)
 			}
-			if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-				return fmt.Errorf("make mounts private: %w", err)
+		}
+		if prepare != nil {
+			if err := prepare(); err != nil {
+				return err
 			}
-			if hideUnified {
-				// Writable, because crun creates its (fake, unused) v2 cgroup
-				// dir in it; 4k is plenty for one container's empty dirs.
-				if err := unix.Mount("cella", unifiedDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,mode=0755"); err != nil {
-					return fmt.Errorf("hide %s from crun: %w", unifiedDir, err)
-				}
-			}
-			if prepare != nil {
-				if err := prepare(); err != nil {
-					return err
-				}
-			}
-			return cmd.Run()
-		}()
-	}()
-	return <-errc
+		}
+		return cmd.Run()
+	})
 }
 
 // idmapMount makes dst an idmapped view of src: files owned by on-disk id
@@ -134,20 +128,15 @@ func checkIdmap(dir string, usernsFD int) error {
 		return err
 	}
 	defer os.Remove(tmp)
-	errc := make(chan error, 1)
-	go func() {
-		goruntime.LockOSThread()
-		errc <- func() error {
-			if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
-				return err
-			}
-			if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-				return err
-			}
-			return idmapMount(dir, tmp, usernsFD, true)
-		}()
-	}()
-	err = <-errc
+	err = rootfs.OnThrowawayThread(func() error {
+		if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
+			return err
+		}
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			return err
+		}
+		return idmapMount(dir, tmp, usernsFD, true)
+	})
 	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) {
 		return fmt.Errorf("idmapped mounts unsupported for %s: %w", dir, err)
 	}

@@ -51,10 +51,6 @@ func (r *Runtime) Probe(ctx context.Context, scratchDir string) (time.Duration, 
 			return 0, fmt.Errorf("crun probe: %w", err)
 		}
 	}
-	// Parents of the bundle must be traversable by the container's root.
-	if err := os.Chmod(dir, 0o711); err != nil {
-		return 0, fmt.Errorf("crun probe: %w", err)
-	}
 	b, err := r.prepare(&spec)
 	if err != nil {
 		return 0, fmt.Errorf("crun probe: %w", err)

@@ -62,6 +62,10 @@ type Options struct {
 	ExtraMounts []specs.Mount
 	// ReplaceRunDir, if set, is bound at GuestRunDir instead of Spec.RunDir.
 	ReplaceRunDir string
+	// OCIVersion overrides the spec's ociVersion: crun 1.8 rejects
+	// anything but 1.0.x ("unknown version specified"), though it
+	// implements every field used here.
+	OCIVersion string
 }
 
 var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
@@ -181,8 +185,12 @@ func Build(s *runtime.Spec, o Options) (*specs.Spec, error) {
 	if o.RootPath != "" {
 		root = o.RootPath
 	}
+	version := specs.Version
+	if o.OCIVersion != "" {
+		version = o.OCIVersion
+	}
 	sp := &specs.Spec{
-		Version:  specs.Version,
+		Version:  version,
 		Hostname: hostname,
 		Root:     &specs.Root{Path: root},
 		Process: &specs.Process{
@@ -275,14 +283,14 @@ func resources(l runtime.Limits) *specs.LinuxResources {
 		// Deny device access except the standard pseudo-devices and ptys.
 		Devices: []specs.LinuxDeviceCgroup{
 			{Allow: false, Access: "rwm"},
-			{Allow: true, Type: "c", Major: ptr(int64(1)), Minor: ptr(int64(3)), Access: "rwm"},    // null
-			{Allow: true, Type: "c", Major: ptr(int64(1)), Minor: ptr(int64(5)), Access: "rwm"},    // zero
-			{Allow: true, Type: "c", Major: ptr(int64(1)), Minor: ptr(int64(7)), Access: "rwm"},    // full
-			{Allow: true, Type: "c", Major: ptr(int64(1)), Minor: ptr(int64(8)), Access: "rwm"},    // random
-			{Allow: true, Type: "c", Major: ptr(int64(1)), Minor: ptr(int64(9)), Access: "rwm"},    // urandom
-			{Allow: true, Type: "c", Major: ptr(int64(5)), Minor: ptr(int64(0)), Access: "rwm"},    // tty
-			{Allow: true, Type: "c", Major: ptr(int64(5)), Minor: ptr(int64(2)), Access: "rwm"},    // ptmx
-			{Allow: true, Type: "c", Major: ptr(int64(136)), Minor: ptr(int64(-1)), Access: "rwm"}, // pts/*
+			{Allow: true, Type: "c", Major: ptr(int64(1)), Minor: ptr(int64(3)), Access: "rwm"}, // null
+			{Allow: true, Type: "c", Major: ptr(int64(1)), Minor: ptr(int64(5)), Access: "rwm"}, // zero
+			{Allow: true, Type: "c", Major: ptr(int64(1)), Minor: ptr(int64(7)), Access: "rwm"}, // full
+			{Allow: true, Type: "c", Major: ptr(int64(1)), Minor: ptr(int64(8)), Access: "rwm"}, // random
+			{Allow: true, Type: "c", Major: ptr(int64(1)), Minor: ptr(int64(9)), Access: "rwm"}, // urandom
+			{Allow: true, Type: "c", Major: ptr(int64(5)), Minor: ptr(int64(0)), Access: "rwm"}, // tty
+			{Allow: true, Type: "c", Major: ptr(int64(5)), Minor: ptr(int64(2)), Access: "rwm"}, // ptmx
+			{Allow: true, Type: "c", Major: ptr(int64(136)), Access: "rwm"},                     // pts/* (nil minor: any)
 		},
 	}
 	if l.MemoryBytes > 0 {

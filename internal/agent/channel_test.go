@@ -1,0 +1,205 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
+
+	"github.com/cella-sandbox/cella/internal/channel"
+	"github.com/cella-sandbox/cella/internal/envd/process"
+	"github.com/cella-sandbox/cella/internal/envd/process/processconnect"
+)
+
+// runTestAgent is the test binary acting as a sandbox's agent: a child
+// subreaper (standing in for PID 1) with the global reaper, serving the
+// channel. It runs until SIGTERM.
+func runTestAgent() int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "subreaper:", err)
+		return 1
+	}
+	reaper := NewReaper()
+	go reaper.Run(ctx)
+	srv := NewServer(Config{SandboxID: "sbxchan", DefaultUser: "root"}, Options{Reaper: reaper})
+	defer srv.Close()
+	hello := channel.Hello{SandboxID: "sbxchan", Token: os.Getenv("CELLA_TEST_AGENT_TOKEN"), Version: Version, PID: os.Getpid()}
+	if err := serveChannel(ctx, os.Getenv("CELLA_TEST_AGENT_SOCKET"), hello, srv.Handler()); err != nil && ctx.Err() == nil {
+		fmt.Fprintln(os.Stderr, "serve channel:", err)
+		return 1
+	}
+	return 0
+}
+
+func TestChannelAndReaping(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("agent tests run as root")
+	}
+	dir := t.TempDir()
+	sock := filepath.Join(dir, channel.SocketName)
+	ln, err := channel.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+
+	const token = "chan-token"
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "CELLA_TEST_AGENT_SOCKET="+sock, "CELLA_TEST_AGENT_TOKEN="+token)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+
+	ctx := ctxT(t, 30*time.Second)
+	conn, hello, err := ln.Accept(ctx, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hello.PID != cmd.Process.Pid || hello.SandboxID != "sbxchan" || hello.Version != Version {
+		t.Fatalf("hello %+v", hello)
+	}
+	hc := &http.Client{Transport: conn.Transport()}
+
+	// The agent's API over the channel.
+	resp, err := hc.Get(channel.AgentURL + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("health: %d", resp.StatusCode)
+	}
+
+	// A port inside the sandbox (the agent runs in our netns here).
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "backend says "+r.URL.Path)
+	}))
+	defer backend.Close()
+	port, _ := strconv.Atoi(backend.URL[strings.LastIndex(backend.URL, ":")+1:])
+	resp, err = hc.Get(channel.PortURL(port) + "/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "backend says /x" {
+		t.Fatalf("port forward: %q", body)
+	}
+	// A closed port: the stream is closed, the request fails.
+	if resp, err := hc.Get(channel.PortURL(1) + "/"); err == nil {
+		resp.Body.Close()
+		t.Fatal("request to a closed port succeeded")
+	}
+
+	// Zombie reaping: grandchildren orphaned to the agent are reaped.
+	pc := processconnect.NewProcessClient(hc, channel.AgentURL, connect.WithProtoJSON())
+	stream, err := pc.Start(ctx, connect.NewRequest(bashReq("for i in 1 2 3 4 5; do (sleep 1 >/dev/null 2>&1 &); done; echo spawned")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &result{}
+	for stream.Receive() {
+		r.add(stream.Msg().Event)
+	}
+	if r.end == nil || r.end.Status != "exit status 0" || r.stdout != "spawned\n" {
+		t.Fatalf("result %+v %v", r, stream.Err())
+	}
+	agentPid := cmd.Process.Pid
+	sawOrphans := false
+	eventually(t, 5*time.Second, "orphans to be reaped", func() bool {
+		kids, zombies := childrenOf(agentPid)
+		if kids > 0 {
+			sawOrphans = true
+		}
+		return sawOrphans && kids == 0 && zombies == 0
+	})
+
+	// The daemon drops the session; the agent redials.
+	conn.Close()
+	conn2, _, err := ln.Accept(ctx, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn2.Close()
+	hc2 := &http.Client{Transport: conn2.Transport()}
+	resp, err = hc2.Get(channel.AgentURL + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("health after reconnect: %d", resp.StatusCode)
+	}
+}
+
+// childrenOf counts the live children and zombie children of pid.
+func childrenOf(pid int) (live, zombies int) {
+	ents, _ := os.ReadDir("/proc")
+	buf := make([]byte, 4096)
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		n, ok := readProcFile(p, "/stat", buf)
+		if !ok {
+			continue
+		}
+		b := string(buf[:n])
+		i := strings.LastIndexByte(b, ')')
+		f := strings.Fields(b[i+2:])
+		if len(f) < 2 || f[1] != strconv.Itoa(pid) {
+			continue
+		}
+		if f[0] == "Z" {
+			zombies++
+		} else {
+			live++
+		}
+	}
+	return live, zombies
+}
+
+func TestLocalHandlerInitNeedsToken(t *testing.T) {
+	e := newTestEnv(t)
+	local := httptest.NewServer(e.srv.LocalHandler())
+	defer local.Close()
+	resp, err := http.Post(local.URL+"/init", "application/json", strings.NewReader(`{"accessToken":"stolen"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized || e.srv.config().AccessToken != "" {
+		t.Fatalf("local /init: %d, token %q", resp.StatusCode, e.srv.config().AccessToken)
+	}
+	_ = process.Signal_SIGNAL_SIGKILL
+}

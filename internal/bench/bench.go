@@ -1,0 +1,297 @@
+// Package bench measures cella against baselines taken in the same run, so
+// every figure is printed beside what the machine does without cella: raw
+// `runsc run` and `crun run` of the same root filesystem, and fork+exec.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/client"
+	"github.com/cella-sandbox/cella/internal/daemon"
+	"github.com/cella-sandbox/cella/internal/runtime"
+	"github.com/cella-sandbox/cella/internal/template"
+)
+
+// Config says what to measure and with which binaries.
+type Config struct {
+	Runtimes    []string // runtimes to measure (default both)
+	N           int      // iterations per figure
+	CellaBinary string
+	RunscPath   string
+	CacheDir    string
+	Out         io.Writer
+	JSON        bool
+}
+
+// Figure is one measured series.
+type Figure struct {
+	Name     string        `json:"name"`
+	Runtime  string        `json:"runtime,omitempty"`
+	N        int           `json:"n"`
+	P50      time.Duration `json:"p50_ns"`
+	P95      time.Duration `json:"p95_ns"`
+	P99      time.Duration `json:"p99_ns"`
+	Baseline string        `json:"baseline,omitempty"`
+	// Ratio is P50 divided by the baseline's P50.
+	Ratio float64 `json:"ratio,omitempty"`
+	Err   string  `json:"error,omitempty"`
+}
+
+func summarize(name, rt string, d []time.Duration) Figure {
+	f := Figure{Name: name, Runtime: rt, N: len(d)}
+	if len(d) == 0 {
+		return f
+	}
+	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+	pick := func(p float64) time.Duration {
+		i := int(p*float64(len(d)-1) + 0.5)
+		return d[i]
+	}
+	f.P50, f.P95, f.P99 = pick(0.50), pick(0.95), pick(0.99)
+	return f
+}
+
+// Create measures create→first exec done through the API for each runtime,
+// beside raw runsc/crun runs of /bin/true on the same template root and a
+// plain fork+exec.
+func Create(ctx context.Context, cfg Config) ([]Figure, error) {
+	if cfg.N <= 0 {
+		cfg.N = 20
+	}
+	if len(cfg.Runtimes) == 0 {
+		cfg.Runtimes = []string{runtime.GVisor, runtime.Namespaces}
+	}
+	tpls, err := template.NewStore(cfg.CacheDir)
+	if err != nil {
+		return nil, err
+	}
+	base, err := tpls.EnsureBase(ctx, io.Discard)
+	if err != nil {
+		return nil, err
+	}
+	var figs []Figure
+	fe := summarize("fork+exec /bin/true", "", repeat(cfg.N, func() error { return exec.Command("/bin/true").Run() }))
+	figs = append(figs, fe)
+	for _, rt := range cfg.Runtimes {
+		var raw Figure
+		switch rt {
+		case runtime.GVisor:
+			raw, err = rawRunsc(ctx, cfg, base.RootFS)
+		case runtime.Namespaces:
+			raw, err = rawCrun(ctx, cfg, base.RootFS)
+		}
+		if err != nil {
+			raw.Err = err.Error()
+		}
+		figs = append(figs, raw)
+		cold, err := apiCreate(ctx, cfg, rt)
+		if err != nil {
+			cold.Err = err.Error()
+		}
+		cold.Baseline = raw.Name
+		if raw.P50 > 0 {
+			cold.Ratio = float64(cold.P50) / float64(raw.P50)
+		}
+		figs = append(figs, cold)
+	}
+	return figs, nil
+}
+
+func repeat(n int, f func() error) []time.Duration {
+	var out []time.Duration
+	for i := 0; i < n; i++ {
+		t0 := time.Now()
+		if err := f(); err != nil {
+			continue
+		}
+		out = append(out, time.Since(t0))
+	}
+	return out
+}
+
+// apiCreate runs a daemon on the runtime and times create + exec of true.
+func apiCreate(ctx context.Context, cfg Config, rt string) (Figure, error) {
+	name := "cella create → first exec done (cold)"
+	dataDir, err := os.MkdirTemp("", "cella-bench-")
+	if err != nil {
+		return Figure{Name: name, Runtime: rt}, err
+	}
+	defer os.RemoveAll(dataDir)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	d, err := daemon.New(ctx, daemon.Config{
+		DataDir: dataDir, CacheDir: cfg.CacheDir, Runtime: rt, Domain: "bench.local",
+		RunscPath: cfg.RunscPath, AgentBinary: cfg.CellaBinary, Log: log,
+	})
+	if err != nil {
+		return Figure{Name: name, Runtime: rt}, err
+	}
+	defer d.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return Figure{Name: name, Runtime: rt}, err
+	}
+	srv := &http.Server{Handler: d.Handler}
+	go srv.Serve(ln)
+	defer srv.Close()
+	key, err := os.ReadFile(d.AdminKeyPath)
+	if err != nil {
+		return Figure{Name: name, Runtime: rt}, err
+	}
+	c, err := client.New(client.Config{URL: "http://" + ln.Addr().String(), APIKey: strings.TrimSpace(string(key))})
+	if err != nil {
+		return Figure{Name: name, Runtime: rt}, err
+	}
+	var lastErr error
+	var ds []time.Duration
+	for i := 0; i < cfg.N; i++ {
+		t0 := time.Now()
+		sb, err := c.Create(ctx, client.CreateRequest{})
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		conn, err := c.Sandbox(ctx, sb.SandboxID)
+		if err == nil {
+			var res client.ExecResult
+			res, err = conn.Exec(ctx, "true", client.ExecOptions{})
+			if err == nil && res.ExitCode != 0 {
+				err = fmt.Errorf("true exited %d", res.ExitCode)
+			}
+		}
+		took := time.Since(t0)
+		_ = c.Kill(ctx, sb.SandboxID)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		ds = append(ds, took)
+	}
+	f := summarize(name, rt, ds)
+	if len(ds) == 0 {
+		return f, lastErr
+	}
+	return f, nil
+}
+
+// rawBundle writes a minimal OCI bundle running /bin/true on a read-only
+// root, for the runtimes' own baseline.
+func rawBundle(dir, rootfs string) error {
+	spec := map[string]any{
+		"ociVersion": "1.0.2",
+		"process": map[string]any{
+			"user": map[string]int{"uid": 0, "gid": 0}, "args": []string{"/bin/true"},
+			"env": []string{"PATH=/usr/bin:/bin"}, "cwd": "/",
+		},
+		"root":     map[string]any{"path": rootfs, "readonly": true},
+		"hostname": "bench",
+		"mounts": []map[string]any{
+			{"destination": "/proc", "type": "proc", "source": "proc"},
+			{"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		},
+		"linux": map[string]any{"namespaces": []map[string]string{{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}}},
+	}
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600)
+}
+
+func rawRunsc(ctx context.Context, cfg Config, rootfs string) (Figure, error) {
+	name := "raw runsc run /bin/true"
+	dir, err := os.MkdirTemp("", "cella-bench-runsc-")
+	if err != nil {
+		return Figure{Name: name, Runtime: runtime.GVisor}, err
+	}
+	defer os.RemoveAll(dir)
+	if err := rawBundle(dir, rootfs); err != nil {
+		return Figure{Name: name, Runtime: runtime.GVisor}, err
+	}
+	root := filepath.Join(dir, "state")
+	i := 0
+	var lastErr error
+	ds := repeat(cfg.N, func() error {
+		i++
+		out, err := exec.CommandContext(ctx, cfg.RunscPath, "--root", root, "--platform=systrap", "--network=none",
+			"--overlay2=none", "run", "--bundle", dir, fmt.Sprintf("bench-runsc-%d-%d", os.Getpid(), i)).CombinedOutput()
+		if err != nil {
+			lastErr = fmt.Errorf("runsc run: %v: %s", err, out)
+		}
+		return err
+	})
+	f := summarize(name, runtime.GVisor, ds)
+	if len(ds) == 0 {
+		return f, lastErr
+	}
+	return f, nil
+}
+
+func rawCrun(ctx context.Context, cfg Config, rootfs string) (Figure, error) {
+	name := "raw crun run /bin/true"
+	dir, err := os.MkdirTemp("", "cella-bench-crun-")
+	if err != nil {
+		return Figure{Name: name, Runtime: runtime.Namespaces}, err
+	}
+	defer os.RemoveAll(dir)
+	if err := rawBundle(dir, rootfs); err != nil {
+		return Figure{Name: name, Runtime: runtime.Namespaces}, err
+	}
+	i := 0
+	var lastErr error
+	ds := repeat(cfg.N, func() error {
+		i++
+		// crun refuses the hybrid cgroup layout; hide cgroup2 in a private
+		// mount namespace, exactly as cella's namespaces runtime does.
+		cmd := exec.CommandContext(ctx, "/bin/sh", "-c",
+			`mount -t tmpfs -o size=4k,mode=0755 cella /sys/fs/cgroup/unified && exec crun --root "$0/state" run --bundle "$0" "$1"`,
+			dir, fmt.Sprintf("bench-crun-%d-%d", os.Getpid(), i))
+		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			lastErr = fmt.Errorf("crun run: %v: %s", err, out)
+		}
+		return err
+	})
+	f := summarize(name, runtime.Namespaces, ds)
+	if len(ds) == 0 {
+		return f, lastErr
+	}
+	return f, nil
+}
+
+// Print writes figures as a table or JSON.
+func Print(w io.Writer, figs []Figure, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(figs)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "FIGURE\tRUNTIME\tN\tP50\tP95\tP99\tVS BASELINE")
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/1e6) }
+	for _, f := range figs {
+		vs := ""
+		if f.Ratio > 0 {
+			vs = fmt.Sprintf("%.2f× %s", f.Ratio, f.Baseline)
+		}
+		if f.Err != "" {
+			vs = "error: " + f.Err
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", f.Name, f.Runtime, f.N, ms(f.P50), ms(f.P95), ms(f.P99), vs)
+	}
+	return tw.Flush()
+}
