@@ -138,6 +138,27 @@ func TestCLI(t *testing.T) {
 			t.Fatalf("cella run exit code: %d", code)
 		}
 	})
+	t.Run("RunInterrupted", func(t *testing.T) {
+		cmd := exec.Command(d.bin, "run", "--", "sh", "-c", "echo started; sleep 60")
+		cmd.Env = append(os.Environ(), "CELLA_URL="+d.url, "CELLA_API_KEY="+d.key)
+		var out bytes.Buffer
+		cmd.Stdout = &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(time.Minute)
+		for !strings.Contains(out.String(), "started") && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		cmd.Process.Signal(os.Interrupt)
+		err := cmd.Wait()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 130 {
+			t.Fatalf("interrupted cella run: %v", err)
+		}
+		if l := d.mustCella("ls", "--json"); strings.Contains(l, "sandboxID") {
+			t.Fatalf("interrupted cella run left a sandbox: %s", l)
+		}
+	})
 	id := strings.TrimSpace(d.mustCella("create", "--timeout", "5m", "--env", "GREETING=hi", "--metadata", "owner=test", "--memory", "256M"))
 	t.Cleanup(func() { d.cella("", "kill", id) })
 	t.Run("Exec", func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"mime"
 	"mime/multipart"
 	"net/http"
@@ -203,7 +204,7 @@ func (s *Server) handleUpload(w http.ResponseWriter, r *http.Request) {
 		}
 		e, code, err := s.writeUpload(query.Get("path"), body, u, meta)
 		if err != nil {
-			jsonError(w, code, err)
+			s.uploadError(w, code, err)
 			return
 		}
 		entries = append(entries, e)
@@ -244,7 +245,7 @@ func (s *Server) handleUpload(w http.ResponseWriter, r *http.Request) {
 			e, code, err := s.writeUpload(target, part, u, meta)
 			part.Close()
 			if err != nil {
-				jsonError(w, code, err)
+				s.uploadError(w, code, err)
 				return
 			}
 			entries = append(entries, e)
@@ -258,6 +259,14 @@ func (s *Server) handleUpload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, entries)
+}
+
+// uploadError names the disk limit when a write ran out of space.
+func (s *Server) uploadError(w http.ResponseWriter, code int, err error) {
+	if limit := s.config().Limits.DiskBytes; code == http.StatusInsufficientStorage && limit > 0 {
+		err = fmt.Errorf("%s: %w", diskReason(limit), err)
+	}
+	jsonError(w, code, err)
 }
 
 // partFileName returns the filename parameter of a part's
@@ -316,6 +325,12 @@ func (s *Server) writeUpload(target string, data io.Reader, u *sandboxUser, meta
 	if len(meta) > 0 {
 		for k, v := range meta {
 			if err := unix.Setxattr(p, "user.e2b."+k, []byte(v), 0); err != nil {
+				if errors.Is(err, unix.ENOTSUP) {
+					// The file is written; the filesystem just cannot
+					// keep metadata (tmpfs on old kernels).
+					slog.Warn("upload metadata not stored", "path", p, "err", err)
+					break
+				}
 				return fileEntry{}, http.StatusInternalServerError, fmt.Errorf("store metadata %s: %w", k, err)
 			}
 		}

@@ -380,3 +380,28 @@ func mustReq(method, u string, body io.Reader) *http.Request {
 	}
 	return req
 }
+
+func TestUploadDiskFull(t *testing.T) {
+	e := newTestEnv(t, func(c *Config, o *Options) { c.Limits.DiskBytes = 1 << 30 })
+	mnt := filepath.Join(e.rootDir, "small")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=256k"); err != nil {
+		t.Skipf("cannot mount a small tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	target := filepath.Join(mnt, "big")
+	req, _ := http.NewRequest("POST", e.ts.URL+"/files?path="+url.QueryEscape(target), bytes.NewReader(make([]byte, 1<<20)))
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, b := do(t, req)
+	if resp.StatusCode != http.StatusInsufficientStorage || !strings.Contains(string(b), "sandbox disk limit 1 GiB reached (raise with --disk)") {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	// A command failing on the full disk gets the named error too.
+	e.srv.opts.DiskPath = mnt
+	r := e.run(ctxT(t, 10*time.Second), bashReq("head -c 1M /dev/zero > "+filepath.Join(mnt, "big2")+" 2>/dev/null"))
+	if r.end.GetError() != "sandbox disk limit 1 GiB reached (raise with --disk)" {
+		t.Fatalf("end %+v", r.end)
+	}
+}

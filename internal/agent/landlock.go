@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/landlock-lsm/go-landlock/landlock"
+	llsys "github.com/landlock-lsm/go-landlock/landlock/syscall"
 )
 
 // ExecHelperCommand is the hidden subcommand of the cella binary that runs
@@ -65,17 +66,22 @@ func ExecHelperMain(args []string) error {
 	return fmt.Errorf("%s: exec %s: %w", ExecHelperCommand, exe, err)
 }
 
-// landlockRules lists what a command may access. Landlock only allows, so
-// "everything but /run/cella" is spelled as a rule per entry of / and of
-// /run except cella. root is a parameter for tests.
+// landlockRules lists what a command may access. Landlock only allows, and
+// a rule covers a whole tree, so "everything but /run/cella" is spelled as a
+// rule per entry of / and of /run except cella. The ancestors of the private
+// dir themselves (/ and /run) get every right but reading files, so that
+// root can still create, write and remove entries directly in them (pid
+// files in /run) while the private dir's files stay unreadable. root is a
+// parameter for tests.
 func landlockRules(mode, root string) ([]landlock.Rule, error) {
-	rw := map[string]bool{}
+	private := filepath.Join(root, privateRunDir)
+	isAncestor := func(p string) bool { return p == root || strings.HasPrefix(private, strings.TrimSuffix(p, "/")+"/") }
+	var rw []string
 	if mode == helperModeUser {
 		for _, p := range []string{"/home", "/tmp", "/var/tmp", "/dev"} {
-			rw[filepath.Join(root, p)] = true
+			rw = append(rw, filepath.Join(root, p))
 		}
 	}
-	private := filepath.Join(root, privateRunDir)
 	var rules []landlock.Rule
 	add := func(p string, write bool) {
 		st, err := os.Stat(p) // follows /bin -> usr/bin and the like
@@ -85,7 +91,7 @@ func landlockRules(mode, root string) ([]landlock.Rule, error) {
 		switch {
 		case st.IsDir() && write:
 			r := landlock.RWDirs(p).WithRefer().IgnoreIfMissing()
-			if strings.HasSuffix(p, "/dev") {
+			if p == filepath.Join(root, "dev") {
 				// Terminals need ioctls (window size, job control).
 				r = r.WithIoctlDev()
 			}
@@ -100,6 +106,9 @@ func landlockRules(mode, root string) ([]landlock.Rule, error) {
 	}
 	var walk func(dir string) error
 	walk = func(dir string) error {
+		if mode == helperModeRoot {
+			rules = append(rules, landlock.PathAccess(ancestorRights, dir).IgnoreIfMissing())
+		}
 		entries, err := os.ReadDir(dir)
 		if err != nil {
 			return err
@@ -109,15 +118,12 @@ func landlockRules(mode, root string) ([]landlock.Rule, error) {
 			switch {
 			case p == private:
 				continue
-			case strings.HasPrefix(private, p+"/"):
-				// An ancestor of the private dir: grant its other entries.
+			case isAncestor(p):
 				if err := walk(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 					return err
 				}
-			case mode == helperModeRoot:
-				add(p, true)
 			default:
-				add(p, false)
+				add(p, mode == helperModeRoot)
 			}
 		}
 		return nil
@@ -126,9 +132,27 @@ func landlockRules(mode, root string) ([]landlock.Rule, error) {
 		return nil, err
 	}
 	// Read/write areas nested in read-only ones (/var/tmp in /var) are
-	// added on top: Landlock rights accumulate down the tree.
-	for p := range rw {
-		add(p, true)
+	// added on top: Landlock rights accumulate down the tree. An area that
+	// contains the private dir is never granted whole.
+	for _, p := range rw {
+		if !isAncestor(p) {
+			add(p, true)
+		}
 	}
 	return rules, nil
 }
+
+// ancestorRights are root's rights on the directories above the private
+// dir: everything but reading (and executing) files, which would reach into
+// the private dir as well.
+var ancestorRights = func() landlock.AccessFSSet {
+	var all landlock.AccessFSSet
+	for _, r := range []landlock.AccessFSSet{
+		llsys.AccessFSWriteFile, llsys.AccessFSReadDir, llsys.AccessFSRemoveDir, llsys.AccessFSRemoveFile,
+		llsys.AccessFSMakeChar, llsys.AccessFSMakeDir, llsys.AccessFSMakeReg, llsys.AccessFSMakeSock,
+		llsys.AccessFSMakeFifo, llsys.AccessFSMakeBlock, llsys.AccessFSMakeSym, llsys.AccessFSRefer, llsys.AccessFSTruncate,
+	} {
+		all |= r
+	}
+	return all
+}()

@@ -101,6 +101,9 @@ type watchdog struct {
 
 // track keeps watching the session of an ended command.
 func (w *watchdog) track(sid int) {
+	if l := w.s.config().Limits; l.MemoryBytes <= 0 && l.Pids <= 0 {
+		return
+	}
 	w.mu.Lock()
 	if w.lingering == nil {
 		w.lingering = map[int]bool{}
@@ -123,6 +126,9 @@ func (w *watchdog) lingeringSessions() []int {
 // kick starts the sampling loop if it is not running. Call it after a
 // command was registered as running.
 func (w *watchdog) kick() {
+	if l := w.s.config().Limits; l.MemoryBytes <= 0 && l.Pids <= 0 {
+		return // nothing to enforce: stay idle
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.running {

@@ -159,6 +159,11 @@ func (ps processService) SendSignal(ctx context.Context, req *connect.Request[pr
 	default:
 		return nil, connect.NewError(connect.CodeUnimplemented, fmt.Errorf("invalid signal: %s", req.Msg.GetSignal()))
 	}
+	if !p.running() {
+		// Retained for a late Connect only; its pid may already belong to
+		// another process, which must not get the signal.
+		return connect.NewResponse(&process.SendSignalResponse{}), nil
+	}
 	if err := p.signal(sig); err != nil {
 		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("signal process %d: %w", p.pid, err))
 	}
@@ -213,4 +218,55 @@ func (p *proc) writeInput(in *process.ProcessInput) error {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("input is required"))
 	}
 	return nil
+}
+
+// streamEvents pumps a subscriber into a Start/Connect stream until the end
+// event, sending keepalives when idle. A client disconnect only detaches
+// the stream; the process keeps running. When the stream's own deadline
+// (Connect-Timeout-Ms) fires, the process is being killed by the same
+// timeout, so the stream lingers briefly to deliver the named end event.
+func streamEvents(ctx context.Context, p *proc, sub *subscriber, keepalive time.Duration, send func(*process.ProcessEvent) error) error {
+	defer p.unsubscribe(sub)
+	timer := time.NewTimer(keepalive)
+	defer timer.Stop()
+	var linger <-chan time.Time
+	for {
+		evs, closed := sub.take()
+		for _, ev := range evs {
+			if err := send(ev); err != nil {
+				return err
+			}
+		}
+		if closed {
+			return nil
+		}
+		if len(evs) > 0 {
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
+			timer.Reset(keepalive)
+		}
+		done := ctx.Done()
+		if linger != nil {
+			done = nil
+		}
+		select {
+		case <-sub.wake:
+		case <-timer.C:
+			if err := send(keepaliveEvent()); err != nil {
+				return err
+			}
+			timer.Reset(keepalive)
+		case <-done:
+			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return nil
+			}
+			linger = time.After(3 * time.Second)
+		case <-linger:
+			return connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
+		}
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
 
 	"github.com/cella-sandbox/cella/internal/envd/process"
 	"github.com/cella-sandbox/cella/internal/envd/process/processconnect"
@@ -261,6 +262,7 @@ func TestTimeoutIsProcessLifetime(t *testing.T) {
 	if !sawEnd {
 		t.Fatalf("no end event: %q", frames)
 	}
+	t.Logf("last frame: %d %s", frames[len(frames)-1].flags, frames[len(frames)-1].body)
 
 	// A client disconnect does not kill the process.
 	marker := filepath.Join(e.rootDir, "survived")
@@ -480,7 +482,25 @@ func TestMemoryLimit(t *testing.T) {
 }
 
 func TestPidsLimitForkBomb(t *testing.T) {
-	e := newTestEnv(t, func(c *Config, _ *Options) { c.Limits.Pids = 50 })
+	// The bomb's orphans would be reparented to the host's init, which may
+	// reap them lazily; make this test process their reaper instead (as
+	// the agent is in a sandbox) and reap with the global Reaper.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	reaper := NewReaper()
+	rctx, stopReaper := context.WithCancel(context.Background())
+	reaperDone := make(chan struct{})
+	go func() { reaper.Run(rctx); close(reaperDone) }()
+	t.Cleanup(func() {
+		stopReaper()
+		<-reaperDone
+		_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+	})
+	e := newTestEnv(t, func(c *Config, o *Options) {
+		c.Limits.Pids = 50
+		o.Reaper = reaper
+	})
 	t.Cleanup(func() {
 		// Belt and braces: whatever happened, no bomb process survives.
 		for range 50 {
@@ -505,6 +525,11 @@ func TestPidsLimitForkBomb(t *testing.T) {
 		t.Fatalf("end %+v", r.end)
 	}
 	eventually(t, 10*time.Second, "the bomb to be gone", func() bool { return len(pidsOfUID(bombUID)) == 0 })
+	// And reaped: no zombies left behind either.
+	eventually(t, 5*time.Second, "the bomb's zombies to be reaped", func() bool {
+		_, zombies := childrenOf(os.Getpid())
+		return zombies == 0
+	})
 	// The server still works.
 	r = e.run(ctxT(t, 10*time.Second), bashReq("echo alive"))
 	if r.stdout != "alive\n" {
@@ -554,5 +579,46 @@ func TestEndFromStatus(t *testing.T) {
 	r := e.run(ctxT(t, 5*time.Second), bashReq("kill -SEGV $$"))
 	if r.end.ExitCode != -1 || !strings.HasPrefix(r.end.Status, "signal: segmentation fault") {
 		t.Fatalf("end %+v", r.end)
+	}
+}
+
+func TestStreamInputAndTag(t *testing.T) {
+	e := newTestEnv(t)
+	ctx := ctxT(t, 10*time.Second)
+	tag := "my-tag"
+	stream, err := e.proc.Start(ctx, connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "cat"}, Tag: &tag}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Close()
+	stream.Receive()
+	list, err := e.proc.List(ctx, connect.NewRequest(&process.ListRequest{}))
+	if err != nil || len(list.Msg.Processes) != 1 || list.Msg.Processes[0].GetTag() != tag {
+		t.Fatalf("list %v %v", list, err)
+	}
+	sel := &process.ProcessSelector{Selector: &process.ProcessSelector_Tag{Tag: tag}}
+	in := e.proc.StreamInput(ctx)
+	msgs := []*process.StreamInputRequest{
+		{Event: &process.StreamInputRequest_Start{Start: &process.StreamInputRequest_StartEvent{Process: sel}}},
+		{Event: &process.StreamInputRequest_Data{Data: &process.StreamInputRequest_DataEvent{Input: &process.ProcessInput{Input: &process.ProcessInput_Stdin{Stdin: []byte("streamed")}}}}},
+		{Event: &process.StreamInputRequest_Keepalive{Keepalive: &process.StreamInputRequest_KeepAlive{}}},
+	}
+	for _, m := range msgs {
+		if err := in.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := in.CloseAndReceive(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.proc.CloseStdin(ctx, connect.NewRequest(&process.CloseStdinRequest{Process: sel})); err != nil {
+		t.Fatal(err)
+	}
+	r := &result{}
+	for stream.Receive() {
+		r.add(stream.Msg().Event)
+	}
+	if r.stdout != "streamed" || r.end.GetStatus() != "exit status 0" {
+		t.Fatalf("result %+v", r)
 	}
 }

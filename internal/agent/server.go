@@ -13,6 +13,7 @@ import (
 	"sync"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
 
 	"github.com/cella-sandbox/cella/internal/envd/filesystem/filesystemconnect"
 	"github.com/cella-sandbox/cella/internal/envd/process/processconnect"
@@ -94,7 +95,7 @@ func NewServer(cfg Config, opts Options) *Server {
 func (s *Server) Close() {
 	s.closeMu.Do(func() { close(s.done) })
 	for _, p := range s.procs.running() {
-		_ = p.signal(9)
+		_ = p.signal(unix.SIGKILL)
 	}
 	s.watchers.closeAll()
 }
@@ -202,10 +203,9 @@ func (s *Server) LocalHandler() http.Handler { return s.handler(false) }
 
 func (s *Server) handler(trusted bool) http.Handler {
 	mux := http.NewServeMux()
-	opts := []connect.HandlerOption{}
-	path, h := processconnect.NewProcessHandler(processService{s}, opts...)
+	path, h := processconnect.NewProcessHandler(processService{s})
 	mux.Handle(path, h)
-	path, h = filesystemconnect.NewFilesystemHandler(filesystemService{s}, opts...)
+	path, h = filesystemconnect.NewFilesystemHandler(filesystemService{s})
 	mux.Handle(path, h)
 
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {

@@ -33,6 +33,9 @@ type Config struct {
 	Runtime     string // runtime.GVisor or runtime.Namespaces
 	Domain      string
 	RunscPath   string // required for gvisor
+	// RunscDebugDir, if set, receives runsc's debug logs (for diagnosing
+	// sandboxes that die).
+	RunscDebugDir string
 	AgentBinary string // the static cella binary run as the agent
 	Log         *slog.Logger
 	// BuildProgress receives template build progress (default: the log).
@@ -157,7 +160,7 @@ func (d *Daemon) Close() {
 func newRuntime(c Config) (runtime.Runtime, error) {
 	switch c.Runtime {
 	case runtime.GVisor:
-		return gvisor.New(gvisor.Config{RunscPath: c.RunscPath, RootDir: filepath.Join(c.DataDir, "runsc")})
+		return gvisor.New(gvisor.Config{RunscPath: c.RunscPath, RootDir: filepath.Join(c.DataDir, "runsc"), DebugLogDir: c.RunscDebugDir})
 	case runtime.Namespaces:
 		return crun.New(crun.Config{RootDir: filepath.Join(c.DataDir, "crun")})
 	}

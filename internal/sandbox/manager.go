@@ -270,7 +270,9 @@ func (m *Manager) agentConfig(sb *Sandbox, tpl *template.Template) agent.Config 
 // sandbox, and gVisor's own sentry and stub processes count too.
 func (m *Manager) ceilings(o Options) runtime.Limits {
 	mem := mib(o.MemoryMB)
-	l := runtime.Limits{CPUs: o.CPUs, MemoryBytes: mem + mem/4 + mib(256), Pids: o.Pids*2 + 256}
+	// Under systrap each guest process costs about two host tasks, plus
+	// the sentry's own threads.
+	l := runtime.Limits{CPUs: o.CPUs, MemoryBytes: mem + mem/4 + mib(256), Pids: o.Pids*4 + 256}
 	if m.cfg.Runtime.Name() == runtime.Namespaces {
 		l.MemoryBytes = mem + mib(128)
 		l.Pids = o.Pids + 64

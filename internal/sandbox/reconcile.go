@@ -141,6 +141,13 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		if keep[id] {
 			continue
 		}
+		// cgroups live under one /cella parent shared by every daemon on the
+		// host. Containers this daemon owns were destroyed above through its
+		// runtime's own state; a cgroup with processes still inside belongs to
+		// another daemon's sandbox, and only empty leftovers are ours to clear.
+		if pids, err := cgroup.Pids(id); err != nil || len(pids) > 0 {
+			continue
+		}
 		if err := cgroup.Remove(id); err != nil {
 			m.log.Error("remove orphan cgroup", "id", id, "err", err)
 			continue

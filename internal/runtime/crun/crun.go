@@ -10,22 +10,30 @@
 // even the container's root is an unprivileged nobody on the host. Template
 // files are owned by host uid 0 and 1000 (shared with gVisor, which maps
 // nothing), so through a plain user namespace they would all appear as
-// "nobody" and user 1000 could not write /home/user. The rootfs is
-// therefore given to crun through an idmapped mount (mount_setattr
-// MOUNT_ATTR_IDMAP with a user namespace of the same mapping): inside, the
-// files keep their owners 0/1000, and what uid 1000 writes lands on disk
-// as uid 1000 in the overlay's upper layer, exactly as with gVisor. RunDir
-// is idmapped the same way so the container's root owns the daemon's
-// socket and files there. If the kernel or filesystem cannot idmap, New
-// fails unless Config.NoUserNS is set, which keeps every other namespace
-// but runs the container's root as host root.
+// "nobody" and user 1000 could not write /home/user. So the container sees
+// its files through idmapped mounts (mount_setattr MOUNT_ATTR_IDMAP with a
+// user namespace of the same mapping): inside, files keep their owners
+// 0/1000, and what uid 1000 writes lands on disk as uid 1000 in the
+// overlay's upper layer, exactly as with gVisor. An overlay mount itself
+// cannot be idmapped (EINVAL), so Start rebuilds the sandbox's overlay in
+// place on idmapped views of its own layers (rootfs.IDMapOverlay: same
+// upper, same template lower). After Start, the host's view of Spec.RootFS
+// shows owners shifted by +100000 and host root cannot create files through
+// it (EOVERFLOW); the upper dir and Layer.Usage/Unmount are unaffected. A
+// RootFS that is a plain directory gets an idmapped bind instead. RunDir and
+// directory Mounts are idmapped binds, so the container's root owns the
+// daemon's socket and files there. If the kernel or filesystem cannot idmap,
+// New fails unless Config.NoUserNS is set, which keeps every other
+// namespace but runs the container's root as host root.
 //
 // Hybrid cgroups: crun 1.8 refuses a host whose cgroup2 hierarchy holds
 // controllers next to v1 ones. Each crun call therefore runs in a private
 // mount namespace where /sys/fs/cgroup/unified is hidden under a small
 // writable tmpfs, so crun sees a legacy v1 host and uses the v1 controllers
-// (no host change needed; see runtime-notes §2). The idmapped mounts are
-// made in that same namespace and never appear in the host's.
+// (no host change needed; see runtime-notes §2). The idmapped binds (root,
+// RunDir, mounts) are made in that same namespace under a tmpfs over
+// Config.MountDir and never appear in the host's; only the rebuilt overlay
+// does, at Spec.RootFS where the old one was.
 package crun
 
 import (
@@ -223,8 +231,14 @@ func (r *Runtime) prepare(spec *runtime.Spec) (*bundle, error) {
 		// An overlay rootfs cannot be idmapped as a whole; rebuild it on
 		// idmapped layers (once; it is a no-op afterwards) and bind it as is.
 		// Any other directory is bound through an idmapped mount.
+		r.mu.Lock()
+		fd := r.usernsFD
+		r.mu.Unlock()
+		if fd < 0 {
+			return nil, errors.New("runtime closed")
+		}
 		rootIDMap := false
-		err := rootfs.IDMapOverlay(spec.RootFS, r.usernsFD, r.cfg.IDMap.HostID)
+		err := rootfs.IDMapOverlay(spec.RootFS, fd, r.cfg.IDMap.HostID)
 		switch {
 		case errors.Is(err, rootfs.ErrNotOverlay):
 			rootIDMap = true

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -45,7 +46,7 @@ func TestProbe(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("probe: crun run /bin/true took %s", d)
-	ocitest.AssertGone(t, rt, "cella-probe", scratch)
+	ocitest.AssertGone(t, rt, "cella-probe-crun", scratch)
 }
 
 func TestLifecycle(t *testing.T) {
@@ -131,4 +132,14 @@ func TestLifecycle(t *testing.T) {
 			ocitest.AssertGone(t, rt, id, f.Spec.BundleDir, rt.cfg.RootDir)
 		})
 	}
+}
+
+// TestStartLatency measures Start (CELLA_TEST_TIMING=N runs, e.g. 20).
+func TestStartLatency(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("CELLA_TEST_TIMING"))
+	if n <= 0 {
+		t.Skip("set CELLA_TEST_TIMING=20 to measure start latency")
+	}
+	rt := newRuntime(t, false)
+	ocitest.Latency(t, rt, "crlat", n)
 }

@@ -24,7 +24,7 @@ const ProbeTimeout = 20 * time.Second
 // included) in a rootfs of read-only binds of the host's /usr and /etc
 // under scratchDir, and removes everything afterwards.
 func (r *Runtime) Probe(ctx context.Context, scratchDir string) (time.Duration, error) {
-	id := "cella-probe-" + randomHex(4)
+	id := "cella-probe-crun-" + randomHex(4)
 	dir := filepath.Join(scratchDir, id)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return 0, fmt.Errorf("crun probe: %w", err)

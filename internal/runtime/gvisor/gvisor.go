@@ -114,7 +114,15 @@ func New(cfg Config) (*Runtime, error) {
 			return nil, fmt.Errorf("gvisor: create debug log dir: %w", err)
 		}
 	}
-	return &Runtime{cfg: cfg}, nil
+	r := &Runtime{cfg: cfg}
+	// A daemon that crashed after its last sandbox died leaves runsc's
+	// null-netns mounted; with no container state left, drop it now.
+	if states, _ := filepath.Glob(filepath.Join(cfg.RootDir, "*.state")); len(states) == 0 {
+		if err := rootfs.Detach(filepath.Join(cfg.RootDir, "null-netns")); err != nil {
+			slog.Warn("gvisor: unmount leftover null-netns", "err", err)
+		}
+	}
+	return r, nil
 }
 
 // CheckBinary fails if path is not a static executable: a dynamically

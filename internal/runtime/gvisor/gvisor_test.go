@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -58,7 +59,7 @@ func TestProbe(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("probe: runsc run /bin/true took %s", d)
-	ocitest.AssertGone(t, rt, "cella-probe", rt.cfg.RootDir)
+	ocitest.AssertGone(t, rt, "cella-probe-gvisor", rt.cfg.RootDir)
 	if d <= 0 || d > 30*time.Second {
 		t.Fatalf("probe duration %s", d)
 	}
@@ -190,4 +191,14 @@ func TestLogAndFailedStart(t *testing.T) {
 	}
 	ocitest.AssertGone(t, rt, "gvt-bad", rt.cfg.RootDir)
 	ocitest.AssertGone(t, rt, "gvt-log", rt.cfg.RootDir)
+}
+
+// TestStartLatency measures Start (CELLA_TEST_TIMING=N runs, e.g. 20).
+func TestStartLatency(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("CELLA_TEST_TIMING"))
+	if n <= 0 {
+		t.Skip("set CELLA_TEST_TIMING=20 to measure start latency")
+	}
+	rt := newRuntime(t)
+	ocitest.Latency(t, rt, "gvlat", n)
 }

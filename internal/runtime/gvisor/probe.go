@@ -29,7 +29,7 @@ func (r *Runtime) Probe(ctx context.Context, scratchDir string) (time.Duration, 
 	if _, err := os.Stat("/usr/bin/true"); err != nil {
 		return 0, fmt.Errorf("gvisor probe: host has no /usr/bin/true for the trial container: %w", err)
 	}
-	id := "cella-probe-" + randomHex(4)
+	id := "cella-probe-gvisor-" + randomHex(4)
 	dir := filepath.Join(scratchDir, id)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return 0, fmt.Errorf("gvisor probe: %w", err)

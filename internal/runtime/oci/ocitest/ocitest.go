@@ -9,9 +9,11 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -116,6 +118,11 @@ func New(t *testing.T, id string, useTemplate bool, script string) *Fixture {
 		f.Layer = l
 		f.Spec.RootFS = l.Root
 	} else {
+		if strings.Contains(script, "python3") {
+			if _, err := os.Stat("/usr/bin/python3"); err != nil {
+				t.Skip("host-paths rootfs needs the host's /usr/bin/python3")
+			}
+		}
 		f.Spec.RootFS = filepath.Join(dir, "rootfs")
 		mounts, err := oci.HostPathsRootfs(f.Spec.RootFS)
 		if err != nil {
@@ -202,13 +209,21 @@ func (f *Fixture) Accept(t *testing.T, timeout time.Duration) Report {
 	return r
 }
 
-// AssertGone fails the test if anything of container id is left: a
-// process in its cgroups or naming it on its command line, a cgroup dir,
-// a mount under any of mountPrefixes, or an entry in rt's List.
+// AssertGone fails the test if anything of container id (or of ids
+// starting with id) is left: a process in its cgroups or naming it on its
+// command line, a cgroup dir, a mount under any of mountPrefixes, or an
+// entry in rt's List.
 func AssertGone(t *testing.T, rt runtime.Runtime, id string, mountPrefixes ...string) {
 	t.Helper()
-	if dirs, err := cgroup.Dirs(id); err != nil || len(dirs) > 0 {
-		t.Errorf("cgroup dirs left: %v %v", dirs, err)
+	// id may be a prefix (probe ids end in a random part).
+	cgs, err := cgroup.List()
+	if err != nil {
+		t.Errorf("cgroup.List: %v", err)
+	}
+	for _, c := range cgs {
+		if strings.HasPrefix(c, id) {
+			t.Errorf("cgroup dir left: %s", c)
+		}
 	}
 	procs, _ := filepath.Glob("/proc/[0-9]*")
 	self := os.Getpid()
@@ -232,11 +247,52 @@ func AssertGone(t *testing.T, rt runtime.Runtime, id string, mountPrefixes ...st
 		t.Errorf("List: %v", err)
 	}
 	for _, x := range ids {
-		if x == id {
-			t.Errorf("%s still listed", id)
+		if strings.HasPrefix(x, id) {
+			t.Errorf("%s still listed", x)
 		}
 	}
 	if _, err := rt.State(t.Context(), id); !errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("State after Destroy: %v, want ErrNotFound", err)
 	}
+}
+
+// ConnectScript is a PID 1 script that only connects to the socket (to
+// time Start to first contact), then stays up.
+const ConnectScript = `python3 -c 'import socket; s=socket.socket(socket.AF_UNIX); s.connect("/run/cella/t.sock"); s.sendall(b"{}\n")'; exec sleep 1000`
+
+// Stats summarizes durations.
+func Stats(ds []time.Duration) string {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return "n=0"
+	}
+	r := func(d time.Duration) string { return d.Round(100 * time.Microsecond).String() }
+	return fmt.Sprintf("n=%d min %s / median %s / max %s", len(s), r(s[0]), r(s[len(s)/2]), r(s[len(s)-1]))
+}
+
+// Latency starts n containers one after another on rt (base template if
+// built), and reports Start's duration (until PID 1 runs) and the time
+// until PID 1's python3 connects to the socket, destroying each.
+func Latency(t *testing.T, rt runtime.Runtime, prefix string, n int) {
+	var starts, connects, destroys []time.Duration
+	for i := range n {
+		id := fmt.Sprintf("%s-%d", prefix, i)
+		f := New(t, id, true, ConnectScript)
+		t0 := time.Now()
+		if err := rt.Start(t.Context(), f.Spec); err != nil {
+			t.Fatal(err)
+		}
+		starts = append(starts, time.Since(t0))
+		f.Accept(t, 30*time.Second)
+		connects = append(connects, time.Since(t0))
+		t1 := time.Now()
+		if err := rt.Destroy(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
+		destroys = append(destroys, time.Since(t1))
+	}
+	t.Logf("%s Start (PID 1 running):   %s", rt.Name(), Stats(starts))
+	t.Logf("%s Start to socket contact: %s", rt.Name(), Stats(connects))
+	t.Logf("%s Destroy:                 %s", rt.Name(), Stats(destroys))
 }

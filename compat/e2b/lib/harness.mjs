@@ -1,0 +1,135 @@
+// Shared plumbing for the E2B conformance tests: the daemon coordinates (from
+// run.sh), the logging proxy the SDK talks through, the `step` test wrapper
+// that prints the SDK call and cella's exchanges on failure, and helpers.
+import { it, before, after } from 'node:test'
+import http from 'node:http'
+import { inspect } from 'node:util'
+import { startProxy, formatExchange } from './proxy.mjs'
+
+export const DAEMON_URL = process.env.CELLA_E2B_URL
+export const ADMIN_KEY = process.env.CELLA_E2B_KEY
+if (!DAEMON_URL || !ADMIN_KEY) {
+  throw new Error('CELLA_E2B_URL / CELLA_E2B_KEY are not set: run the suite with compat/e2b/run.sh, which starts its own daemon')
+}
+for (const u of [DAEMON_URL]) {
+  const h = new URL(u).hostname
+  if (h !== '127.0.0.1' && h !== 'localhost') throw new Error(`refusing to test a non-loopback daemon: ${u}`)
+}
+
+// The proxy is started at import time (top-level await) so that the SDK
+// environment is in place before any describe block runs.
+export const proxy = await startProxy(DAEMON_URL)
+process.env.E2B_API_URL = proxy.url
+process.env.E2B_SANDBOX_URL = proxy.url
+process.env.E2B_API_KEY = ADMIN_KEY
+delete process.env.E2B_DEBUG
+delete process.env.E2B_DOMAIN
+delete process.env.E2B_ACCESS_TOKEN
+after(() => proxy.close())
+
+const MAX_DUMP = 40
+
+function decorate (err, ctx, exchanges) {
+  const lines = []
+  if (ctx.failedCall) lines.push(`SDK call that failed: ${ctx.failedCall}`)
+  else if (ctx.calls.length) lines.push(`last SDK call before the failure: ${ctx.calls.at(-1)}`)
+  else lines.push('no SDK call was made')
+  lines.push(`requests cella received during this test (${exchanges.length}${exchanges.length > MAX_DUMP ? `, last ${MAX_DUMP} shown` : ''}):`)
+  for (const ex of exchanges.slice(-MAX_DUMP)) lines.push(formatExchange(ex))
+  const dump = lines.join('\n')
+  const original = err instanceof Error ? `${err.name}: ${err.message}` : inspect(err)
+  const wrapped = new Error(`${original}\n${dump}`, { cause: err })
+  wrapped.name = err?.name || 'Error'
+  // Assertion details (actual/expected) stay visible through `cause`.
+  return wrapped
+}
+
+// A test case bounded in time. fn receives { sdk, t } where
+// sdk(label, () => promise) runs one SDK call under a label that tags the
+// exchanges it causes and names it if it throws.
+export function step (name, fn, { timeout = 45_000 } = {}) {
+  it(name, { timeout: timeout + 10_000 }, async (t) => {
+    const mark = proxy.mark()
+    const ctx = { calls: [], failedCall: null }
+    const sdk = async (label, f) => {
+      ctx.calls.push(label)
+      proxy.label = label
+      try {
+        return await f()
+      } catch (e) {
+        ctx.failedCall ??= label
+        e.sdkCall ??= label
+        throw e
+      }
+    }
+    let timer
+    try {
+      await Promise.race([
+        fn({ sdk, t }),
+        new Promise((resolve, reject) => {
+          timer = setTimeout(() => reject(new Error(`test timed out after ${timeout} ms`)), timeout)
+        }),
+      ])
+    } catch (e) {
+      throw decorate(e, ctx, proxy.since(mark))
+    } finally {
+      clearTimeout(timer)
+      proxy.label = ''
+    }
+  })
+}
+
+// Expect a promise to reject; returns the error (so callers can assert on it).
+export async function rejects (promise, what = 'the call') {
+  try {
+    const v = await promise
+    throw Object.assign(new Error(`expected ${what} to throw, it returned ${inspect(v, { depth: 2 })}`), { noThrow: true })
+  } catch (e) {
+    if (e.noThrow) throw e
+    return e
+  }
+}
+
+export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
+
+export async function waitFor (what, f, { timeout = 10_000, interval = 100 } = {}) {
+  const deadline = Date.now() + timeout
+  let last
+  for (;;) {
+    try {
+      const v = await f()
+      if (v) return v
+    } catch (e) { last = e }
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeout} ms waiting for ${what}${last ? `; last error: ${last.message}` : ''}`)
+    await sleep(interval)
+  }
+}
+
+// A plain HTTP request through the proxy, with explicit headers (Host too):
+// resolves to { status, headers, body }.
+export function httpRequest ({ method = 'GET', path = '/', headers = {}, body, timeout = 10_000 }) {
+  const u = new URL(proxy.url)
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: u.hostname, port: u.port, method, path, headers, agent: false, timeout }, (res) => {
+      const chunks = []
+      res.on('data', (c) => chunks.push(c))
+      res.on('end', () => resolve({ status: res.statusCode, headers: res.headers, body: Buffer.concat(chunks).toString('utf8') }))
+      res.on('error', reject)
+    })
+    req.on('timeout', () => req.destroy(new Error(`no answer within ${timeout} ms`)))
+    req.on('error', reject)
+    req.end(body)
+  })
+}
+
+// Every sandbox a describe block creates is registered here and killed in its
+// `after`, whatever happened.
+export function sandboxJanitor (Sandbox) {
+  const ids = new Set()
+  after(async () => {
+    await Promise.all([...ids].map((id) => Sandbox.kill(id).catch(() => {})))
+  })
+  return { track (sbx) { ids.add(sbx.sandboxId); return sbx }, ids }
+}
+
+export { before, after }

@@ -1,0 +1,385 @@
+package agent
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
+
+	"github.com/cella-sandbox/cella/internal/envd/process"
+)
+
+// startSpec is a resolved StartRequest.
+type startSpec struct {
+	user    *sandboxUser
+	argv0   string // resolved executable
+	argv    []string
+	env     []string
+	cwd     string
+	stdin   bool
+	pty     *process.PTY
+	timeout time.Duration
+	config  *process.ProcessConfig
+	tag     *string
+}
+
+// resolveStart turns a request into a startSpec: user, cwd, env, executable.
+func (s *Server) resolveStart(u *sandboxUser, req *process.StartRequest, timeout time.Duration) (*startSpec, error) {
+	pc := req.GetProcess()
+	if pc == nil || pc.GetCmd() == "" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd is required"))
+	}
+	cfg := s.config()
+
+	cwd := pc.GetCwd()
+	if cwd == "" {
+		cwd = cfg.DefaultWorkdir
+	}
+	if cwd == "" {
+		cwd = u.Home
+	}
+	cwd, err := expandPath(cwd, u.Home)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, err)
+	}
+	if st, err := os.Stat(cwd); err != nil || !st.IsDir() {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("cwd '%s' does not exist", cwd))
+	}
+
+	// The environment is built from scratch: the agent's own environment
+	// (which may carry the daemon's secrets) never reaches a command.
+	env := newEnvList()
+	env.set("PATH", defaultPath)
+	env.set("HOME", u.Home)
+	env.set("USER", u.Name)
+	env.set("LOGNAME", u.Name)
+	for k, v := range s.globalEnv() {
+		env.set(k, v)
+	}
+	for k, v := range pc.GetEnvs() {
+		env.set(k, v)
+	}
+
+	exe, err := lookPath(pc.GetCmd(), env.get("PATH"), cwd)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, err)
+	}
+	stdin := req.Stdin == nil || req.GetStdin()
+	return &startSpec{
+		user:    u,
+		argv0:   exe,
+		argv:    append([]string{pc.GetCmd()}, pc.GetArgs()...),
+		env:     env.list(),
+		cwd:     cwd,
+		stdin:   stdin,
+		pty:     req.Pty,
+		timeout: timeout,
+		config:  pc,
+		tag:     req.Tag,
+	}, nil
+}
+
+// startProcess forks the command and wires its output. The returned
+// subscriber is attached before any output is read, so the caller's stream
+// sees everything.
+func (s *Server) startProcess(spec *startSpec) (*proc, *subscriber, error) {
+	outCap := s.config().Limits.OutputBytes
+	if outCap <= 0 {
+		outCap = defaultOutputBytes
+	}
+	p := &proc{
+		tag:    spec.tag,
+		config: spec.config,
+		outCap: outCap,
+		subs:   map[*subscriber]struct{}{},
+	}
+
+	var (
+		childFiles  []*os.File // closed in the parent after fork
+		parentReads []*os.File // owned by the readers; closed here if fork fails
+		readers     []func()
+		files       [3]uintptr
+	)
+	closeAll := func(fs []*os.File) {
+		for _, f := range fs {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}
+	sys := &syscall.SysProcAttr{Setsid: true}
+
+	if spec.pty != nil {
+		ptmx, tty, err := openPTY(spec.pty)
+		if err != nil {
+			return nil, nil, connect.NewError(connect.CodeInternal, fmt.Errorf("open pty: %w", err))
+		}
+		p.ptmx = ptmx
+		childFiles = append(childFiles, tty)
+		files = [3]uintptr{tty.Fd(), tty.Fd(), tty.Fd()}
+		sys.Setctty = true
+		sys.Ctty = 0
+		readers = append(readers, func() { p.readLoop(ptmx, outPty) })
+	} else {
+		var inR *os.File
+		if spec.stdin {
+			r, w, err := os.Pipe()
+			if err != nil {
+				return nil, nil, connect.NewError(connect.CodeInternal, fmt.Errorf("stdin pipe: %w", err))
+			}
+			inR, p.stdin = r, w
+		} else {
+			f, err := os.Open(os.DevNull)
+			if err != nil {
+				return nil, nil, connect.NewError(connect.CodeInternal, fmt.Errorf("open %s: %w", os.DevNull, err))
+			}
+			inR = f
+		}
+		outR, outW, err := os.Pipe()
+		if err != nil {
+			closeAll([]*os.File{inR, p.stdin})
+			return nil, nil, connect.NewError(connect.CodeInternal, fmt.Errorf("stdout pipe: %w", err))
+		}
+		errR, errW, err := os.Pipe()
+		if err != nil {
+			closeAll([]*os.File{inR, p.stdin, outR, outW})
+			return nil, nil, connect.NewError(connect.CodeInternal, fmt.Errorf("stderr pipe: %w", err))
+		}
+		childFiles = append(childFiles, inR, outW, errW)
+		parentReads = append(parentReads, outR, errR)
+		files = [3]uintptr{inR.Fd(), outW.Fd(), errW.Fd()}
+		readers = append(readers,
+			func() { p.readLoop(outR, outStdout) },
+			func() { p.readLoop(errR, outStderr) })
+	}
+
+	if spec.user.UID != uint32(os.Geteuid()) || spec.user.GID != uint32(os.Getegid()) || spec.user.UID != 0 {
+		sys.Credential = &syscall.Credential{Uid: spec.user.UID, Gid: spec.user.GID, Groups: spec.user.Groups}
+	}
+
+	argv0, argv := spec.argv0, spec.argv
+	if helper, mode := s.execHelper(spec.user); helper != "" {
+		// Landlock must be applied in the child between fork and exec,
+		// which Go cannot do; the helper applies it and execs the command.
+		argv = append([]string{helper, ExecHelperCommand, mode, argv0}, argv...)
+		argv0 = helper
+	}
+
+	attr := &syscall.ProcAttr{Dir: spec.cwd, Env: spec.env, Files: files[:], Sys: sys}
+	var sub *subscriber
+	pid, waitCh, err := s.reaper.start(func() (int, error) {
+		pid, err := syscall.ForkExec(argv0, argv, attr)
+		if err != nil {
+			return 0, err
+		}
+		// Register and subscribe while the reaper waits on its mutex, so
+		// neither the exit nor the first byte of output can be missed.
+		p.pid = pid
+		sub = p.subscribe()
+		s.procs.add(p)
+		return pid, nil
+	})
+	closeAll(childFiles)
+	if err != nil {
+		if p.ptmx != nil {
+			p.ptmx.Close()
+		}
+		if p.stdin != nil {
+			p.stdin.Close()
+		}
+		closeAll(parentReads)
+		return nil, nil, connect.NewError(connect.CodeInternal, fmt.Errorf("start %s: %w", spec.argv[0], err))
+	}
+	adjustOOM(pid)
+	slog.Info("process started", "pid", pid, "cmd", spec.config.GetCmd(), "user", spec.user.Name, "cwd", spec.cwd)
+
+	var readWG sync.WaitGroup
+	for _, r := range readers {
+		readWG.Add(1)
+		go func() { defer readWG.Done(); r() }()
+	}
+	if spec.timeout > 0 {
+		p.mu.Lock()
+		p.timer = time.AfterFunc(spec.timeout, func() { p.kill(s, timeoutReason(spec.timeout)) })
+		p.mu.Unlock()
+	}
+	s.watchdog.kick()
+	go s.waitProcess(p, waitCh, &readWG)
+	return p, sub, nil
+}
+
+// waitProcess turns the exit status into the end event.
+func (s *Server) waitProcess(p *proc, waitCh <-chan unix.WaitStatus, readWG *sync.WaitGroup) {
+	ws := <-waitCh
+	drained := make(chan struct{})
+	go func() { readWG.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(drainGrace):
+	}
+	if p.ptmx != nil {
+		// Closing the master ends a reader still blocked on a tty that a
+		// background grandchild keeps open.
+		p.inputMu.Lock()
+		p.ptmx.Close()
+		p.inputMu.Unlock()
+	}
+	p.inputMu.Lock()
+	if p.stdin != nil {
+		p.stdin.Close()
+		p.stdin = nil
+	}
+	p.inputMu.Unlock()
+
+	end := endFromStatus(ws)
+	limits := s.config().Limits
+	p.mu.Lock()
+	if p.timer != nil {
+		p.timer.Stop()
+	}
+	if p.killReason != "" {
+		reason := p.killReason
+		end = &process.ProcessEvent_EndEvent{ExitCode: -1, Status: reason, Error: &reason}
+	} else if end.ExitCode != 0 && limits.DiskBytes > 0 && (p.sawENOSPC || diskFull(s.opts.DiskPath)) {
+		reason := diskReason(limits.DiskBytes)
+		end.Error = &reason
+	}
+	p.end = end
+	ev := endEvent(end)
+	for sub := range p.subs {
+		sub.push(ev, true)
+	}
+	p.subs = nil
+	p.mu.Unlock()
+	s.watchdog.track(p.pid)
+	slog.Info("process ended", "pid", p.pid, "status", end.Status, "error", end.GetError())
+
+	time.AfterFunc(endRetention, func() { s.procs.forget(p) })
+}
+
+// readLoop forwards one output stream in chunks of at most maxChunk.
+func (p *proc) readLoop(f *os.File, kind int) {
+	if kind != outPty {
+		defer f.Close()
+	}
+	buf := make([]byte, maxChunk)
+	// tail keeps the end of the previous stderr chunk so that the ENOSPC
+	// message is found even when split across reads.
+	var tail []byte
+	const enospc = "No space left on device"
+	for {
+		n, err := f.Read(buf)
+		if n > 0 {
+			if kind == outStderr {
+				p.mu.Lock()
+				seen := p.sawENOSPC
+				p.mu.Unlock()
+				if !seen {
+					hay := append(tail, buf[:n]...)
+					if bytes.Contains(hay, []byte(enospc)) {
+						p.mu.Lock()
+						p.sawENOSPC = true
+						p.mu.Unlock()
+					}
+					if len(hay) > len(enospc) {
+						hay = hay[len(hay)-len(enospc):]
+					}
+					tail = bytes.Clone(hay)
+				}
+			}
+			p.output(kind, buf[:n])
+		}
+		if err != nil {
+			// EIO on a pty master means the last slave fd was closed.
+			if !errors.Is(err, io.EOF) && !errors.Is(err, syscall.EIO) && !errors.Is(err, os.ErrClosed) {
+				slog.Debug("read process output", "pid", p.pid, "err", err)
+			}
+			return
+		}
+	}
+}
+
+// adjustOOM undoes the agent's own OOM protection, which children inherit:
+// under memory pressure the kernel must pick a command, never the agent.
+func adjustOOM(pid int) {
+	_ = os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte("100"), 0)
+}
+
+// expandPath resolves ~ and relative paths against home, like envd's
+// ExpandAndResolve.
+func expandPath(p, home string) (string, error) {
+	if strings.HasPrefix(p, "~") {
+		if len(p) > 1 && p[1] != '/' {
+			return "", fmt.Errorf("cannot expand user-specific home dir in '%s'", p)
+		}
+		p = filepath.Join(home, p[1:])
+	}
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(home, p)
+	}
+	return filepath.Clean(p), nil
+}
+
+// lookPath finds cmd on the command's PATH (not the agent's).
+func lookPath(cmd, path, cwd string) (string, error) {
+	if strings.Contains(cmd, "/") {
+		if !filepath.IsAbs(cmd) {
+			cmd = filepath.Join(cwd, cmd)
+		}
+		if isExecutable(cmd) {
+			return cmd, nil
+		}
+		return "", fmt.Errorf("executable '%s' not found", cmd)
+	}
+	for _, dir := range filepath.SplitList(path) {
+		if dir == "" {
+			dir = "."
+		}
+		c := filepath.Join(dir, cmd)
+		if isExecutable(c) {
+			return c, nil
+		}
+	}
+	return "", fmt.Errorf("executable '%s' not found in PATH", cmd)
+}
+
+func isExecutable(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
+}
+
+// envList is an ordered environment where later sets win.
+type envList struct {
+	keys []string
+	vals map[string]string
+}
+
+func newEnvList() *envList { return &envList{vals: map[string]string{}} }
+
+func (e *envList) set(k, v string) {
+	if _, ok := e.vals[k]; !ok {
+		e.keys = append(e.keys, k)
+	}
+	e.vals[k] = v
+}
+
+func (e *envList) get(k string) string { return e.vals[k] }
+
+func (e *envList) list() []string {
+	out := make([]string, 0, len(e.keys))
+	for _, k := range e.keys {
+		out = append(out, k+"="+e.vals[k])
+	}
+	return out
+}

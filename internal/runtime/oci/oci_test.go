@@ -1,0 +1,200 @@
+package oci
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cella-sandbox/cella/internal/channel"
+	"github.com/cella-sandbox/cella/internal/runtime"
+)
+
+func testSpec() *runtime.Spec {
+	return &runtime.Spec{
+		ID:          "abc-123",
+		BundleDir:   "/b",
+		RootFS:      "/r",
+		AgentBinary: "/usr/bin/cella",
+		Args:        []string{runtime.AgentGuestPath, "agent"},
+		Env:         []string{"A=1"},
+		RunDir:      "/run/x",
+		LogPath:     "/l",
+		Limits:      runtime.Limits{CPUs: 1.5, MemoryBytes: 256 << 20, Pids: 100},
+		Mounts:      []runtime.Mount{{Source: "/data", Destination: "/data", ReadOnly: true}},
+	}
+}
+
+func TestGuestRunDir(t *testing.T) {
+	if GuestRunDir != channel.GuestRunDir {
+		t.Fatalf("oci.GuestRunDir %q != channel.GuestRunDir %q", GuestRunDir, channel.GuestRunDir)
+	}
+}
+
+func TestBuild(t *testing.T) {
+	sp, err := Build(testSpec(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sp.Hostname != "abc-123" || sp.Root.Path != "/r" || sp.Root.Readonly {
+		t.Errorf("hostname/root: %q %+v", sp.Hostname, sp.Root)
+	}
+	p := sp.Process
+	if p.Terminal || p.User.UID != 0 || p.Cwd != "/" || !p.NoNewPrivileges || !slices.Equal(p.Args, []string{runtime.AgentGuestPath, "agent"}) {
+		t.Errorf("process %+v", p)
+	}
+	for _, c := range []string{"CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SYS_PTRACE", "CAP_SYS_MODULE", "CAP_NET_RAW", "CAP_MKNOD"} {
+		if slices.Contains(p.Capabilities.Bounding, c) {
+			t.Errorf("%s granted", c)
+		}
+	}
+	for _, c := range []string{"CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL"} {
+		if !slices.Contains(p.Capabilities.Effective, c) {
+			t.Errorf("%s missing", c)
+		}
+	}
+	if len(p.Capabilities.Ambient) > 0 || len(p.Capabilities.Inheritable) > 0 {
+		t.Error("ambient/inheritable caps set")
+	}
+	if p.ApparmorProfile != "" || p.SelinuxLabel != "" || sp.Linux.MountLabel != "" {
+		t.Error("LSM fields set")
+	}
+	l := sp.Linux
+	if l.CgroupsPath != "/cella/abc-123" {
+		t.Errorf("cgroupsPath %q", l.CgroupsPath)
+	}
+	var ns []specs.LinuxNamespaceType
+	for _, n := range l.Namespaces {
+		if n.Path != "" {
+			t.Errorf("namespace %s joins %s", n.Type, n.Path)
+		}
+		ns = append(ns, n.Type)
+	}
+	for _, want := range []specs.LinuxNamespaceType{specs.PIDNamespace, specs.MountNamespace, specs.NetworkNamespace, specs.IPCNamespace, specs.UTSNamespace} {
+		if !slices.Contains(ns, want) {
+			t.Errorf("no %s namespace", want)
+		}
+	}
+	if slices.Contains(ns, specs.UserNamespace) || len(l.UIDMappings) > 0 {
+		t.Error("user namespace without Options.UserNS")
+	}
+	r := l.Resources
+	if *r.Memory.Limit != 256<<20 || *r.CPU.Quota != 150000 || *r.CPU.Period != 100000 || r.Pids.Limit != 100 {
+		t.Errorf("resources %+v %+v %+v", r.Memory, r.CPU, r.Pids)
+	}
+	byDest := map[string]specs.Mount{}
+	for _, m := range sp.Mounts {
+		byDest[m.Destination] = m
+	}
+	for _, d := range []string{"/proc", "/dev", "/dev/pts", "/dev/shm", "/sys", runtime.AgentGuestPath, GuestRunDir, "/data"} {
+		if _, ok := byDest[d]; !ok {
+			t.Errorf("no mount at %s", d)
+		}
+	}
+	if m := byDest[runtime.AgentGuestPath]; m.Source != "/usr/bin/cella" || !slices.Contains(m.Options, "ro") {
+		t.Errorf("agent mount %+v", m)
+	}
+	if m := byDest[GuestRunDir]; m.Source != "/run/x" || !slices.Contains(m.Options, "rw") {
+		t.Errorf("run dir mount %+v", m)
+	}
+	if m := byDest["/sys"]; !slices.Contains(m.Options, "ro") {
+		t.Errorf("/sys %+v", m)
+	}
+	if m := byDest["/data"]; !slices.Contains(m.Options, "ro") {
+		t.Errorf("/data %+v", m)
+	}
+	// Seccomp: deny list with EPERM, clone namespace flags, clone3 ENOSYS.
+	sc := l.Seccomp
+	if sc.DefaultAction != specs.ActAllow {
+		t.Errorf("default %s", sc.DefaultAction)
+	}
+	denied := map[string]bool{}
+	for _, s := range sc.Syscalls {
+		for _, n := range s.Names {
+			if s.Action == specs.ActErrno && len(s.Args) == 0 {
+				denied[n] = true
+			}
+		}
+	}
+	for _, n := range strings.Fields("unshare setns mount umount2 pivot_root ptrace keyctl bpf perf_event_open kexec_load kexec_file_load init_module finit_module delete_module open_by_handle_at userfaultfd add_key request_key swapon swapoff reboot settimeofday clock_settime clone3") {
+		if !denied[n] {
+			t.Errorf("%s not denied", n)
+		}
+	}
+	b, _ := json.Marshal(sp)
+	if strings.Contains(string(b), "apparmor") || strings.Contains(string(b), "selinux") {
+		t.Error("LSM field in JSON")
+	}
+}
+
+func TestBuildUserNS(t *testing.T) {
+	sp, err := Build(testSpec(), Options{UserNS: &DefaultIDMap, CgroupNS: true, HostKernel: true, RootPath: "/x", ReplaceRunDir: "/y", OCIVersion: "1.0.2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sp.Version != "1.0.2" || sp.Root.Path != "/x" {
+		t.Errorf("version %q root %q", sp.Version, sp.Root.Path)
+	}
+	want := []specs.LinuxIDMapping{{ContainerID: 0, HostID: 100000, Size: 65536}}
+	if !slices.Equal(sp.Linux.UIDMappings, want) || !slices.Equal(sp.Linux.GIDMappings, want) {
+		t.Errorf("mappings %v %v", sp.Linux.UIDMappings, sp.Linux.GIDMappings)
+	}
+	var hasUser, hasCgroup bool
+	for _, n := range sp.Linux.Namespaces {
+		hasUser = hasUser || n.Type == specs.UserNamespace
+		hasCgroup = hasCgroup || n.Type == specs.CgroupNamespace
+	}
+	if !hasUser || !hasCgroup {
+		t.Error("user/cgroup namespace missing")
+	}
+	if !slices.Contains(sp.Linux.MaskedPaths, "/proc/kcore") || !slices.Contains(sp.Linux.ReadonlyPaths, "/proc/sys") {
+		t.Error("host kernel paths not masked")
+	}
+	for _, m := range sp.Mounts {
+		if m.Destination == GuestRunDir && m.Source != "/y" {
+			t.Errorf("run dir source %q", m.Source)
+		}
+	}
+}
+
+func TestValidateSpec(t *testing.T) {
+	for _, mod := range []func(*runtime.Spec){
+		func(s *runtime.Spec) { s.ID = "../x" },
+		func(s *runtime.Spec) { s.ID = "UPPER" },
+		func(s *runtime.Spec) { s.ID = "" },
+		func(s *runtime.Spec) { s.RootFS = "rel" },
+		func(s *runtime.Spec) { s.RunDir = "" },
+		func(s *runtime.Spec) { s.Args = nil },
+		func(s *runtime.Spec) { s.Limits.MemoryBytes = -1 },
+		func(s *runtime.Spec) { s.Mounts = []runtime.Mount{{Source: "x", Destination: "/x"}} },
+	} {
+		s := testSpec()
+		mod(s)
+		if err := ValidateSpec(s); err == nil {
+			t.Errorf("accepted %+v", s)
+		}
+	}
+}
+
+func TestWriteBundleAndHostRootfs(t *testing.T) {
+	dir := t.TempDir()
+	sp, _ := Build(testSpec(), Options{})
+	if err := WriteBundle(dir, sp); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(filepath.Join(dir, ConfigName))
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("config.json: %v %v", st, err)
+	}
+	ms, err := HostPathsRootfs(filepath.Join(dir, "root"))
+	if err != nil || len(ms) != 2 {
+		t.Fatalf("%v %v", ms, err)
+	}
+	if l, _ := os.Readlink(filepath.Join(dir, "root/bin")); l != "usr/bin" {
+		t.Errorf("bin -> %q", l)
+	}
+}
