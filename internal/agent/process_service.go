@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
@@ -262,6 +263,7 @@ func streamEvents(ctx context.Context, p *proc, sub *subscriber, keepalive time.
 			timer.Reset(keepalive)
 		case <-done:
 			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				slog.Info("stream detached: client went away", "pid", p.pid, "err", context.Cause(ctx))
 				return nil
 			}
 			linger = time.After(3 * time.Second)

@@ -25,7 +25,10 @@ process.env.E2B_API_KEY = ADMIN_KEY
 delete process.env.E2B_DEBUG
 delete process.env.E2B_DOMAIN
 delete process.env.E2B_ACCESS_TOKEN
-after(() => proxy.close())
+// Test files call closeProxy() from a root-level after(), registered after all
+// their describe blocks (a root after() registered earlier, or describe blocks
+// registered after a top-level await, would let it run too soon).
+export const closeProxy = () => proxy.close()
 
 const MAX_DUMP = 40
 
@@ -37,16 +40,17 @@ function decorate (err, ctx, exchanges) {
   lines.push(`requests cella received during this test (${exchanges.length}${exchanges.length > MAX_DUMP ? `, last ${MAX_DUMP} shown` : ''}):`)
   for (const ex of exchanges.slice(-MAX_DUMP)) lines.push(formatExchange(ex))
   const dump = lines.join('\n')
-  const original = err instanceof Error ? `${err.name}: ${err.message}` : inspect(err)
+  const original = err instanceof Error ? err.message : inspect(err)
   const wrapped = new Error(`${original}\n${dump}`, { cause: err })
   wrapped.name = err?.name || 'Error'
   // Assertion details (actual/expected) stay visible through `cause`.
   return wrapped
 }
 
-// A test case bounded in time. fn receives { sdk, t } where
+// A test case bounded in time. fn receives { sdk, t, exchanges } where
 // sdk(label, () => promise) runs one SDK call under a label that tags the
-// exchanges it causes and names it if it throws.
+// exchanges it causes and names it if it throws, and exchanges() returns the
+// proxy records of this test so far.
 export function step (name, fn, { timeout = 45_000 } = {}) {
   it(name, { timeout: timeout + 10_000 }, async (t) => {
     const mark = proxy.mark()
@@ -65,7 +69,7 @@ export function step (name, fn, { timeout = 45_000 } = {}) {
     let timer
     try {
       await Promise.race([
-        fn({ sdk, t }),
+        fn({ sdk, t, exchanges: () => proxy.since(mark) }),
         new Promise((resolve, reject) => {
           timer = setTimeout(() => reject(new Error(`test timed out after ${timeout} ms`)), timeout)
         }),

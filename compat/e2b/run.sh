@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# E2B SDK conformance suite: runs the real e2b JS SDKs against a cella daemon
+# of its own (fresh data dir, free loopback port), then stops it.
+#
+#   compat/e2b/run.sh                                   # everything
+#   compat/e2b/run.sh --test-name-pattern='step 8'      # extra args go to node --test
+#
+# Needs: root, bin/cella + bin/runsc (make build), the base template in the
+# cache dir (cella template ensure-base), Node >= 20.11 with npm.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+CELLA=${CELLA_BIN:-$ROOT/bin/cella}
+CACHE_DIR=${CELLA_CACHE_DIR:-/var/cache/cella}
+
+[ "$(id -u)" = 0 ] || { echo "compat/e2b: must run as root (the daemon creates sandboxes)" >&2; exit 2; }
+[ -x "$CELLA" ] || { echo "compat/e2b: $CELLA missing: run 'make build' first" >&2; exit 2; }
+command -v node >/dev/null && command -v npm >/dev/null || { echo "compat/e2b: node and npm are required" >&2; exit 2; }
+
+# Install the SDKs from the lockfile, only when needed.
+cd "$HERE"
+lock_sum=$(sha256sum package-lock.json | cut -d' ' -f1)
+if [ ! -d node_modules ] || [ "$(cat node_modules/.cella-lock-sha256 2>/dev/null)" != "$lock_sum" ]; then
+  npm ci --no-audit --no-fund --loglevel=error
+  echo "$lock_sum" > node_modules/.cella-lock-sha256
+fi
+
+# A daemon of our own.
+DATA_DIR=$(mktemp -d /tmp/cella-e2b-compat.XXXXXX)
+PORT=$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')
+LOG=$DATA_DIR/daemon.log
+"$CELLA" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA_DIR" --cache-dir "$CACHE_DIR" >"$LOG" 2>&1 &
+DAEMON_PID=$!
+status=1
+
+stop_daemon() {
+  if kill -0 "$DAEMON_PID" 2>/dev/null; then
+    kill -TERM "$DAEMON_PID" 2>/dev/null || true
+    for _ in $(seq 1 300); do kill -0 "$DAEMON_PID" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$DAEMON_PID" 2>/dev/null; then
+      echo "compat/e2b: the daemon did not stop within 30 s of SIGTERM; killing it" >&2
+      kill -KILL "$DAEMON_PID" 2>/dev/null || true
+      status=1
+    fi
+  fi
+  wait "$DAEMON_PID" 2>/dev/null || true
+  if [ "$status" != 0 ]; then
+    echo "--- compat/e2b: last lines of the daemon log ($LOG) ---" >&2
+    tail -n 60 "$LOG" >&2 || true
+  else
+    rm -rf "$DATA_DIR"
+  fi
+}
+trap stop_daemon EXIT
+trap 'exit 130' INT TERM
+
+for _ in $(seq 1 300); do
+  kill -0 "$DAEMON_PID" 2>/dev/null || { echo "compat/e2b: the daemon exited at start" >&2; exit 1; }
+  code=$(node -e 'fetch(process.argv[1]).then(r=>console.log(r.status),()=>console.log(0))' "http://127.0.0.1:$PORT/health")
+  [ "$code" = 204 ] && [ -s "$DATA_DIR/admin.key" ] && break
+  sleep 0.2
+done
+[ "${code:-0}" = 204 ] || { echo "compat/e2b: the daemon did not answer GET /health with 204 within 60 s" >&2; exit 1; }
+
+export CELLA_E2B_URL="http://127.0.0.1:$PORT"
+CELLA_E2B_KEY=$(tr -d '\n' < "$DATA_DIR/admin.key")
+export CELLA_E2B_KEY
+echo "compat/e2b: daemon $CELLA_E2B_URL (pid $DAEMON_PID, data dir $DATA_DIR)"
+
+set +e
+node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" sdk.test.mjs
+status=$?
+set -e
+exit "$status"
