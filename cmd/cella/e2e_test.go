@@ -238,17 +238,33 @@ func TestCLI(t *testing.T) {
 	})
 }
 
-// hostLeftovers lists runtime containers, mounts, cgroups and processes
-// that belong to the data dir or to the given sandboxes.
-func hostLeftovers(t *testing.T, dataDir, runsc string, ids []string) []string {
+// hostLeftovers lists runtime containers, mounts, cgroups, processes and
+// directories of the given sandboxes; with all set, anything at all of the
+// data dir (runtime-wide mounts included).
+func hostLeftovers(t *testing.T, dataDir, runsc string, ids []string, all bool) []string {
 	var out []string
+	mine := func(s string) bool {
+		if all {
+			return true
+		}
+		for _, id := range ids {
+			if strings.Contains(s, id) {
+				return true
+			}
+		}
+		return false
+	}
 	ls, _ := exec.Command(runsc, "--root", filepath.Join(dataDir, "runsc"), "list", "-quiet").Output()
 	for _, l := range strings.Fields(string(ls)) {
-		out = append(out, "container "+l)
+		if mine(l) {
+			out = append(out, "container "+l)
+		}
 	}
 	mounts, _ := rootfs.FindMounts(dataDir)
 	for _, m := range mounts {
-		out = append(out, "mount "+m)
+		if mine(m) {
+			out = append(out, "mount "+m)
+		}
 	}
 	cgs, _ := cgroup.List()
 	for _, c := range cgs {
@@ -273,7 +289,9 @@ func hostLeftovers(t *testing.T, dataDir, runsc string, ids []string) []string {
 	}
 	entries, _ := os.ReadDir(filepath.Join(dataDir, "sandboxes"))
 	for _, e := range entries {
-		out = append(out, "dir "+e.Name())
+		if mine(e.Name()) {
+			out = append(out, "dir "+e.Name())
+		}
 	}
 	return out
 }
@@ -311,12 +329,12 @@ func TestCrashRecovery(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dataDir, "sandboxes", "strayzzzz")); err == nil {
 		t.Fatal("stray sandbox dir survived reconciliation")
 	}
-	if l := hostLeftovers(t, dataDir, runsc, ids[2:]); len(l) > 0 {
+	if l := hostLeftovers(t, dataDir, runsc, ids[2:], false); len(l) > 0 {
 		t.Fatalf("dead sandbox left: %v", l)
 	}
 	// A clean stop leaves nothing at all.
 	d2.term()
-	if l := hostLeftovers(t, dataDir, runsc, ids); len(l) > 0 {
+	if l := hostLeftovers(t, dataDir, runsc, ids, true); len(l) > 0 {
 		t.Fatalf("after SIGTERM the host still holds: %v", l)
 	}
 }

@@ -25,11 +25,17 @@ if [ ! -d node_modules ] || [ "$(cat node_modules/.cella-lock-sha256 2>/dev/null
   echo "$lock_sum" > node_modules/.cella-lock-sha256
 fi
 
-# A daemon of our own.
+# A daemon of our own, run from a private copy of the binaries: the daemon
+# hands its own executable to every new sandbox as the agent, so a `make
+# build` during the run would otherwise mix two agent versions.
 DATA_DIR=$(mktemp -d /tmp/cella-e2b-compat.XXXXXX)
+mkdir "$DATA_DIR/bin"
+cp "$CELLA" "$DATA_DIR/bin/cella"
+RUNSC=${CELLA_RUNSC:-$(dirname "$CELLA")/runsc}
+if [ -x "$RUNSC" ]; then cp "$RUNSC" "$DATA_DIR/bin/runsc"; fi
 PORT=$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')
 LOG=$DATA_DIR/daemon.log
-"$CELLA" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA_DIR" --cache-dir "$CACHE_DIR" >"$LOG" 2>&1 &
+"$DATA_DIR/bin/cella" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA_DIR" --cache-dir "$CACHE_DIR" >"$LOG" 2>&1 &
 DAEMON_PID=$!
 status=1
 
@@ -47,6 +53,8 @@ stop_daemon() {
   if [ "$status" != 0 ]; then
     echo "--- compat/e2b: last lines of the daemon log ($LOG) ---" >&2
     tail -n 60 "$LOG" >&2 || true
+    echo "--- compat/e2b: data dir kept for inspection: $DATA_DIR (remove it when done) ---" >&2
+    rm -rf "$DATA_DIR/bin"
   else
     rm -rf "$DATA_DIR"
   fi

@@ -30,8 +30,12 @@ function one (exchanges, method, re) {
   assert.ok(found.length > 0, `expected the SDK to send ${method} ${re} (it did not)`)
   return found.at(-1)
 }
-function jsonBody (excerpt) {
-  const s = excerpt.toString()
+// The JSON request (side 'req') or response (side 'res') body of an exchange.
+function jsonBody (ex, side = 'res') {
+  const excerpt = side === 'req' ? ex.reqBody : ex.resBody
+  const headers = side === 'req' ? ex.reqHeaders : ex.resHeaders
+  const s = excerpt.text(headers['content-encoding'])
+  assert.ok(s !== null, `body too long or not decodable for a JSON check: ${excerpt.toString(headers['content-encoding'])}`)
   try { return JSON.parse(s) } catch { assert.fail(`expected a JSON body, got: ${s}`) }
 }
 async function streamText (stream) {
@@ -80,7 +84,7 @@ for (const [i, version] of VERSIONS.entries()) {
       assert.ok(err instanceof AuthenticationError, `expected AuthenticationError, got ${err?.name}: ${err?.message}`)
       const ex = one(exchanges(), 'GET', /^\/v2\/sandboxes/)
       assert.equal(ex.status, 401)
-      const body = jsonBody(ex.resBody)
+      const body = jsonBody(ex)
       assert.equal(body.code, 401)
       assert.equal(typeof body.message, 'string')
     })
@@ -91,7 +95,7 @@ for (const [i, version] of VERSIONS.entries()) {
       const ex = one(exchanges(), 'GET', new RegExp(`^/sandboxes/${UNKNOWN_ID}$`))
       assert.equal(ex.status, 404)
       assert.match(ex.resHeaders['content-type'] ?? '', /application\/json/)
-      const body = jsonBody(ex.resBody)
+      const body = jsonBody(ex)
       assert.equal(body.code, 404)
       assert.equal(typeof body.message, 'string')
     })
@@ -106,12 +110,12 @@ for (const [i, version] of VERSIONS.entries()) {
 
       const ex = one(exchanges(), 'POST', createPath)
       assert.equal(ex.status, 201)
-      const req = jsonBody(ex.reqBody)
+      const req = jsonBody(ex, 'req')
       assert.equal(req.templateID, 'base')
       assert.equal(req.timeout, 120)
       assert.deepEqual(req.metadata, META)
       assert.deepEqual(req.envVars, { FOO: 'bar', SPACED: 'a b' })
-      const res = jsonBody(ex.resBody)
+      const res = jsonBody(ex)
       assert.equal(res.sandboxID, sbx.sandboxId)
       for (const k of ['templateID', 'clientID', 'envdVersion', 'envdAccessToken', 'domain']) {
         assert.ok(res[k], `create response lacks ${k}: ${ex.resBody}`)
@@ -430,7 +434,7 @@ for (const [i, version] of VERSIONS.entries()) {
       const t0 = Date.now()
       await sdk('short.setTimeout(5000)', () => short.setTimeout(5000))
       const ex = one(exchanges(), 'POST', new RegExp(`^/sandboxes/${short.sandboxId}/timeout$`))
-      assert.deepEqual(jsonBody(ex.reqBody), { timeout: 5 })
+      assert.deepEqual(jsonBody(ex, 'req'), { timeout: 5 })
       assert.equal(ex.status, 204)
       const info = await sdk('short.getInfo()', () => short.getInfo())
       near(info.endAt, t0 + 5000, 2500, 'endAt after setTimeout(5000)')
@@ -440,6 +444,7 @@ for (const [i, version] of VERSIONS.entries()) {
       const err = await rejects(sdk(`Sandbox.getInfo('${short.sandboxId}') after expiry`, () => Sandbox.getInfo(short.sandboxId)))
       assert.ok(err instanceof SandboxNotFoundError, `expected SandboxNotFoundError, got ${err?.name}: ${err?.message}`)
       assert.equal(await sdk('short.isRunning() after expiry', () => short.isRunning()), false)
+      assert.equal(matching(exchanges(), 'GET', /^\/health$/).at(-1).status, 502)
 
       const nf = await rejects(sdk(`Sandbox.setTimeout('${UNKNOWN_ID}', 1000)`, () => Sandbox.setTimeout(UNKNOWN_ID, 1000)))
       assert.ok(nf instanceof SandboxNotFoundError, `expected SandboxNotFoundError, got ${nf?.name}: ${nf?.message}`)
@@ -541,7 +546,7 @@ for (const [i, version] of VERSIONS.entries()) {
       assert.equal(await sdk(`Sandbox.kill('${k.sandboxId}')`, () => Sandbox.kill(k.sandboxId)), false)
       const del2 = matching(exchanges(), 'DELETE', new RegExp(`^/sandboxes/${k.sandboxId}$`)).at(-1)
       assert.equal(del2.status, 404)
-      assert.equal(jsonBody(del2.resBody).code, 404)
+      assert.equal(jsonBody(del2).code, 404)
 
       assert.equal(await sdk('k.isRunning() after kill', () => k.isRunning()), false)
       const health = matching(exchanges(), 'GET', /^\/health$/).at(-1)
@@ -561,7 +566,7 @@ for (const [i, version] of VERSIONS.entries()) {
       assert.equal(c.sandboxId, s.sandboxId)
       const ex = one(exchanges(), 'POST', connectPath(s.sandboxId))
       assert.equal(ex.status, 200, 'connecting to a running sandbox answers 200')
-      const res = jsonBody(ex.resBody)
+      const res = jsonBody(ex)
       assert.equal(res.sandboxID, s.sandboxId)
       assert.equal(res.envdAccessToken, s.envdAccessToken, 'connect must return the same envdAccessToken as create')
       assert.equal(res.domain, s.sandboxDomain)
@@ -581,8 +586,10 @@ for (const [i, version] of VERSIONS.entries()) {
     step('step 14: getHost(8000): python3 -m http.server reachable by Host and by routing headers', async ({ sdk }) => {
       const s = shared()
       await sdk("sbx.files.write('/home/user/www/index.html', ...)", () => s.files.write('/home/user/www/index.html', `hello from ${s.sandboxId}\n`))
-      const srv = await sdk("sbx.commands.run('python3 -m http.server 8000 --directory /home/user/www', {background:true, timeoutMs:0})",
-        () => s.commands.run('python3 -m http.server 8000 --bind 0.0.0.0 --directory /home/user/www', { background: true, timeoutMs: 0 }))
+      let serverErr = ''
+      const srv = await sdk("sbx.commands.run('python3 -m http.server 8000 --bind 0.0.0.0 --directory /home/user/www', {background:true, timeoutMs:0, onStderr})",
+        () => s.commands.run('python3 -m http.server 8000 --bind 0.0.0.0 --directory /home/user/www',
+          { background: true, timeoutMs: 0, onStderr: (d) => { serverErr = (serverErr + d).slice(-1500) } }))
       try {
         const host = s.getHost(8000)
         assert.equal(host, `8000-${s.sandboxId}.${s.sandboxDomain}`)
@@ -596,6 +603,33 @@ for (const [i, version] of VERSIONS.entries()) {
         assert.equal(viaHost.body, `hello from ${s.sandboxId}\n`)
         const closed = await httpRequest({ path: '/', headers: { Host: s.getHost(8001) } })
         assert.equal(closed.status, 502, `a closed port answers 502 (got ${closed.status} ${closed.body})`)
+      } catch (e) {
+        e.message += `\nthe http.server's stderr (last 1500 chars): ${serverErr}`
+        throw e
+      } finally {
+        await srv.kill().catch(() => {})
+      }
+    }, { timeout: 40_000 })
+
+    step('step 14: getHost(port) routing to a single-threaded HTTP server (by Host and by headers)', async ({ sdk }) => {
+      // python3 -m http.server starts a thread per request; this server does
+      // not, so it tells routing problems apart from thread problems.
+      const s = shared()
+      const code = 'import http.server, functools; h = functools.partial(http.server.SimpleHTTPRequestHandler, directory="/home/user/www"); http.server.HTTPServer(("0.0.0.0", 8002), h).serve_forever()'
+      await sdk("sbx.files.write('/home/user/www/index.html', ...)", () => s.files.write('/home/user/www/index.html', `hello from ${s.sandboxId}\n`))
+      const srv = await sdk("sbx.commands.run('python3 -c <single-threaded HTTPServer on 8002>', {background:true, timeoutMs:0})",
+        () => s.commands.run(`python3 -c '${code}'`, { background: true, timeoutMs: 0 }))
+      try {
+        const host = s.getHost(8002)
+        assert.equal(host, `8002-${s.sandboxId}.${s.sandboxDomain}`)
+        const viaHeaders = await waitFor('the server to answer through E2b-Sandbox-Id/E2b-Sandbox-Port: 8002', async () => {
+          const r = await httpRequest({ path: '/index.html', headers: routing(8002) })
+          return r.status === 200 && r
+        }, { timeout: 15_000, interval: 250 })
+        assert.equal(viaHeaders.body, `hello from ${s.sandboxId}\n`)
+        const viaHost = await httpRequest({ path: '/index.html', headers: { Host: host } })
+        assert.equal(viaHost.status, 200, `GET /index.html with Host ${host}: ${viaHost.status} ${viaHost.body}`)
+        assert.equal(viaHost.body, `hello from ${s.sandboxId}\n`)
       } finally {
         await srv.kill().catch(() => {})
       }

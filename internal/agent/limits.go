@@ -371,6 +371,7 @@ func (s *Server) killSession(sid int, p *proc, reason string, members []int) {
 	if sid <= 1 {
 		return
 	}
+	slog.Warn("limit reached: killing the command's session", "sid", sid, "members", len(members), "reason", reason)
 	_ = unix.Kill(-sid, unix.SIGKILL)
 	for _, pid := range members {
 		if pid != os.Getpid() && pid > 1 {

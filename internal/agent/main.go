@@ -51,7 +51,6 @@ func Main(ctx context.Context) error {
 	// agent; children get their score back in adjustOOM.
 	_ = os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
 	prewarmThreads(16)
-	limitForks(cfg)
 
 	reaper := NewReaper()
 	go reaper.Run(ctx)
@@ -80,28 +79,6 @@ func Main(ctx context.Context) error {
 		return nil
 	}
 	return err
-}
-
-// forkHeadroom is how far past the pids limit forks may go before gVisor
-// refuses them, so that the watchdog, which kills at the limit, sees the
-// command cross it and names the limit.
-const forkHeadroom = 32
-
-// limitForks makes gVisor's sentry refuse forks past the sandbox's pids
-// limit. Under systrap every guest process costs host tasks, so a fork bomb
-// outrunning the watchdog would reach the host pids ceiling and take the
-// whole sandbox down; RLIMIT_NPROC is enforced inside the sentry, per uid,
-// and inherited by every command. Not under the namespaces runtime: there
-// RLIMIT_NPROC counts per host uid, shared by every sandbox with the same
-// mapping, and the sandbox's own pids cgroup already refuses forks.
-func limitForks(cfg Config) {
-	if cfg.Runtime != "gvisor" || cfg.Limits.Pids <= 0 {
-		return
-	}
-	n := uint64(cfg.Limits.Pids + forkHeadroom)
-	if err := unix.Setrlimit(unix.RLIMIT_NPROC, &unix.Rlimit{Cur: n, Max: n}); err != nil {
-		slog.Warn("cannot limit forks with RLIMIT_NPROC", "err", err)
-	}
 }
 
 // prewarmThreads makes the Go runtime create n OS threads now, while it

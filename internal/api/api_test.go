@@ -20,12 +20,11 @@ import (
 )
 
 type apiT struct {
-	t   *testing.T
 	env *daemontest.Env
 }
 
-func (a apiT) do(method, path, key string, body any, hdr map[string]string) (int, http.Header, []byte) {
-	a.t.Helper()
+func (a apiT) do(t *testing.T, method, path, key string, body any, hdr map[string]string) (int, http.Header, []byte) {
+	t.Helper()
 	var r io.Reader
 	switch b := body.(type) {
 	case nil:
@@ -37,7 +36,7 @@ func (a apiT) do(method, path, key string, body any, hdr map[string]string) (int
 	}
 	req, err := http.NewRequest(method, a.env.URL+path, r)
 	if err != nil {
-		a.t.Fatal(err)
+		t.Fatal(err)
 	}
 	if key != "" {
 		req.Header.Set("X-API-Key", key)
@@ -51,7 +50,7 @@ func (a apiT) do(method, path, key string, body any, hdr map[string]string) (int
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		a.t.Fatal(err)
+		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(resp.Body)
@@ -59,23 +58,23 @@ func (a apiT) do(method, path, key string, body any, hdr map[string]string) (int
 }
 
 // wantError checks a JSON error body {"code":status,"message":...}.
-func (a apiT) wantError(status int, gotStatus int, body []byte, contains string) {
-	a.t.Helper()
+func (a apiT) wantError(t *testing.T, status int, gotStatus int, body []byte, contains string) {
+	t.Helper()
 	if gotStatus != status {
-		a.t.Fatalf("status %d, want %d; body %s", gotStatus, status, body)
+		t.Fatalf("status %d, want %d; body %s", gotStatus, status, body)
 	}
 	var e struct {
 		Code    int    `json:"code"`
 		Message string `json:"message"`
 	}
 	if err := json.Unmarshal(body, &e); err != nil {
-		a.t.Fatalf("error body is not JSON: %q", body)
+		t.Fatalf("error body is not JSON: %q", body)
 	}
 	if e.Code != status || e.Message == "" {
-		a.t.Fatalf("error body %s: want code %d and a message", body, status)
+		t.Fatalf("error body %s: want code %d and a message", body, status)
 	}
 	if contains != "" && !strings.Contains(e.Message, contains) {
-		a.t.Fatalf("error message %q does not mention %q", e.Message, contains)
+		t.Fatalf("error message %q does not mention %q", e.Message, contains)
 	}
 }
 
@@ -90,55 +89,56 @@ func sandboxDirs(t *testing.T, env *daemontest.Env) []string {
 
 func TestAPI(t *testing.T) {
 	env := daemontest.Start(t, runtime.GVisor, daemontest.Options{})
-	a := apiT{t: t, env: env}
+	a := apiT{env: env}
 	key := env.APIKey
+	parent := t
 
 	t.Run("HealthWithoutKey", func(t *testing.T) {
-		if st, _, _ := a.do("GET", "/health", "", nil, nil); st != http.StatusNoContent {
+		if st, _, _ := a.do(t, "GET", "/health", "", nil, nil); st != http.StatusNoContent {
 			t.Fatalf("GET /health: %d", st)
 		}
 	})
 	t.Run("Auth", func(t *testing.T) {
-		st, _, body := a.do("GET", "/v2/sandboxes", "", nil, nil)
-		a.wantError(401, st, body, "API key")
-		st, _, body = a.do("GET", "/v2/sandboxes", "e2b_00000000000000000000000000000000", nil, nil)
-		a.wantError(401, st, body, "invalid API key")
-		st, _, body = a.do("POST", "/sandboxes", "wrong", map[string]any{"templateID": "base"}, nil)
-		a.wantError(401, st, body, "")
+		st, _, body := a.do(t, "GET", "/v2/sandboxes", "", nil, nil)
+		a.wantError(t, 401, st, body, "API key")
+		st, _, body = a.do(t, "GET", "/v2/sandboxes", "e2b_00000000000000000000000000000000", nil, nil)
+		a.wantError(t, 401, st, body, "invalid API key")
+		st, _, body = a.do(t, "POST", "/sandboxes", "wrong", map[string]any{"templateID": "base"}, nil)
+		a.wantError(t, 401, st, body, "")
 	})
 	t.Run("BadInputCreatesNothing", func(t *testing.T) {
-		st, _, body := a.do("POST", "/sandboxes", key, `{"templateID": "base", "timeout":`, nil)
-		a.wantError(400, st, body, "invalid JSON")
-		st, _, body = a.do("POST", "/v2/sandboxes", key, map[string]any{"templateID": "no-such-template"}, nil)
-		a.wantError(404, st, body, "no-such-template")
-		st, _, body = a.do("POST", "/v2/sandboxes", key, map[string]any{"templateID": "base", "timeout": -5}, nil)
-		a.wantError(400, st, body, "negative")
-		st, _, body = a.do("POST", "/v2/sandboxes", key, map[string]any{"templateID": "base", "timeout": "soon"}, nil)
-		a.wantError(400, st, body, "timeout")
-		st, _, body = a.do("POST", "/v2/sandboxes", key, map[string]any{"templateID": "../../etc"}, nil)
-		a.wantError(400, st, body, "invalid template")
-		st, _, body = a.do("POST", "/v2/sandboxes", key, map[string]any{"templateID": "base", "memoryMB": 1}, nil)
-		a.wantError(400, st, body, "memory")
+		st, _, body := a.do(t, "POST", "/sandboxes", key, `{"templateID": "base", "timeout":`, nil)
+		a.wantError(t, 400, st, body, "invalid JSON")
+		st, _, body = a.do(t, "POST", "/v2/sandboxes", key, map[string]any{"templateID": "no-such-template"}, nil)
+		a.wantError(t, 404, st, body, "no-such-template")
+		st, _, body = a.do(t, "POST", "/v2/sandboxes", key, map[string]any{"templateID": "base", "timeout": -5}, nil)
+		a.wantError(t, 400, st, body, "negative")
+		st, _, body = a.do(t, "POST", "/v2/sandboxes", key, map[string]any{"templateID": "base", "timeout": "soon"}, nil)
+		a.wantError(t, 400, st, body, "timeout")
+		st, _, body = a.do(t, "POST", "/v2/sandboxes", key, map[string]any{"templateID": "../../etc"}, nil)
+		a.wantError(t, 400, st, body, "invalid template")
+		st, _, body = a.do(t, "POST", "/v2/sandboxes", key, map[string]any{"templateID": "base", "memoryMB": 1}, nil)
+		a.wantError(t, 400, st, body, "memory")
 		if d := sandboxDirs(t, env); len(d) != 0 {
 			t.Fatalf("bad requests left sandbox dirs behind: %v", d)
 		}
-		st, _, body = a.do("GET", "/v2/sandboxes", key, nil, nil)
+		st, _, body = a.do(t, "GET", "/v2/sandboxes", key, nil, nil)
 		if st != 200 || strings.TrimSpace(string(body)) != "[]" {
 			t.Fatalf("list after bad creates: %d %s", st, body)
 		}
 	})
 	t.Run("UnknownRouteAnd501", func(t *testing.T) {
-		st, _, body := a.do("GET", "/nope", key, nil, nil)
-		a.wantError(404, st, body, "")
+		st, _, body := a.do(t, "GET", "/nope", key, nil, nil)
+		a.wantError(t, 404, st, body, "")
 		for _, r := range [][2]string{
 			{"POST", "/sandboxes/x/pause"}, {"POST", "/sandboxes/x/resume"}, {"POST", "/sandboxes/x/snapshots"},
 			{"GET", "/snapshots"}, {"POST", "/sandboxes/x/fork"}, {"PUT", "/sandboxes/x/network"},
 		} {
-			st, _, body := a.do(r[0], r[1], key, "{}", nil)
-			a.wantError(501, st, body, "not implemented")
+			st, _, body := a.do(t, r[0], r[1], key, "{}", nil)
+			a.wantError(t, 501, st, body, "not implemented")
 		}
-		st, _, body = a.do("PATCH", "/sandboxes/abc", key, nil, nil)
-		a.wantError(405, st, body, "")
+		st, _, body = a.do(t, "PATCH", "/sandboxes/abc", key, nil, nil)
+		a.wantError(t, 405, st, body, "")
 	})
 
 	// One sandbox made the way e2b 2.50 does (v1), one the 2.51 way (v2).
@@ -152,7 +152,7 @@ func TestAPI(t *testing.T) {
 		Traffic         *string `json:"trafficAccessToken"`
 	}
 	t.Run("CreateV1", func(t *testing.T) {
-		st, _, body := a.do("POST", "/sandboxes", key, map[string]any{"templateID": "base", "timeout": 300, "secure": true, "allow_internet_access": true}, nil)
+		st, _, body := a.do(t, "POST", "/sandboxes", key, map[string]any{"templateID": "base", "timeout": 300, "secure": true, "allow_internet_access": true}, nil)
 		if st != 201 {
 			t.Fatalf("create v1: %d %s", st, body)
 		}
@@ -160,10 +160,10 @@ func TestAPI(t *testing.T) {
 		if v1.SandboxID == "" || v1.EnvdVersion == "" || v1.EnvdAccessToken == "" || v1.Domain != "cella.test" || v1.ClientID == "" {
 			t.Fatalf("create v1 body: %s", body)
 		}
-		t.Cleanup(func() { a.do("DELETE", "/sandboxes/"+v1.SandboxID, key, nil, nil) })
+		parent.Cleanup(func() { env.Client.Kill(context.Background(), v1.SandboxID) })
 	})
 	t.Run("CreateV2", func(t *testing.T) {
-		st, _, body := a.do("POST", "/v2/sandboxes", key, map[string]any{
+		st, _, body := a.do(t, "POST", "/v2/sandboxes", key, map[string]any{
 			"templateID": "base", "timeout": 120, "metadata": map[string]string{"user": "a b", "k&": "v=1"},
 			"envVars": map[string]string{"FOO": "bar"}, "network": map[string]any{"allowOut": []string{"1.1.1.1"}},
 			"autoPause": false, "someFutureField": 1,
@@ -172,10 +172,10 @@ func TestAPI(t *testing.T) {
 			t.Fatalf("create v2: %d %s", st, body)
 		}
 		json.Unmarshal(body, &v2)
-		t.Cleanup(func() { a.do("DELETE", "/sandboxes/"+v2.SandboxID, key, nil, nil) })
+		parent.Cleanup(func() { env.Client.Kill(context.Background(), v2.SandboxID) })
 	})
 	t.Run("Detail", func(t *testing.T) {
-		st, _, body := a.do("GET", "/sandboxes/"+v2.SandboxID, key, nil, nil)
+		st, _, body := a.do(t, "GET", "/sandboxes/"+v2.SandboxID, key, nil, nil)
 		if st != 200 {
 			t.Fatalf("get: %d %s", st, body)
 		}
@@ -197,8 +197,8 @@ func TestAPI(t *testing.T) {
 		if !strings.Contains(string(body), "no egress") {
 			t.Fatalf("detail does not report the effective network: %s", body)
 		}
-		st, _, body = a.do("GET", "/sandboxes/doesnotexist", key, nil, nil)
-		a.wantError(404, st, body, "not found")
+		st, _, body = a.do(t, "GET", "/sandboxes/doesnotexist", key, nil, nil)
+		a.wantError(t, 404, st, body, "not found")
 	})
 	t.Run("EnvVarsReachCommands", func(t *testing.T) {
 		sb, err := env.Client.Sandbox(context.Background(), v2.SandboxID)
@@ -211,26 +211,26 @@ func TestAPI(t *testing.T) {
 		}
 	})
 	t.Run("List", func(t *testing.T) {
-		st, _, body := a.do("GET", "/sandboxes", key, nil, nil)
+		st, _, body := a.do(t, "GET", "/sandboxes", key, nil, nil)
 		if st != 200 || !strings.Contains(string(body), v1.SandboxID) || !strings.Contains(string(body), v2.SandboxID) {
 			t.Fatalf("list v1: %d %s", st, body)
 		}
 		// E2B's triple-encoded metadata filter, exactly as the SDK sends it.
 		q := "metadata=user%3Da%252520b%26k%252526%3Dv%25253D1&state=running,paused&limit=10"
-		st, _, body = a.do("GET", "/v2/sandboxes?"+q, key, nil, nil)
+		st, _, body = a.do(t, "GET", "/v2/sandboxes?"+q, key, nil, nil)
 		var items []map[string]any
 		json.Unmarshal(body, &items)
 		if st != 200 || len(items) != 1 || items[0]["sandboxID"] != v2.SandboxID {
 			t.Fatalf("metadata filter: %d %s", st, body)
 		}
-		st, _, body = a.do("GET", "/v2/sandboxes?state=paused", key, nil, nil)
+		st, _, body = a.do(t, "GET", "/v2/sandboxes?state=paused", key, nil, nil)
 		if st != 200 || strings.TrimSpace(string(body)) != "[]" {
 			t.Fatalf("state=paused: %d %s", st, body)
 		}
-		st, _, body = a.do("GET", "/v2/sandboxes?state=bogus", key, nil, nil)
-		a.wantError(400, st, body, "state")
-		st, _, body = a.do("GET", "/v2/sandboxes?limit=0", key, nil, nil)
-		a.wantError(400, st, body, "limit")
+		st, _, body = a.do(t, "GET", "/v2/sandboxes?state=bogus", key, nil, nil)
+		a.wantError(t, 400, st, body, "state")
+		st, _, body = a.do(t, "GET", "/v2/sandboxes?limit=0", key, nil, nil)
+		a.wantError(t, 400, st, body, "limit")
 		// Paging: one per page, every sandbox exactly once.
 		seen := map[string]bool{}
 		next := ""
@@ -239,7 +239,7 @@ func TestAPI(t *testing.T) {
 			if next != "" {
 				p += "&nextToken=" + url.QueryEscape(next)
 			}
-			st, hdr, body := a.do("GET", p, key, nil, nil)
+			st, hdr, body := a.do(t, "GET", p, key, nil, nil)
 			var page []map[string]any
 			json.Unmarshal(body, &page)
 			if st != 200 || len(page) > 1 {
@@ -259,7 +259,7 @@ func TestAPI(t *testing.T) {
 	})
 	t.Run("ConnectAndRefresh", func(t *testing.T) {
 		for _, p := range []string{"/sandboxes/" + v1.SandboxID + "/connect", "/v2/sandboxes/" + v1.SandboxID + "/connect"} {
-			st, _, body := a.do("POST", p, key, map[string]any{"timeout": 300}, nil)
+			st, _, body := a.do(t, "POST", p, key, map[string]any{"timeout": 300}, nil)
 			var got struct {
 				SandboxID       string `json:"sandboxID"`
 				EnvdAccessToken string `json:"envdAccessToken"`
@@ -269,9 +269,9 @@ func TestAPI(t *testing.T) {
 				t.Fatalf("connect %s: %d %s", p, st, body)
 			}
 		}
-		st, _, body := a.do("POST", "/v2/sandboxes/missing/connect", key, "{}", nil)
-		a.wantError(404, st, body, "")
-		if st, _, body := a.do("POST", "/sandboxes/"+v1.SandboxID+"/refreshes", key, map[string]any{"duration": 30}, nil); st != 204 {
+		st, _, body := a.do(t, "POST", "/v2/sandboxes/missing/connect", key, "{}", nil)
+		a.wantError(t, 404, st, body, "")
+		if st, _, body := a.do(t, "POST", "/sandboxes/"+v1.SandboxID+"/refreshes", key, map[string]any{"duration": 30}, nil); st != 204 {
 			t.Fatalf("refreshes: %d %s", st, body)
 		}
 	})
@@ -279,18 +279,18 @@ func TestAPI(t *testing.T) {
 		hdr := func(id, port string) map[string]string {
 			return map[string]string{"E2b-Sandbox-Id": id, "E2b-Sandbox-Port": port, "X-Access-Token": v2.EnvdAccessToken}
 		}
-		if st, _, body := a.do("GET", "/health", "", nil, hdr(v2.SandboxID, "49983")); st != 204 {
+		if st, _, body := a.do(t, "GET", "/health", "", nil, hdr(v2.SandboxID, "49983")); st != 204 {
 			t.Fatalf("envd health via headers: %d %s", st, body)
 		}
-		st, _, body := a.do("GET", "/envs", "", nil, map[string]string{"E2b-Sandbox-Id": v2.SandboxID, "E2b-Sandbox-Port": "49983"})
+		st, _, body := a.do(t, "GET", "/envs", "", nil, map[string]string{"E2b-Sandbox-Id": v2.SandboxID, "E2b-Sandbox-Port": "49983"})
 		if st != 401 {
 			t.Fatalf("envd without access token: want 401, got %d %s", st, body)
 		}
-		st, _, body = a.do("GET", "/health", "", nil, map[string]string{"E2b-Sandbox-Id": v2.SandboxID})
+		st, _, body = a.do(t, "GET", "/health", "", nil, map[string]string{"E2b-Sandbox-Id": v2.SandboxID})
 		if st != 400 || !strings.Contains(string(body), "missing header") {
 			t.Fatalf("one routing header: %d %s", st, body)
 		}
-		st, _, body = a.do("GET", "/health", "", nil, hdr("unknownsandbox", "49983"))
+		st, _, body = a.do(t, "GET", "/health", "", nil, hdr("unknownsandbox", "49983"))
 		if st != 502 || !strings.Contains(string(body), `"code":502`) {
 			t.Fatalf("unknown sandbox: %d %s", st, body)
 		}
@@ -301,7 +301,7 @@ func TestAPI(t *testing.T) {
 		}
 		deadline := time.Now().Add(20 * time.Second)
 		for {
-			st, _, body = a.do("GET", "/index.html", "", nil, map[string]string{"Host": fmt.Sprintf("8000-%s.cella.test", v2.SandboxID)})
+			st, _, body = a.do(t, "GET", "/index.html", "", nil, map[string]string{"Host": fmt.Sprintf("8000-%s.cella.test", v2.SandboxID)})
 			if st == 200 || time.Now().After(deadline) {
 				break
 			}
@@ -310,39 +310,39 @@ func TestAPI(t *testing.T) {
 		if st != 200 || string(body) != "served-from-sandbox\n" {
 			t.Fatalf("port 8000 via Host: %d %s", st, body)
 		}
-		st, _, body = a.do("GET", "/index.html", "", nil, hdr(v2.SandboxID, "8000"))
+		st, _, body = a.do(t, "GET", "/index.html", "", nil, hdr(v2.SandboxID, "8000"))
 		if st != 200 || string(body) != "served-from-sandbox\n" {
 			t.Fatalf("port 8000 via headers: %d %s", st, body)
 		}
-		st, _, body = a.do("GET", "/", "", nil, hdr(v2.SandboxID, "8001"))
+		st, _, body = a.do(t, "GET", "/", "", nil, hdr(v2.SandboxID, "8001"))
 		if st != 502 {
 			t.Fatalf("closed port: want 502, got %d %s", st, body)
 		}
 	})
 	t.Run("SetTimeoutExpires", func(t *testing.T) {
-		st, _, body := a.do("POST", "/sandboxes/"+v1.SandboxID+"/timeout", key, map[string]any{"timeout": -1}, nil)
-		a.wantError(400, st, body, "negative")
-		st, _, body = a.do("POST", "/sandboxes/"+v1.SandboxID+"/timeout", key, "{bad", nil)
-		a.wantError(400, st, body, "")
-		if st, _, body := a.do("POST", "/sandboxes/"+v1.SandboxID+"/timeout", key, map[string]any{"timeout": 2}, nil); st != 204 {
+		st, _, body := a.do(t, "POST", "/sandboxes/"+v1.SandboxID+"/timeout", key, map[string]any{"timeout": -1}, nil)
+		a.wantError(t, 400, st, body, "negative")
+		st, _, body = a.do(t, "POST", "/sandboxes/"+v1.SandboxID+"/timeout", key, "{bad", nil)
+		a.wantError(t, 400, st, body, "")
+		if st, _, body := a.do(t, "POST", "/sandboxes/"+v1.SandboxID+"/timeout", key, map[string]any{"timeout": 2}, nil); st != 204 {
 			t.Fatalf("timeout: %d %s", st, body)
 		}
 		time.Sleep(4 * time.Second)
-		st, _, body = a.do("GET", "/sandboxes/"+v1.SandboxID, key, nil, nil)
-		a.wantError(404, st, body, "")
-		st, _, _ = a.do("GET", "/health", "", nil, map[string]string{"E2b-Sandbox-Id": v1.SandboxID, "E2b-Sandbox-Port": "49983"})
+		st, _, body = a.do(t, "GET", "/sandboxes/"+v1.SandboxID, key, nil, nil)
+		a.wantError(t, 404, st, body, "")
+		st, _, _ = a.do(t, "GET", "/health", "", nil, map[string]string{"E2b-Sandbox-Id": v1.SandboxID, "E2b-Sandbox-Port": "49983"})
 		if st != 502 {
 			t.Fatalf("expired sandbox URL: want 502, got %d", st)
 		}
-		st, _, body = a.do("POST", "/sandboxes/"+v1.SandboxID+"/timeout", key, map[string]any{"timeout": 5}, nil)
-		a.wantError(404, st, body, "")
+		st, _, body = a.do(t, "POST", "/sandboxes/"+v1.SandboxID+"/timeout", key, map[string]any{"timeout": 5}, nil)
+		a.wantError(t, 404, st, body, "")
 	})
 	t.Run("Kill", func(t *testing.T) {
-		if st, _, body := a.do("DELETE", "/sandboxes/"+v2.SandboxID, key, nil, nil); st != 204 {
+		if st, _, body := a.do(t, "DELETE", "/sandboxes/"+v2.SandboxID, key, nil, nil); st != 204 {
 			t.Fatalf("delete: %d %s", st, body)
 		}
-		st, _, body := a.do("DELETE", "/sandboxes/"+v2.SandboxID, key, nil, nil)
-		a.wantError(404, st, body, "")
+		st, _, body := a.do(t, "DELETE", "/sandboxes/"+v2.SandboxID, key, nil, nil)
+		a.wantError(t, 404, st, body, "")
 		if d := sandboxDirs(t, env); len(d) != 0 {
 			t.Fatalf("sandbox dirs left after kill: %v", d)
 		}

@@ -76,7 +76,7 @@ func (w *jsonStatusWriter) WriteHeader(status int) {
 		strings.HasPrefix(w.Header().Get("Content-Type"), "text/plain") {
 		w.rewrote = true
 		w.Header().Del("X-Content-Type-Options")
-		msg := "no such route"
+		msg := "no such route (see the API section of the README)"
 		if status == http.StatusMethodNotAllowed {
 			msg = "method not allowed on this route (allowed: " + w.Header().Get("Allow") + ")"
 		}

@@ -78,9 +78,6 @@ func (s *Server) routes() {
 	} {
 		m.Handle(pattern, auth(notImplemented(feature)))
 	}
-	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "no such route: %s %s", r.Method, r.URL.Path)
-	})
 }
 
 func notImplemented(feature string) http.HandlerFunc {

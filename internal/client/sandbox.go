@@ -127,11 +127,16 @@ func (s *SandboxConn) Exec(ctx context.Context, cmd string, o ExecOptions) (Exec
 	// gets a grace period beyond it instead of cutting the stream first.
 	if o.Timeout > 0 {
 		creq.Header().Set("Connect-Timeout-Ms", strconv.FormatInt(o.Timeout.Milliseconds(), 10))
-		// A timer, not a deadline: connect-go would turn a deadline into its
-		// own Connect-Timeout-Ms and overwrite the one above.
+		// No deadline may reach connect-go: it would turn it into its own
+		// Connect-Timeout-Ms and overwrite the one above. So the caller's
+		// deadline is dropped (its cancellation still propagates) and a
+		// timer gives the agent a grace period to report the timeout itself.
+		parent := ctx
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithCancel(ctx)
+		ctx, cancel = context.WithCancel(context.WithoutCancel(parent))
 		defer cancel()
+		stop := context.AfterFunc(parent, cancel)
+		defer stop()
 		t := time.AfterFunc(o.Timeout+15*time.Second, cancel)
 		defer t.Stop()
 	}
@@ -183,9 +188,34 @@ func (s *SandboxConn) Exec(ctx context.Context, cmd string, o ExecOptions) (Exec
 			res.Error = fmt.Sprintf("killed: command timeout %v reached (raise with --timeout)", o.Timeout)
 			return res, nil
 		}
+		if died, ok := s.deathOf(); ok {
+			return died, nil
+		}
 		return res, fmt.Errorf("command stream: %w", err)
 	}
+	if died, ok := s.deathOf(); ok {
+		return died, nil
+	}
 	return res, errors.New("command stream ended without an exit event")
+}
+
+// deathOf turns a stream cut by the sandbox's own death (a limit that took
+// the whole sandbox down) into a result that names why.
+func (s *SandboxConn) deathOf() (ExecResult, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// The daemon notices the death within moments of the stream breaking.
+	for i := 0; i < 20; i++ {
+		d, err := s.c.Get(ctx, s.ID)
+		if err == nil && d.State == "dead" && d.Error != "" {
+			return ExecResult{ExitCode: -1, Error: d.Error}, true
+		}
+		if err != nil || d.State != "running" {
+			return ExecResult{}, false
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return ExecResult{}, false
 }
 
 func (s *SandboxConn) pumpStdin(ctx context.Context, pid uint32, r io.Reader) {

@@ -270,8 +270,11 @@ func (m *Manager) agentConfig(sb *Sandbox, tpl *template.Template) agent.Config 
 // sandbox, and gVisor's own sentry and stub processes count too.
 func (m *Manager) ceilings(o Options) runtime.Limits {
 	mem := mib(o.MemoryMB)
-	// Under systrap each guest process costs about two host tasks, plus
-	// the sentry's own threads.
+	// Under systrap each guest process costs about two host tasks, plus the
+	// sentry's threads. Forks refused inside or outside gVisor make its
+	// sentry spin or die, so there is no graceful cap for a fork bomb that
+	// outruns the agent's watchdog: this ceiling then ends the sandbox fast
+	// and deathReason names the pids limit.
 	l := runtime.Limits{CPUs: o.CPUs, MemoryBytes: mem + mem/4 + mib(256), Pids: o.Pids*4 + 256}
 	if m.cfg.Runtime.Name() == runtime.Namespaces {
 		l.MemoryBytes = mem + mib(128)

@@ -4,7 +4,7 @@
 import { it, before, after } from 'node:test'
 import http from 'node:http'
 import { inspect } from 'node:util'
-import { startProxy, formatExchange } from './proxy.mjs'
+import { startProxy, formatExchanges } from './proxy.mjs'
 
 export const DAEMON_URL = process.env.CELLA_E2B_URL
 export const ADMIN_KEY = process.env.CELLA_E2B_KEY
@@ -20,7 +20,10 @@ for (const u of [DAEMON_URL]) {
 // environment is in place before any describe block runs.
 export const proxy = await startProxy(DAEMON_URL)
 process.env.E2B_API_URL = proxy.url
-process.env.E2B_SANDBOX_URL = proxy.url
+// Diagnostic only: CELLA_E2B_SANDBOX_DIRECT=1 sends sandbox traffic straight
+// to the daemon (to rule the proxy out); assertions on recorded sandbox
+// exchanges then fail.
+process.env.E2B_SANDBOX_URL = process.env.CELLA_E2B_SANDBOX_DIRECT === '1' ? DAEMON_URL : proxy.url
 process.env.E2B_API_KEY = ADMIN_KEY
 delete process.env.E2B_DEBUG
 delete process.env.E2B_DOMAIN
@@ -30,7 +33,7 @@ delete process.env.E2B_ACCESS_TOKEN
 // registered after a top-level await, would let it run too soon).
 export const closeProxy = () => proxy.close()
 
-const MAX_DUMP = 40
+const MAX_DUMP = 60
 
 function decorate (err, ctx, exchanges) {
   const lines = []
@@ -38,7 +41,7 @@ function decorate (err, ctx, exchanges) {
   else if (ctx.calls.length) lines.push(`last SDK call before the failure: ${ctx.calls.at(-1)}`)
   else lines.push('no SDK call was made')
   lines.push(`requests cella received during this test (${exchanges.length}${exchanges.length > MAX_DUMP ? `, last ${MAX_DUMP} shown` : ''}):`)
-  for (const ex of exchanges.slice(-MAX_DUMP)) lines.push(formatExchange(ex))
+  lines.push(formatExchanges(exchanges.slice(-MAX_DUMP)))
   const dump = lines.join('\n')
   const original = err instanceof Error ? err.message : inspect(err)
   const wrapped = new Error(`${original}\n${dump}`, { cause: err })
@@ -113,6 +116,7 @@ export async function waitFor (what, f, { timeout = 10_000, interval = 100 } = {
 // resolves to { status, headers, body }.
 export function httpRequest ({ method = 'GET', path = '/', headers = {}, body, timeout = 10_000 }) {
   const u = new URL(proxy.url)
+  proxy.label = `plain HTTP ${method} ${path}${headers.Host ? ` Host ${headers.Host}` : ''}`
   return new Promise((resolve, reject) => {
     const req = http.request({ host: u.hostname, port: u.port, method, path, headers, agent: false, timeout }, (res) => {
       const chunks = []

@@ -7,6 +7,7 @@
 // records the method, path, key headers, a head+tail excerpt of both bodies
 // and the status, so a failing test can show what cella received and answered.
 import http from 'node:http'
+import zlib from 'node:zlib'
 
 const REQ_HEADERS = [
   'host', 'content-type', 'content-encoding', 'content-length', 'transfer-encoding',
@@ -43,8 +44,27 @@ class Excerpt {
       this.tail = t.subarray(Math.max(0, t.length - Excerpt.TAIL))
     }
   }
-  toString () {
+  // The whole body if it fit in the excerpt, else null.
+  complete () {
+    if (this.total > this.headLen + this.tail.length) return null
+    return Buffer.concat([...this.head, this.tail])
+  }
+  // The body as text: gunzipped when it was sent gzip-encoded (complete
+  // bodies only); for parsing JSON answers in assertions.
+  text (encoding) {
+    const buf = this.complete()
+    if (!buf) return null
+    if (encoding === 'gzip') {
+      try { return zlib.gunzipSync(buf, { finishFlush: zlib.constants.Z_SYNC_FLUSH }).toString('utf8') } catch { return null }
+    }
+    return buf.toString('utf8')
+  }
+  toString (encoding) {
     if (this.total === 0) return ''
+    if (encoding === 'gzip') {
+      const t = this.text('gzip')
+      if (t !== null) return `(gzip, decoded) ${render(Buffer.from(t))}`
+    }
     const head = render(Buffer.concat(this.head))
     if (this.total <= this.headLen + this.tail.length) return head + render(this.tail)
     return `${head} …[${this.total - this.headLen - this.tail.length} bytes]… ${render(this.tail)}`
@@ -142,12 +162,30 @@ export async function startProxy (targetUrl) {
   }
 }
 
+// Formats exchanges for a failure report; a run of identical exchanges
+// (a polling loop) is shown once with its count.
+export function formatExchanges (exchanges) {
+  const out = []
+  let prev = null
+  let repeats = 0
+  const key = (ex) => [ex.label, ex.method, ex.url, ex.status, ex.resBody.toString()].join('\u0000')
+  const flush = () => { if (repeats) out.push(`    … the same exchange ${repeats} more time${repeats > 1 ? 's' : ''}`); repeats = 0 }
+  for (const ex of exchanges) {
+    if (prev && key(prev) === key(ex)) { repeats++; continue }
+    flush()
+    out.push(formatExchange(ex))
+    prev = ex
+  }
+  flush()
+  return out.join('\n')
+}
+
 export function formatExchange (ex) {
   const lines = []
   const head = Object.entries(ex.reqHeaders).map(([k, v]) => `${k}: ${v}`).join('; ')
   lines.push(`#${ex.n} [${ex.label || '-'}] ${ex.method} ${ex.url}`)
   lines.push(`    > ${head}`)
-  const rb = ex.reqBody.toString()
+  const rb = ex.reqBody.toString(ex.reqHeaders['content-encoding'])
   if (rb) lines.push(`    > body (${ex.reqBody.total} B): ${rb}`)
   if (ex.status === null) {
     lines.push(`    < (no response)${ex.note}`)
@@ -155,7 +193,7 @@ export function formatExchange (ex) {
     const rh = Object.entries(ex.resHeaders).map(([k, v]) => `${k}: ${v}`).join('; ')
     const state = ex.done ? `${ex.ms} ms` : 'still streaming'
     lines.push(`    < ${ex.status} (${state}) ${rh}${ex.note}`)
-    const sb = ex.resBody.toString()
+    const sb = ex.resBody.toString(ex.resHeaders['content-encoding'])
     if (sb) lines.push(`    < body (${ex.resBody.total} B): ${sb}`)
   }
   return lines.join('\n')

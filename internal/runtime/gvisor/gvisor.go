@@ -200,6 +200,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) error {
 	if err != nil {
 		return fmt.Errorf("gvisor start: %w", err)
 	}
+	dropClone3Rule(sp)
 	return r.start(ctx, &spec, sp, spec.BundleDir, spec.LogPath)
 }
 
@@ -355,4 +356,23 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 	}
 	slices.Sort(ids)
 	return ids, nil
+}
+
+// dropClone3Rule removes the profile's clone3 rule. It asks for ENOSYS so
+// that libc falls back to clone(2), whose flags seccomp can check; runsc's
+// --oci-seccomp answers EPERM instead, and glibc then fails every
+// pthread_create. Inside gVisor clone3 reaches the sentry, not the host
+// kernel, so the namespace-flag concern it guards against does not apply.
+func dropClone3Rule(sp *specs.Spec) {
+	if sp.Linux == nil || sp.Linux.Seccomp == nil {
+		return
+	}
+	var kept []specs.LinuxSyscall
+	for _, sc := range sp.Linux.Seccomp.Syscalls {
+		if len(sc.Names) == 1 && sc.Names[0] == "clone3" {
+			continue
+		}
+		kept = append(kept, sc)
+	}
+	sp.Linux.Seccomp.Syscalls = kept
 }
