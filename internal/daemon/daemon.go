@@ -108,6 +108,13 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		return nil, err
 	}
 
+	// Sandboxes run a private copy of the agent binary: replacing the
+	// installed binary (an upgrade, a rebuild) must not hand new sandboxes
+	// an agent of another version than this daemon.
+	if c.AgentBinary, err = pinAgent(c.AgentBinary, c.DataDir); err != nil {
+		return nil, err
+	}
+
 	rt, err := newRuntime(c)
 	if err != nil {
 		return nil, err
@@ -165,6 +172,35 @@ func newRuntime(c Config) (runtime.Runtime, error) {
 		return crun.New(crun.Config{RootDir: filepath.Join(c.DataDir, "crun")})
 	}
 	return nil, fmt.Errorf("unknown runtime %q", c.Runtime)
+}
+
+func pinAgent(src, dataDir string) (string, error) {
+	dst := filepath.Join(dataDir, "agent", "cella")
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return "", fmt.Errorf("pin agent binary: %w", err)
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return "", fmt.Errorf("pin agent binary: %w", err)
+	}
+	defer in.Close()
+	tmp := dst + ".tmp"
+	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
+	if err != nil {
+		return "", fmt.Errorf("pin agent binary: %w", err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return "", fmt.Errorf("pin agent binary: %w", err)
+	}
+	if err := out.Close(); err != nil {
+		return "", fmt.Errorf("pin agent binary: %w", err)
+	}
+	// A rename keeps running sandboxes' bind mounts on the old file intact.
+	if err := os.Rename(tmp, dst); err != nil {
+		return "", fmt.Errorf("pin agent binary: %w", err)
+	}
+	return dst, nil
 }
 
 // ensureAdminKey creates the admin API key on first start. Only its hash is
