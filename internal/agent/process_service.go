@@ -250,8 +250,14 @@ func streamEvents(ctx context.Context, p *proc, sub *subscriber, keepalive time.
 			}
 			timer.Reset(keepalive)
 		}
+		// Only the deadline (Connect-Timeout-Ms) ends a stream here. A
+		// cancelled request context alone is not proof that the client left:
+		// Go's server also cancels it when its background read of the
+		// connection errors, which happens spuriously on channel streams
+		// while the client is still reading. A client that really left is
+		// found by the next send (an event or a keepalive) failing.
 		done := ctx.Done()
-		if linger != nil {
+		if linger != nil || (ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded)) {
 			done = nil
 		}
 		select {
@@ -263,8 +269,8 @@ func streamEvents(ctx context.Context, p *proc, sub *subscriber, keepalive time.
 			timer.Reset(keepalive)
 		case <-done:
 			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				slog.Info("stream detached: client went away", "pid", p.pid, "err", context.Cause(ctx))
-				return nil
+				slog.Debug("stream context cancelled; streaming on until a send fails", "pid", p.pid)
+				continue
 			}
 			linger = time.After(3 * time.Second)
 		case <-linger:

@@ -263,10 +263,18 @@ func (fsvc filesystemService) WatchDir(ctx context.Context, req *connect.Request
 	keepalive := keepaliveInterval(req.Header())
 	timer := time.NewTimer(keepalive)
 	defer timer.Stop()
+	// As in streamEvents: only the deadline ends the stream; a cancelled
+	// request context alone can be spurious, and a client that left is
+	// found by the next send failing.
+	done := ctx.Done()
 	for {
 		select {
-		case <-ctx.Done():
-			return nil
+		case <-done:
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return nil
+			}
+			done = nil
+			continue
 		case <-fsvc.s.done:
 			return nil
 		case <-timer.C:
