@@ -22,11 +22,11 @@ trap '$cella kill "$id" >/dev/null 2>&1 || true' EXIT
 say "run Python in it"
 $cella exec "$id" -- python3 -c 'import platform, os; print("kernel:", platform.release(), "| user:", os.getuid(), "| cwd:", os.getcwd())'
 
-secret=/root/cella-demo-host-secret
+secret=/tmp/cella-demo-host-secret
 echo "host secret $(date +%s)" > "$secret"
 say "escape attempts (each must fail)"
-echo "\$ cat $secret        # a file on the host"
-$cella exec "$id" -- cat "$secret" || echo "-> refused: the sandbox sees only its template and its own layer, not the host's files"
+echo "\$ cat $secret        # a file on the host, read as root inside the sandbox"
+$cella exec --user root "$id" -- cat "$secret" || echo "-> refused: the sandbox sees only its template and its own layer, not the host's files"
 echo "\$ curl http://127.0.0.1:3000/health   # the cella API on the host's loopback"
 $cella exec "$id" -- curl -sS --max-time 3 http://127.0.0.1:3000/health || echo "-> refused: the sandbox's loopback is its own; it has no route to the host or anywhere else"
 echo "\$ ps aux   # what processes can it see?"

@@ -43,6 +43,9 @@ type Config struct {
 	DefaultUser    string            `json:"default_user"`    // "user"
 	DefaultWorkdir string            `json:"default_workdir"` // "" = the user's home
 	Limits         Limits            `json:"limits"`
+	// Services are what the agent runs besides its own API, from the
+	// template ("code-interpreter": the server on 127.0.0.1:49999).
+	Services []string `json:"services,omitempty"`
 }
 
 // WriteConfig writes cfg into a sandbox's host-side run directory, readable by

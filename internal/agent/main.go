@@ -58,6 +58,17 @@ func Main(ctx context.Context) error {
 	srv := NewServer(cfg, Options{Reaper: reaper, SandboxWide: true})
 	defer srv.Close()
 
+	if cfg.hasService(ServiceCodeInterpreter) {
+		ciCtx, ciCancel := context.WithCancel(ctx)
+		if done, err := startCodeInterpreter(ciCtx, srv); err != nil {
+			ciCancel()
+			slog.Error("code interpreter not started", "err", err)
+		} else {
+			// Its interpreters are killed before the agent exits.
+			defer func() { ciCancel(); <-done }()
+		}
+	}
+
 	var wg sync.WaitGroup
 	// In-sandbox loopback listener. Failing to bind is not fatal: the
 	// daemon's channel is what matters.

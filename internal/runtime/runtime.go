@@ -19,6 +19,19 @@ const (
 // ErrNotFound is returned when a container does not exist.
 var ErrNotFound = errors.New("container not found")
 
+// ErrNotSupported is returned by Checkpoint and Restore when the engine
+// cannot save a container's memory (Capabilities().MemoryCheckpoint is
+// false).
+var ErrNotSupported = errors.New("not supported by this runtime")
+
+// Capabilities say what an engine can do beyond running containers.
+type Capabilities struct {
+	// MemoryCheckpoint: Checkpoint saves a container's processes and memory
+	// to disk (freeing its memory) and Restore brings them back. Without
+	// it, a pause that keeps memory can only Freeze (memory stays in RAM).
+	MemoryCheckpoint bool
+}
+
 // Limits are the host-side ceilings of one container. The agent enforces the
 // sandbox's nominal limits inside; these are the backstop.
 type Limits struct {
@@ -89,6 +102,23 @@ type Runtime interface {
 	// List returns the IDs of every container this runtime holds on the
 	// host, including ones cella has no record of (after a crash).
 	List(ctx context.Context) ([]string, error)
+
+	// Capabilities reports what the engine supports on this host.
+	Capabilities() Capabilities
+	// Freeze stops every process of a running container in place (cgroup
+	// freezer): memory stays in RAM, State reports StatusPaused.
+	Freeze(ctx context.Context, id string) error
+	// Thaw resumes a frozen container's processes.
+	Thaw(ctx context.Context, id string) error
+	// Checkpoint saves a running container's processes and memory into
+	// imageDir (an existing empty directory) and removes the container and
+	// its host resources as Destroy does; the root filesystem is untouched.
+	// ErrNotSupported without Capabilities().MemoryCheckpoint.
+	Checkpoint(ctx context.Context, id, imageDir string) error
+	// Restore starts spec's container (same ID, bundle and root as the
+	// checkpointed one) with its processes restored from imageDir; they go
+	// on where they were. ErrNotSupported without MemoryCheckpoint.
+	Restore(ctx context.Context, spec Spec, imageDir string) error
 	// Close releases what the runtime holds (not the containers).
 	Close() error
 }

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/agent"
@@ -109,6 +110,7 @@ type record struct {
 	EnvdAccessToken string  `json:"envd_access_token"`
 	ChannelToken    string  `json:"channel_token"`
 	Error           string  `json:"error,omitempty"`
+	PauseMode       string  `json:"pause_mode,omitempty"`
 }
 
 // Create makes a sandbox and returns once its agent answers.
@@ -156,7 +158,7 @@ func (m *Manager) Create(ctx context.Context, opts Options) (*Sandbox, error) {
 	}
 	m.sandboxes[sb.ID] = sb
 	m.mu.Unlock()
-	go m.supervise(sb)
+	go m.supervise(sb, sb.gen)
 	m.log.Info("sandbox created", "id", sb.ID, "opts", opts.String(), "runtime", sb.Runtime)
 	return sb, nil
 }
@@ -169,7 +171,7 @@ func (m *Manager) template(ctx context.Context, name string) (*template.Template
 	if !errors.Is(err, template.ErrNotFound) {
 		return nil, fmt.Errorf("look up template %s: %w", name, err)
 	}
-	if name != DefaultTemplate {
+	if !template.IsBuiltin(name) {
 		return nil, errdefs.NotFound("template %q not found (build it with: cella template build %s ...)", name, name)
 	}
 	m.buildMu.Lock()
@@ -177,10 +179,10 @@ func (m *Manager) template(ctx context.Context, name string) (*template.Template
 	if tpl, err := m.cfg.Templates.Get(name); err == nil {
 		return tpl, nil
 	}
-	m.log.Warn("template base is missing: building it now from Debian packages (about a minute, once per machine)")
-	tpl, err = m.cfg.Templates.EnsureBase(ctx, m.cfg.BuildProgress)
+	m.log.Warn("template is missing: building it now from Debian packages (minutes, once per machine)", "template", name)
+	tpl, err = m.cfg.Templates.EnsureNamed(ctx, name, m.cfg.BuildProgress)
 	if err != nil {
-		return nil, fmt.Errorf("build template base: %w", err)
+		return nil, fmt.Errorf("build template %s: %w", name, err)
 	}
 	return tpl, nil
 }
@@ -209,18 +211,7 @@ func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template
 	if err := agent.WriteConfig(runDir, m.agentConfig(sb, tpl)); err != nil {
 		return err
 	}
-	spec := runtime.Spec{
-		ID:          sb.ID,
-		BundleDir:   bundleDir,
-		RootFS:      layer.Root,
-		AgentBinary: m.cfg.AgentBinary,
-		Args:        []string{runtime.AgentGuestPath, "agent"},
-		Env:         []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-		RunDir:      runDir,
-		Hostname:    "cella",
-		Limits:      m.ceilings(sb.Options),
-		LogPath:     filepath.Join(sb.Dir, "agent.log"),
-	}
+	spec := m.spec(sb)
 	if err := m.cfg.Runtime.Start(ctx, spec); err != nil {
 		return fmt.Errorf("start %s container for %s: %w", m.cfg.Runtime.Name(), sb.ID, err)
 	}
@@ -233,6 +224,23 @@ func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template
 	}
 	sb.conn = conn
 	return nil
+}
+
+// spec is the container of a sandbox whose layer is mounted: the same for
+// its first start, a cold boot after a pause without memory, and a restore.
+func (m *Manager) spec(sb *Sandbox) runtime.Spec {
+	return runtime.Spec{
+		ID:          sb.ID,
+		BundleDir:   filepath.Join(sb.Dir, "bundle"),
+		RootFS:      sb.layer.Root,
+		AgentBinary: m.cfg.AgentBinary,
+		Args:        []string{runtime.AgentGuestPath, "agent"},
+		Env:         []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		RunDir:      filepath.Join(sb.Dir, "run"),
+		Hostname:    "cella",
+		Limits:      m.ceilings(sb.Options),
+		LogPath:     filepath.Join(sb.Dir, "agent.log"),
+	}
 }
 
 func (m *Manager) agentConfig(sb *Sandbox, tpl *template.Template) agent.Config {
@@ -254,6 +262,7 @@ func (m *Manager) agentConfig(sb *Sandbox, tpl *template.Template) agent.Config 
 		EnvVars:        env,
 		DefaultUser:    tpl.User,
 		DefaultWorkdir: tpl.Workdir,
+		Services:       tpl.Services,
 		Limits: agent.Limits{
 			CPUs:        sb.Options.CPUs,
 			MemoryBytes: mib(sb.Options.MemoryMB),
@@ -285,7 +294,7 @@ func (m *Manager) ceilings(o Options) runtime.Limits {
 
 func (m *Manager) persist(ctx context.Context, sb *Sandbox) error {
 	sb.mu.Lock()
-	rec := record{Options: sb.Options, EnvdAccessToken: sb.EnvdAccessToken, ChannelToken: sb.channelToken, Error: sb.err}
+	rec := record{Options: sb.Options, EnvdAccessToken: sb.EnvdAccessToken, ChannelToken: sb.channelToken, Error: sb.err, PauseMode: sb.pauseMode}
 	row := store.Sandbox{ID: sb.ID, TemplateID: sb.TemplateID, Runtime: sb.Runtime, State: sb.state,
 		StartedAt: sb.StartedAt, EndAt: sb.endAt, APIKeyID: sb.Options.APIKeyID}
 	sb.mu.Unlock()
@@ -299,46 +308,58 @@ func (m *Manager) persist(ctx context.Context, sb *Sandbox) error {
 
 // supervise keeps the agent channel of a running sandbox: when the agent's
 // connection drops it waits for the agent to dial again, and if the container
-// is gone it marks the sandbox dead with the reason.
-func (m *Manager) supervise(sb *Sandbox) {
+// is gone it marks the sandbox dead with the reason. gen is the supervision
+// it runs for: once a pause has bumped sb.gen, supervise stands down, so the
+// end of the channel a pause causes is never taken for a death.
+func (m *Manager) supervise(sb *Sandbox, gen uint64) {
 	for {
 		sb.mu.Lock()
-		conn, state := sb.conn, sb.state
+		conn, ln, state, cur := sb.conn, sb.listener, sb.state, sb.gen
 		sb.mu.Unlock()
-		if state != StateRunning {
+		if state != StateRunning || cur != gen || ln == nil {
 			return
 		}
 		if conn != nil {
 			<-conn.Closed()
 		}
-		if !m.isTracked(sb) {
+		if !m.isTracked(sb) || !sb.supervisedBy(gen) {
 			return
 		}
 		st, err := m.cfg.Runtime.State(context.Background(), sb.ID)
 		if err != nil || st == runtime.StatusStopped {
-			m.markDead(sb, m.deathReason(sb))
+			m.markDead(sb, gen, m.deathReason(sb))
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		newConn, _, err := sb.listener.Accept(ctx, sb.channelToken)
+		newConn, _, err := ln.Accept(ctx, sb.channelToken)
 		cancel()
-		if !m.isTracked(sb) {
+		sb.mu.Lock()
+		current := sb.gen == gen
+		if current {
+			sb.conn = newConn
+		}
+		sb.mu.Unlock()
+		if !m.isTracked(sb) || !current {
 			if newConn != nil {
 				newConn.Close()
 			}
 			return
 		}
-		sb.mu.Lock()
-		sb.conn = newConn
-		sb.mu.Unlock()
 		if err != nil {
 			m.log.Warn("agent channel lost", "id", sb.ID, "err", err)
 			if st, err := m.cfg.Runtime.State(context.Background(), sb.ID); err != nil || st == runtime.StatusStopped {
-				m.markDead(sb, m.deathReason(sb))
+				m.markDead(sb, gen, m.deathReason(sb))
 				return
 			}
 		}
 	}
+}
+
+// supervisedBy reports whether gen is still the sandbox's supervision.
+func (s *Sandbox) supervisedBy(gen uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gen == gen && s.state == StateRunning
 }
 
 func (m *Manager) isTracked(sb *Sandbox) bool {
@@ -361,8 +382,12 @@ func (m *Manager) deathReason(sb *Sandbox) string {
 
 // markDead records why a sandbox died and frees its host resources, keeping
 // the record so that GET /sandboxes/{id} can say what happened.
-func (m *Manager) markDead(sb *Sandbox, reason string) {
+func (m *Manager) markDead(sb *Sandbox, gen uint64, reason string) {
 	sb.mu.Lock()
+	if sb.gen != gen || sb.state != StateRunning {
+		sb.mu.Unlock() // a pause or kill took over
+		return
+	}
 	sb.state = StateDead
 	sb.err = reason
 	sb.mu.Unlock()
@@ -413,6 +438,9 @@ func (m *Manager) Kill(ctx context.Context, id string) error {
 	if !ok {
 		return errdefs.NotFound("sandbox %q not found", id)
 	}
+	// Wait for a pause or resume in flight to finish first.
+	sb.opMu.Lock()
+	defer sb.opMu.Unlock()
 	m.cleanup(ctx, sb)
 	m.log.Info("sandbox killed", "id", id)
 	return nil
@@ -475,8 +503,8 @@ func (m *Manager) cleanup(ctx context.Context, sb *Sandbox) {
 // their creation. Every step tolerates a resource that is already gone.
 func (m *Manager) releaseHost(ctx context.Context, sb *Sandbox) {
 	sb.mu.Lock()
-	conn := sb.conn
-	sb.conn = nil
+	conn, ln := sb.conn, sb.listener
+	sb.conn, sb.listener = nil, nil
 	sb.mu.Unlock()
 	if conn != nil {
 		conn.Close()
@@ -486,8 +514,8 @@ func (m *Manager) releaseHost(ctx context.Context, sb *Sandbox) {
 	if err := m.cfg.Runtime.Destroy(dctx, sb.ID); err != nil {
 		m.log.Error("destroy container", "id", sb.ID, "err", err)
 	}
-	if sb.listener != nil {
-		sb.listener.Close()
+	if ln != nil {
+		ln.Close()
 	}
 	if sb.layer != nil {
 		if err := sb.layer.Unmount(); err != nil {
@@ -510,8 +538,10 @@ func (m *Manager) Forget(ctx context.Context, id string) error {
 	return m.Kill(ctx, id)
 }
 
-// Shutdown stops every sandbox (SIGTERM of the daemon). Records are removed:
-// a stopped daemon leaves nothing running behind.
+// Shutdown stops every running sandbox (SIGTERM of the daemon) and removes
+// its record: a stopped daemon leaves nothing running behind. Paused
+// sandboxes stay paused, record, checkpoint and mounted writable layer
+// included, and the next daemon on this data dir picks them up again.
 func (m *Manager) Shutdown(ctx context.Context) error {
 	m.mu.Lock()
 	if m.closed {
@@ -528,6 +558,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	close(m.reaperStop)
 	<-m.reaperDone
 	var wg sync.WaitGroup
+	var kept atomic.Int64
 	sem := make(chan struct{}, 8)
 	for _, sb := range all {
 		wg.Add(1)
@@ -535,11 +566,17 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
+			sb.opMu.Lock()
+			defer sb.opMu.Unlock()
+			if sb.State() == StatePaused {
+				kept.Add(1)
+				return
+			}
 			m.cleanup(ctx, sb)
 		}()
 	}
 	wg.Wait()
-	m.log.Info("all sandboxes stopped", "count", len(all))
+	m.log.Info("all sandboxes stopped", "count", len(all)-int(kept.Load()), "paused_kept", kept.Load())
 	return nil
 }
 

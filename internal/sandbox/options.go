@@ -22,7 +22,7 @@ const (
 )
 
 // Options is a normalized create request. Fields cella does not act on yet
-// (network policy, autoPause, volumes) are kept as sent so that the record
+// (network policy, volumes) are kept as sent so that the record
 // shows what was asked for beside what is in effect.
 type Options struct {
 	TemplateID string            `json:"template_id"`
@@ -38,6 +38,9 @@ type Options struct {
 	AllowInternetAccess *bool           `json:"allow_internet_access,omitempty"`
 	Network             json.RawMessage `json:"network,omitempty"`
 	AutoPause           bool            `json:"auto_pause,omitempty"`
+	// AutoPauseMemory is E2B's autoPauseMemory: false makes the timeout
+	// pause keep only the filesystem; nil means true.
+	AutoPauseMemory *bool `json:"auto_pause_memory,omitempty"`
 	AutoResume          bool            `json:"auto_resume,omitempty"`
 	VolumeMounts        json.RawMessage `json:"volume_mounts,omitempty"`
 

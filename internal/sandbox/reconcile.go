@@ -19,6 +19,7 @@ import (
 // ReconcileReport says what reconciliation found and did.
 type ReconcileReport struct {
 	Adopted           []string // running sandboxes re-attached
+	AdoptedPaused     []string // paused sandboxes kept paused
 	MarkedDead        []string // records whose container was gone
 	RemovedContainers []string // containers without a record
 	RemovedDirs       []string // sandbox dirs without a record
@@ -27,14 +28,17 @@ type ReconcileReport struct {
 }
 
 func (r ReconcileReport) String() string {
-	return fmt.Sprintf("adopted=%d marked_dead=%d removed_containers=%d removed_dirs=%d removed_mounts=%d removed_cgroups=%d",
-		len(r.Adopted), len(r.MarkedDead), len(r.RemovedContainers), len(r.RemovedDirs), len(r.RemovedMounts), len(r.RemovedCgroups))
+	return fmt.Sprintf("adopted=%d adopted_paused=%d marked_dead=%d removed_containers=%d removed_dirs=%d removed_mounts=%d removed_cgroups=%d",
+		len(r.Adopted), len(r.AdoptedPaused), len(r.MarkedDead), len(r.RemovedContainers), len(r.RemovedDirs), len(r.RemovedMounts), len(r.RemovedCgroups))
 }
 
 // Reconcile makes the host match the records after a start or a crash:
 // sandboxes whose container still runs are adopted again (their agent dials
-// back in), records whose container is gone are marked dead, and containers,
-// mounts, cgroups and directories that no record explains are removed.
+// back in), paused sandboxes whose state is still on the host (mounted
+// writable layer, plus the checkpoint image or the frozen container) stay
+// paused and can be resumed, records whose container or paused state is gone
+// are marked dead, and containers, mounts, cgroups and directories that no
+// record explains are removed.
 func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	var rep ReconcileReport
 	rows, err := m.cfg.Store.ListSandboxes(ctx)
@@ -49,7 +53,8 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	for _, id := range containers {
 		live[id] = true
 	}
-	keep := map[string]bool{} // sandbox IDs whose host resources stay
+	keep := map[string]bool{}          // sandbox IDs whose host resources (dir, mounts) stay
+	keepContainer := map[string]bool{} // sandbox IDs whose container and cgroups stay
 
 	for _, row := range rows {
 		var rec record
@@ -62,11 +67,13 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 			ID: row.ID, TemplateID: row.TemplateID, Runtime: row.Runtime, Options: rec.Options,
 			StartedAt: row.StartedAt.UTC(), EnvdAccessToken: rec.EnvdAccessToken, channelToken: rec.ChannelToken,
 			Dir: filepath.Join(sandboxesDir(m.cfg.DataDir), row.ID), state: row.State, endAt: row.EndAt.UTC(), err: rec.Error,
+			pauseMode: rec.PauseMode,
 		}
 		if row.State == StateRunning && row.Runtime == m.cfg.Runtime.Name() && live[row.ID] {
 			if st, err := m.cfg.Runtime.State(ctx, row.ID); err == nil && st == runtime.StatusRunning {
 				if err := m.adopt(sb); err == nil {
 					keep[row.ID] = true
+					keepContainer[row.ID] = true
 					rep.Adopted = append(rep.Adopted, row.ID)
 					continue
 				} else {
@@ -74,9 +81,22 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 				}
 			}
 		}
-		if row.State == StateRunning {
+		if row.State == StatePaused && row.Runtime == m.cfg.Runtime.Name() {
+			err := m.adoptPaused(ctx, sb, live[row.ID])
+			if err == nil {
+				keep[row.ID] = true
+				keepContainer[row.ID] = sb.pauseMode == PauseFrozen
+				rep.AdoptedPaused = append(rep.AdoptedPaused, row.ID)
+				continue
+			}
+			m.log.Warn("cannot keep paused sandbox", "id", row.ID, "err", err)
+			sb.err = "paused sandbox lost while the daemon was down: " + err.Error()
+		}
+		if row.State == StateRunning || row.State == StatePaused {
+			if sb.err == "" {
+				sb.err = "sandbox stopped while the daemon was down (its container was gone at restart)"
+			}
 			sb.state = StateDead
-			sb.err = "sandbox stopped while the daemon was down (its container was gone at restart)"
 			if row.Runtime != m.cfg.Runtime.Name() {
 				sb.err = fmt.Sprintf("sandbox belongs to runtime %s, but the daemon restarted with %s", row.Runtime, m.cfg.Runtime.Name())
 			}
@@ -92,7 +112,7 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	}
 
 	for _, id := range containers {
-		if keep[id] {
+		if keepContainer[id] {
 			continue
 		}
 		if err := m.cfg.Runtime.Destroy(ctx, id); err != nil {
@@ -138,7 +158,7 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		m.log.Warn("list cgroups", "err", err)
 	}
 	for _, id := range cgs {
-		if keep[id] {
+		if keepContainer[id] {
 			continue
 		}
 		// cgroups live under one /cella parent shared by every daemon on the
@@ -184,6 +204,38 @@ func (m *Manager) adopt(sb *Sandbox) error {
 	m.mu.Lock()
 	m.sandboxes[sb.ID] = sb
 	m.mu.Unlock()
-	go m.supervise(sb)
+	go m.supervise(sb, sb.gen)
+	return nil
+}
+
+// adoptPaused keeps a paused sandbox paused across a daemon restart when
+// what resume needs is still on the host: its mounted writable layer (a
+// tmpfs: gone after a host reboot), and the checkpoint image or the frozen
+// container. Its channel is listened on again at resume.
+func (m *Manager) adoptPaused(ctx context.Context, sb *Sandbox, containerLive bool) error {
+	layer, err := rootfs.Open(sb.Dir)
+	if err != nil {
+		return fmt.Errorf("its filesystem is gone: %w", err)
+	}
+	switch sb.pauseMode {
+	case PauseCheckpoint:
+		if _, err := os.Stat(filepath.Join(checkpointDir(sb), "checkpoint.img")); err != nil {
+			return fmt.Errorf("its memory checkpoint is gone: %w", err)
+		}
+	case PauseFrozen:
+		if !containerLive {
+			return errors.New("its frozen container is gone")
+		}
+		if st, err := m.cfg.Runtime.State(ctx, sb.ID); err != nil || st != runtime.StatusPaused {
+			return fmt.Errorf("its container is no longer frozen (%s, %v)", st, err)
+		}
+	case PauseStopped:
+	default:
+		return fmt.Errorf("unknown pause mode %q", sb.pauseMode)
+	}
+	sb.layer = layer
+	m.mu.Lock()
+	m.sandboxes[sb.ID] = sb
+	m.mu.Unlock()
 	return nil
 }

@@ -18,7 +18,10 @@ import (
 // States a sandbox can be in.
 const (
 	StateRunning = "running"
-	StatePaused  = "paused"
+	// StatePaused is a sandbox stopped by Pause: its writable layer stays
+	// mounted and, depending on PauseMode, its memory is in a checkpoint
+	// image, frozen in RAM, or gone (filesystem only).
+	StatePaused = "paused"
 	// StateDead is a sandbox whose container ended without being killed
 	// through cella (crash, host OOM); Error says why.
 	StateDead = "dead"
@@ -37,14 +40,35 @@ type Sandbox struct {
 
 	channelToken string
 	layer        *rootfs.Layer
-	listener     *channel.Listener
 
-	mu    sync.Mutex
-	state string
-	endAt time.Time
-	err   string
-	conn  *channel.Conn
+	// opMu serializes lifecycle transitions (pause, resume, kill).
+	opMu sync.Mutex
+
+	mu        sync.Mutex
+	state     string
+	endAt     time.Time
+	err       string
+	conn      *channel.Conn
+	listener  *channel.Listener
+	pauseMode string // PauseCheckpoint, PauseFrozen or PauseStopped while paused
+	// gen counts channel supervisions: a pause bumps it so that the
+	// supervisor of the running sandbox stands down instead of taking the
+	// channel's end for a death.
+	gen uint64
 }
+
+// How a paused sandbox keeps its state.
+const (
+	// PauseCheckpoint: processes and memory saved to <dir>/checkpoint by the
+	// runtime, the container gone; resume restores them.
+	PauseCheckpoint = "checkpoint"
+	// PauseFrozen: the container's processes frozen in place, memory in RAM
+	// (runtimes without memory checkpoints); resume thaws them.
+	PauseFrozen = "frozen"
+	// PauseStopped: only the filesystem kept; resume boots a fresh container
+	// on it (a new agent, no processes).
+	PauseStopped = "stopped"
+)
 
 // State returns the current state.
 func (s *Sandbox) State() string {
@@ -89,6 +113,7 @@ type Info struct {
 	Options         Options
 	EnvdAccessToken string
 	DiskUsedBytes   int64
+	PauseMode       string // set while paused
 }
 
 // Info returns a consistent snapshot.
@@ -98,6 +123,7 @@ func (s *Sandbox) Info() Info {
 	in := Info{
 		ID: s.ID, TemplateID: s.TemplateID, Runtime: s.Runtime, State: s.state, Error: s.err,
 		StartedAt: s.StartedAt, EndAt: s.endAt, Options: s.Options, EnvdAccessToken: s.EnvdAccessToken,
+		PauseMode: s.pauseMode,
 	}
 	if s.layer != nil {
 		if used, _, err := s.layer.Usage(); err == nil {

@@ -31,6 +31,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -77,6 +78,41 @@ var BaseRecipe = Recipe{
 		"bash", "coreutils", "procps", "python3", "nodejs", "npm",
 		"git", "curl", "ca-certificates",
 	},
+}
+
+// CodeInterpreterName is the template E2B's code-interpreter SDK asks for.
+const CodeInterpreterName = "code-interpreter-v1"
+
+// ServiceCodeInterpreter is the service name that makes the agent run the
+// code-interpreter server (port 49999) in sandboxes of a template.
+const ServiceCodeInterpreter = "code-interpreter"
+
+// CodeInterpreterRecipe is base plus Debian's scientific Python stack, so
+// that pandas DataFrames and matplotlib figures work out of the box.
+var CodeInterpreterRecipe = Recipe{
+	Suite: BaseRecipe.Suite,
+	Packages: append(slices.Clone(BaseRecipe.Packages),
+		"python3-numpy", "python3-pandas", "python3-matplotlib", "python3-scipy"),
+}
+
+// Builtin is a template cella knows how to build on first use.
+type Builtin struct {
+	Recipe Recipe
+	// Services are started by the agent in every sandbox of the template.
+	Services []string
+}
+
+// Builtins are the templates a daemon builds when a sandbox first asks for
+// them: E2B's default template and its code-interpreter template.
+var Builtins = map[string]Builtin{
+	BaseName:            {Recipe: BaseRecipe},
+	CodeInterpreterName: {Recipe: CodeInterpreterRecipe, Services: []string{ServiceCodeInterpreter}},
+}
+
+// IsBuiltin reports whether name is built on first use (EnsureNamed).
+func IsBuiltin(name string) bool {
+	_, ok := Builtins[name]
+	return ok
 }
 
 // Recipe says how to build a template from Debian packages.
@@ -145,6 +181,10 @@ type Template struct {
 	Recipe  *Recipe   `json:"recipe,omitempty"` // nil for imported images
 	Source  string    `json:"source,omitempty"` // the directory an imported image came from
 	Created time.Time `json:"created"`
+	// Services are what the agent runs besides envd in sandboxes of this
+	// template (ServiceCodeInterpreter). They belong to the name, not to
+	// the image: one image may back several names.
+	Services []string `json:"services,omitempty"`
 }
 
 // Store is a directory of templates.
@@ -180,7 +220,8 @@ func (s *Store) imageDir(key string) string {
 }
 
 type nameRecord struct {
-	Image string `json:"image"`
+	Image    string   `json:"image"`
+	Services []string `json:"services,omitempty"`
 }
 
 // Get returns the template called name, or an error wrapping ErrNotFound.
@@ -204,6 +245,12 @@ func (s *Store) Get(name string) (*Template, error) {
 		return nil, fmt.Errorf("template %q: %w", name, err)
 	}
 	t.Name = name
+	t.Services = rec.Services
+	if t.Services == nil {
+		// A builtin name built by hand (cella template build
+		// code-interpreter-v1 ...) still gets its services.
+		t.Services = Builtins[name].Services
+	}
 	return t, nil
 }
 
@@ -264,12 +311,51 @@ func (s *Store) Delete(name string) error {
 
 // EnsureBase returns the "base" template, building it first if missing.
 func (s *Store) EnsureBase(ctx context.Context, progress io.Writer) (*Template, error) {
-	if t, err := s.Get(BaseName); err == nil {
+	return s.EnsureNamed(ctx, BaseName, progress)
+}
+
+// EnsureNamed returns the builtin template name, building it from its
+// recipe first if missing (an image of the same recipe is reused).
+func (s *Store) EnsureNamed(ctx context.Context, name string, progress io.Writer) (*Template, error) {
+	b, ok := Builtins[name]
+	if !ok {
+		return nil, fmt.Errorf("template %q is not a builtin (builtins: %s): %w", name, strings.Join(slices.Sorted(maps.Keys(Builtins)), ", "), ErrNotFound)
+	}
+	if t, err := s.Get(name); err == nil {
 		return t, nil
 	} else if !errors.Is(err, ErrNotFound) {
 		return nil, err
 	}
-	return s.Build(ctx, BaseName, BaseRecipe, progress)
+	if _, err := s.Build(ctx, name, b.Recipe, progress); err != nil {
+		return nil, err
+	}
+	if len(b.Services) > 0 {
+		if err := s.setServices(name, b.Services); err != nil {
+			return nil, fmt.Errorf("template %q: %w", name, err)
+		}
+	}
+	return s.Get(name)
+}
+
+// setServices records the services of a name.
+func (s *Store) setServices(name string, services []string) error {
+	unlock, err := s.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	p := filepath.Join(s.namesDir(), name+".json")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return fmt.Errorf("read name record: %w", err)
+	}
+	var rec nameRecord
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return fmt.Errorf("parse name record: %w", err)
+	}
+	rec.Services = slices.Clone(services)
+	b, _ = json.Marshal(rec)
+	return writeFileAtomic(p, b, 0o644)
 }
 
 // lock takes the cache's cross-process lock.

@@ -411,6 +411,12 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 		if _, err := r.crun(ctx, "kill", "--all", id, "KILL"); err != nil {
 			slog.Debug("crun: kill", "id", id, "err", err) // usually: already stopped
 		}
+		// A frozen task does not die until thawed: let the KILLs land.
+		if st, err := r.State(ctx, id); err == nil && st == runtime.StatusPaused {
+			if _, err := r.crun(ctx, "resume", id); err != nil {
+				slog.Debug("crun: thaw before delete", "id", id, "err", err)
+			}
+		}
 		if _, err := r.crun(ctx, "delete", "--force", id); err != nil && exists() {
 			errs = append(errs, err)
 		}
@@ -424,6 +430,38 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 		return fmt.Errorf("crun destroy %s: %w", id, err)
 	}
 	return nil
+}
+
+// Capabilities implements runtime.Runtime: without a working CRIU
+// (runtime-notes §2) crun cannot save a container's memory, only freeze it.
+func (r *Runtime) Capabilities() runtime.Capabilities {
+	return runtime.Capabilities{MemoryCheckpoint: false}
+}
+
+// Freeze implements runtime.Runtime (crun pause: the cgroup v1 freezer).
+func (r *Runtime) Freeze(ctx context.Context, id string) error {
+	if _, err := r.crun(ctx, "pause", id); err != nil {
+		return fmt.Errorf("crun freeze %s: %w", id, err)
+	}
+	return nil
+}
+
+// Thaw implements runtime.Runtime (crun resume).
+func (r *Runtime) Thaw(ctx context.Context, id string) error {
+	if _, err := r.crun(ctx, "resume", id); err != nil {
+		return fmt.Errorf("crun thaw %s: %w", id, err)
+	}
+	return nil
+}
+
+// Checkpoint implements runtime.Runtime: not available (no CRIU).
+func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string) error {
+	return fmt.Errorf("crun checkpoint %s: memory checkpoints need CRIU, which does not work on this kernel: %w", id, runtime.ErrNotSupported)
+}
+
+// Restore implements runtime.Runtime: not available (no CRIU).
+func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir string) error {
+	return fmt.Errorf("crun restore %s: memory checkpoints need CRIU, which does not work on this kernel: %w", spec.ID, runtime.ErrNotSupported)
 }
 
 // List implements runtime.Runtime.

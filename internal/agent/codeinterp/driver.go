@@ -1,0 +1,430 @@
+package codeinterp
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+)
+
+//go:embed drivers/python.py
+var pythonDriver string
+
+//go:embed drivers/node.js
+var nodeDriver string
+
+// language is how to start the interpreter of one language. The driver's
+// source is passed on the command line (-c / -e), so nothing is written
+// into the sandbox.
+type language struct {
+	name string
+	exes []string // looked up on the interpreter's PATH, first found wins
+	argv func(exe string) []string
+	// what to install when the interpreter is missing, for the error
+	missing string
+}
+
+var languages = map[string]*language{
+	"python": {
+		name:    "python",
+		exes:    []string{"python3", "python"},
+		argv:    func(exe string) []string { return []string{exe, "-c", pythonDriver} },
+		missing: "python3 is not installed in this sandbox's template",
+	},
+	"javascript": {
+		name:    "javascript",
+		exes:    []string{"node", "nodejs"},
+		argv:    func(exe string) []string { return []string{exe, "-e", nodeDriver} },
+		missing: "node is not installed in this sandbox's template",
+	},
+}
+
+// aliases are the other names clients use for the supported languages.
+var aliases = map[string]string{
+	"":        "python",
+	"python3": "python",
+	"py":      "python",
+	"js":      "javascript",
+	"node":    "javascript",
+	"nodejs":  "javascript",
+}
+
+func lookupLanguage(name string) (*language, bool) {
+	n := strings.ToLower(strings.TrimSpace(name))
+	if a, ok := aliases[n]; ok {
+		n = a
+	}
+	l, ok := languages[n]
+	return l, ok
+}
+
+// Proc is a driver process to start. Files become the child's fds 0..n.
+type Proc struct {
+	Argv  []string // Argv[0] is an absolute path
+	Env   []string
+	Dir   string
+	Files []*os.File
+}
+
+// Spawner starts p in a session of its own and returns its pid and a
+// channel that receives its wait status. Inside a sandbox the agent's
+// spawner forks through the PID-1 reaper (the only waiter there) as the
+// sandbox user; LocalSpawner is for tests.
+type Spawner func(p Proc) (pid int, wait <-chan unix.WaitStatus, err error)
+
+// LocalSpawner forks p as the current user and waits for it by pid.
+func LocalSpawner(p Proc) (int, <-chan unix.WaitStatus, error) {
+	fds := make([]uintptr, len(p.Files))
+	for i, f := range p.Files {
+		fds[i] = f.Fd()
+	}
+	pid, err := syscall.ForkExec(p.Argv[0], p.Argv, &syscall.ProcAttr{
+		Dir: p.Dir, Env: p.Env, Files: fds, Sys: &syscall.SysProcAttr{Setsid: true},
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	ch := make(chan unix.WaitStatus, 1)
+	go func() {
+		for {
+			var ws unix.WaitStatus
+			_, err := unix.Wait4(pid, &ws, 0, nil)
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			if err != nil {
+				ws = unix.WaitStatus(unix.SIGKILL)
+			}
+			ch <- ws
+			return
+		}
+	}()
+	return pid, ch, nil
+}
+
+// Output kinds of a chunk.
+const (
+	kindStdout = "stdout"
+	kindStderr = "stderr"
+)
+
+// chunk is output of the driver's fd 1 or 2, or the end-of-cell marker.
+type chunk struct {
+	kind string
+	text string
+	mark bool
+}
+
+// event is one line the driver writes on fd 4.
+type event struct {
+	Type      string                     `json:"type"`
+	Main      bool                       `json:"main"`
+	Data      map[string]json.RawMessage `json:"data"`
+	Name      string                     `json:"name"`
+	Value     string                     `json:"value"`
+	Traceback string                     `json:"traceback"`
+}
+
+// sink is where a driver's output goes while a cell runs.
+type sink struct {
+	ch   chan chunk
+	done chan struct{} // closed when the execution stops reading
+}
+
+// driver is one running interpreter process.
+type driver struct {
+	pid    int
+	cmdW   *os.File
+	events chan event    // closed when fd 4 reaches EOF (the driver exited)
+	exited chan struct{} // closed once the wait status is in status
+	status unix.WaitStatus
+
+	mu         sync.Mutex
+	sink       *sink
+	stderrTail []byte // the end of stderr, for errors about a driver that failed to start
+}
+
+const stderrTailMax = 2048
+
+// startDriver starts the interpreter of lang in dir and waits until it is
+// ready for commands.
+func startDriver(lang *language, env []string, dir string, spawn Spawner, readyTimeout time.Duration) (*driver, error) {
+	exe, err := findExe(lang.exes, env)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", lang.missing, err)
+	}
+	// The marker has NULs so that no text output contains it by chance; the
+	// environment cannot carry NULs, so the driver gets only its nonce.
+	nonce := randomHex(8)
+	mark := "\x00cella-cell-end-" + nonce + "\x00"
+	env = append(env, "CELLA_CI_MARK="+nonce)
+
+	var parent, child []*os.File
+	closeAll := func(fs []*os.File) {
+		for _, f := range fs {
+			f.Close()
+		}
+	}
+	pipe := func() (r, w *os.File, err error) {
+		r, w, err = os.Pipe()
+		if err != nil {
+			return nil, nil, fmt.Errorf("pipe for the %s driver: %w", lang.name, err)
+		}
+		return r, w, nil
+	}
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", os.DevNull, err)
+	}
+	child = append(child, devnull)
+	var pipes [4][2]*os.File // stdout, stderr, commands, events
+	for i := range pipes {
+		r, w, err := pipe()
+		if err != nil {
+			closeAll(child)
+			closeAll(parent)
+			return nil, err
+		}
+		pipes[i] = [2]*os.File{r, w}
+		if i == 2 { // commands: the child reads
+			child, parent = append(child, r), append(parent, w)
+		} else {
+			child, parent = append(child, w), append(parent, r)
+		}
+	}
+	// fds: 0 /dev/null, 1 stdout, 2 stderr, 3 commands, 4 events
+	files := []*os.File{devnull, pipes[0][1], pipes[1][1], pipes[2][0], pipes[3][1]}
+	pid, wait, err := spawn(Proc{Argv: lang.argv(exe), Env: env, Dir: dir, Files: files})
+	closeAll(child)
+	if err != nil {
+		closeAll(parent)
+		return nil, fmt.Errorf("start the %s interpreter %s: %w", lang.name, exe, err)
+	}
+	d := &driver{
+		pid:    pid,
+		cmdW:   pipes[2][1],
+		events: make(chan event, 16),
+		exited: make(chan struct{}),
+	}
+	go func() {
+		d.status = <-wait
+		close(d.exited)
+	}()
+	go d.readOutput(pipes[0][0], kindStdout, []byte(mark))
+	go d.readOutput(pipes[1][0], kindStderr, []byte(mark))
+	go d.readEvents(pipes[3][0])
+
+	timer := time.NewTimer(readyTimeout)
+	defer timer.Stop()
+	select {
+	case ev, ok := <-d.events:
+		if ok && ev.Type == "ready" {
+			return d, nil
+		}
+		d.kill()
+		<-d.exited
+		return nil, fmt.Errorf("the %s interpreter exited at start (%s): %s", lang.name, describeStatus(d.status), d.tail())
+	case <-timer.C:
+		d.kill()
+		return nil, fmt.Errorf("the %s interpreter did not start within %v: %s", lang.name, readyTimeout, d.tail())
+	}
+}
+
+func (d *driver) tail() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := strings.TrimSpace(string(d.stderrTail))
+	if s == "" {
+		return "no output on stderr"
+	}
+	return "stderr: " + s
+}
+
+// kill ends the driver and everything it started (its session).
+func (d *driver) kill() {
+	_ = unix.Kill(-d.pid, unix.SIGKILL)
+	_ = unix.Kill(d.pid, unix.SIGKILL)
+	d.cmdW.Close()
+}
+
+func (d *driver) alive() bool {
+	select {
+	case <-d.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+func (d *driver) setSink(s *sink) {
+	d.mu.Lock()
+	d.sink = s
+	d.mu.Unlock()
+}
+
+// deliver hands output to the running cell; output between cells (a
+// background thread printing) has no reader and is dropped.
+func (d *driver) deliver(c chunk) {
+	d.mu.Lock()
+	s := d.sink
+	if c.kind == kindStderr && !c.mark {
+		d.stderrTail = append(d.stderrTail, c.text...)
+		if n := len(d.stderrTail); n > stderrTailMax {
+			d.stderrTail = append([]byte(nil), d.stderrTail[n-stderrTailMax:]...)
+		}
+	}
+	d.mu.Unlock()
+	if s == nil {
+		return
+	}
+	select {
+	case s.ch <- c:
+	case <-s.done:
+	}
+}
+
+// readOutput forwards fd 1 or 2 of the driver, split at the end-of-cell
+// marker and never in the middle of a UTF-8 sequence.
+func (d *driver) readOutput(f *os.File, kind string, mark []byte) {
+	defer f.Close()
+	buf := make([]byte, 32<<10)
+	var pending []byte
+	for {
+		n, err := f.Read(buf)
+		pending = append(pending, buf[:n]...)
+		for {
+			i := bytes.Index(pending, mark)
+			if i < 0 {
+				break
+			}
+			if i > 0 {
+				d.deliver(chunk{kind: kind, text: string(pending[:i])})
+			}
+			d.deliver(chunk{kind: kind, mark: true})
+			pending = pending[i+len(mark):]
+		}
+		keep := 0
+		if err == nil {
+			keep = max(partialPrefix(pending, mark), incompleteUTF8(pending))
+		}
+		if out := pending[:len(pending)-keep]; len(out) > 0 {
+			d.deliver(chunk{kind: kind, text: string(out)})
+		}
+		pending = append([]byte(nil), pending[len(pending)-keep:]...)
+		if err != nil {
+			return
+		}
+	}
+}
+
+// partialPrefix is the length of the longest suffix of b that is a proper
+// prefix of mark (a marker split across reads).
+func partialPrefix(b, mark []byte) int {
+	for n := min(len(mark)-1, len(b)); n > 0; n-- {
+		if bytes.HasSuffix(b, mark[:n]) {
+			return n
+		}
+	}
+	return 0
+}
+
+// incompleteUTF8 is the length of a truncated UTF-8 sequence at the end of b.
+func incompleteUTF8(b []byte) int {
+	for n := 1; n <= 3 && n <= len(b); n++ {
+		c := b[len(b)-n]
+		if c < 0x80 {
+			return 0
+		}
+		if utf8.RuneStart(c) {
+			if !utf8.FullRune(b[len(b)-n:]) {
+				return n
+			}
+			return 0
+		}
+	}
+	return 0
+}
+
+func (d *driver) readEvents(f *os.File) {
+	defer f.Close()
+	defer close(d.events)
+	r := bufio.NewReaderSize(f, 64<<10)
+	for {
+		line, err := r.ReadBytes('\n')
+		if len(bytes.TrimSpace(line)) > 0 {
+			var ev event
+			if jerr := json.Unmarshal(line, &ev); jerr != nil {
+				slog.Warn("code interpreter: bad driver event", "pid", d.pid, "err", jerr)
+			} else {
+				d.events <- ev
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// send writes one command line to the driver.
+func (d *driver) send(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = d.cmdW.Write(append(b, '\n'))
+	return err
+}
+
+func describeStatus(ws unix.WaitStatus) string {
+	switch {
+	case ws.Exited():
+		return fmt.Sprintf("exit status %d", ws.ExitStatus())
+	case ws.Signaled():
+		return "signal: " + unix.SignalName(ws.Signal())
+	default:
+		return fmt.Sprintf("wait status %#x", uint32(ws))
+	}
+}
+
+// findExe looks the interpreter up on the interpreter's own PATH (not the
+// agent's).
+func findExe(names []string, env []string) (string, error) {
+	path := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, name := range names {
+		for _, dir := range filepath.SplitList(path) {
+			if dir == "" {
+				continue
+			}
+			p := filepath.Join(dir, name)
+			if st, err := os.Stat(p); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+				return p, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("none of %s found on PATH %q", strings.Join(names, ", "), path)
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,233 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/channel"
+	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/runtime"
+)
+
+// checkpointDir is where a paused sandbox's memory image lives.
+func checkpointDir(sb *Sandbox) string { return filepath.Join(sb.Dir, "checkpoint") }
+
+// Pause stops a running sandbox and keeps it for a later Resume. With
+// keepMemory its processes survive: the runtime checkpoints them to disk
+// (gVisor: the container is gone and its memory freed) or, if it cannot,
+// freezes them in RAM (namespaces). Without keepMemory only the filesystem
+// is kept and resume boots a fresh container on it. The writable layer stays
+// mounted either way (a tmpfs: host RAM). A second pause is a Conflict.
+func (m *Manager) Pause(ctx context.Context, id string, keepMemory bool) error {
+	sb, err := m.Get(id)
+	if err != nil {
+		return err
+	}
+	sb.opMu.Lock()
+	defer sb.opMu.Unlock()
+	if !m.isTracked(sb) {
+		return errdefs.NotFound("sandbox %q not found", id)
+	}
+	mode := PauseStopped
+	if keepMemory {
+		mode = PauseFrozen
+		if m.cfg.Runtime.Capabilities().MemoryCheckpoint {
+			mode = PauseCheckpoint
+		}
+	}
+
+	sb.mu.Lock()
+	switch sb.state {
+	case StatePaused:
+		sb.mu.Unlock()
+		return errdefs.Conflict("sandbox %q is already paused", id)
+	case StateDead:
+		sb.mu.Unlock()
+		return errdefs.Conflict("sandbox %q is dead: %s", id, sb.Err())
+	}
+	// From here the running supervision stands down: the channel is about
+	// to end, and that is not a death.
+	sb.gen++
+	conn, ln := sb.conn, sb.listener
+	sb.mu.Unlock()
+
+	start := time.Now()
+	var perr error
+	switch mode {
+	case PauseCheckpoint:
+		dir := checkpointDir(sb)
+		if err := os.RemoveAll(dir); err != nil {
+			perr = err
+		} else if err := os.Mkdir(dir, 0o700); err != nil {
+			perr = err
+		} else {
+			perr = m.cfg.Runtime.Checkpoint(ctx, sb.ID, dir)
+		}
+	case PauseFrozen:
+		perr = m.cfg.Runtime.Freeze(ctx, sb.ID)
+	case PauseStopped:
+		perr = m.cfg.Runtime.Destroy(ctx, sb.ID)
+	}
+	if perr != nil {
+		m.pauseFailed(sb, mode, perr)
+		return fmt.Errorf("pause sandbox %s: %w", id, perr)
+	}
+	// The agent (frozen, checkpointed or gone) redials when it runs again:
+	// a restored or thawed agent finds its old connection broken at once.
+	if conn != nil {
+		conn.Close()
+	}
+	if ln != nil {
+		ln.Close()
+	}
+	sb.mu.Lock()
+	sb.conn, sb.listener = nil, nil
+	sb.state = StatePaused
+	sb.pauseMode = mode
+	sb.mu.Unlock()
+	if err := m.persist(context.WithoutCancel(ctx), sb); err != nil {
+		return err
+	}
+	m.log.Info("sandbox paused", "id", id, "mode", mode, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// pauseFailed puts a sandbox whose pause failed back to running if its
+// container still runs, and marks it dead otherwise.
+func (m *Manager) pauseFailed(sb *Sandbox, mode string, cause error) {
+	st, err := m.cfg.Runtime.State(context.Background(), sb.ID)
+	sb.mu.Lock()
+	if err == nil && st == runtime.StatusRunning {
+		sb.gen++
+		gen := sb.gen
+		sb.mu.Unlock()
+		m.log.Warn("pause failed; the sandbox goes on running", "id", sb.ID, "mode", mode, "err", cause)
+		go m.supervise(sb, gen)
+		return
+	}
+	sb.gen++
+	gen := sb.gen
+	sb.mu.Unlock()
+	m.markDead(sb, gen, fmt.Sprintf("pause (%s) failed and the container is gone: %v", mode, cause))
+}
+
+// Resume brings a paused sandbox back and returns once its agent answers;
+// resumed is false when it was running already. keepMemory=false discards
+// saved processes and boots fresh on the kept filesystem (E2B's connect
+// with "memory": false). A sandbox whose resume fails stays paused when
+// what it was paused with is still there.
+func (m *Manager) Resume(ctx context.Context, id string, keepMemory bool) (resumed bool, err error) {
+	sb, err := m.Get(id)
+	if err != nil {
+		return false, err
+	}
+	sb.opMu.Lock()
+	defer sb.opMu.Unlock()
+	if !m.isTracked(sb) {
+		return false, errdefs.NotFound("sandbox %q not found", id)
+	}
+	m.mu.Lock()
+	closed := m.closed
+	m.mu.Unlock()
+	if closed {
+		return false, errdefs.Unavailable("daemon is shutting down")
+	}
+	sb.mu.Lock()
+	state, mode := sb.state, sb.pauseMode
+	sb.mu.Unlock()
+	switch state {
+	case StateRunning:
+		return false, nil
+	case StateDead:
+		return false, errdefs.NotFound("sandbox %q is not running: %s", id, sb.Err())
+	}
+	if sb.layer == nil {
+		return false, fmt.Errorf("sandbox %q has no root filesystem to resume on", id)
+	}
+	start := time.Now()
+	if !keepMemory && mode != PauseStopped {
+		if err := m.cfg.Runtime.Destroy(ctx, sb.ID); err != nil {
+			return false, fmt.Errorf("resume sandbox %s without memory: %w", id, err)
+		}
+		_ = os.RemoveAll(checkpointDir(sb))
+		mode = m.setPauseMode(ctx, sb, PauseStopped)
+	}
+
+	sock := filepath.Join(sb.Dir, "run", channel.SocketName)
+	_ = os.Remove(sock)
+	ln, err := channel.Listen(sock)
+	if err != nil {
+		return false, fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	spec := m.spec(sb)
+	switch mode {
+	case PauseCheckpoint:
+		err = m.cfg.Runtime.Restore(ctx, spec, checkpointDir(sb))
+	case PauseFrozen:
+		err = m.cfg.Runtime.Thaw(ctx, sb.ID)
+	default:
+		err = m.cfg.Runtime.Start(ctx, spec)
+	}
+	if err != nil {
+		ln.Close()
+		return false, fmt.Errorf("resume sandbox %s (%s): %w", id, mode, err)
+	}
+	actx, cancel := context.WithTimeout(ctx, m.cfg.AgentTimeout)
+	conn, _, err := ln.Accept(actx, sb.channelToken)
+	cancel()
+	if err != nil {
+		ln.Close()
+		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		derr := m.cfg.Runtime.Destroy(dctx, sb.ID)
+		dcancel()
+		if mode == PauseFrozen {
+			// Its memory went with the container; the filesystem is left.
+			m.setPauseMode(context.WithoutCancel(ctx), sb, PauseStopped)
+		}
+		return false, errors.Join(fmt.Errorf("resume sandbox %s (%s): the agent did not answer within %v (%w); agent log: %s",
+			id, mode, m.cfg.AgentTimeout, err, tail(spec.LogPath, 800)), derr)
+	}
+	sb.mu.Lock()
+	sb.conn, sb.listener = conn, ln
+	sb.state = StateRunning
+	sb.pauseMode = ""
+	sb.gen++
+	gen := sb.gen
+	sb.mu.Unlock()
+	go m.supervise(sb, gen)
+	if mode == PauseCheckpoint {
+		if err := os.RemoveAll(checkpointDir(sb)); err != nil {
+			m.log.Warn("remove checkpoint image", "id", id, "err", err)
+		}
+	}
+	if err := m.persist(context.WithoutCancel(ctx), sb); err != nil {
+		return true, err
+	}
+	m.log.Info("sandbox resumed", "id", id, "mode", mode, "took", time.Since(start).Round(time.Millisecond))
+	return true, nil
+}
+
+func (m *Manager) setPauseMode(ctx context.Context, sb *Sandbox, mode string) string {
+	sb.mu.Lock()
+	sb.pauseMode = mode
+	sb.mu.Unlock()
+	if err := m.persist(ctx, sb); err != nil {
+		m.log.Error("persist sandbox", "id", sb.ID, "err", err)
+	}
+	return mode
+}
+
+// Connect is E2B's connect: a paused sandbox is resumed (resumed = true),
+// and the TTL is extended to at least d from now, never shortened.
+func (m *Manager) Connect(ctx context.Context, id string, d time.Duration, keepMemory bool) (sb *Sandbox, resumed bool, err error) {
+	resumed, err = m.Resume(ctx, id, keepMemory)
+	if err != nil {
+		return nil, false, err
+	}
+	sb, err = m.Extend(ctx, id, d)
+	return sb, resumed, err
+}
