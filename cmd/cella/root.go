@@ -23,6 +23,8 @@ func newRootCmd() *cobra.Command {
 		newInfoCmd(),
 		newKillCmd(),
 		newTimeoutCmd(),
+		newPauseCmd(),
+		newResumeCmd(),
 		newCpCmd(),
 		newTemplateCmd(),
 		newBenchCmd(),

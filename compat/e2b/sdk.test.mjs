@@ -1,6 +1,6 @@
 // E2B SDK conformance: the real, unmodified `e2b` JS SDK (three versions)
 // against a cella daemon, following the checklist of /work/shared/e2b-api.md
-// §5 (steps 1-14; step 17 = its "nice to have" list: watchDir, PTY, signed
+// §5 (steps 1-15; step 17 = its "nice to have" list: watchDir, PTY, signed
 // URLs). Run with ./run.sh, which starts the daemon.
 //
 // Each SDK version gets its own describe block. Inside a block the tests run
@@ -634,6 +634,51 @@ for (const [i, version] of VERSIONS.entries()) {
         await srv.kill().catch(() => {})
       }
     }, { timeout: 40_000 })
+
+    // --------------------------------------------------------------- step 15
+    step('step 15: pause → true, again → false; listed paused, isRunning false (502); Sandbox.connect resumes (201) with files and a background process', async ({ sdk, exchanges }) => {
+      const p = janitor.track(await sdk('Sandbox.create({timeoutMs: 120000})', () => Sandbox.create({ metadata: { ...META, role: 'pause' }, timeoutMs: 120_000 })))
+      await sdk("p.files.write('/home/user/kept.txt', 'kept')", () => p.files.write('/home/user/kept.txt', 'kept'))
+      const counter = 'i=0; while :; do i=$((i+1)); echo $i > /home/user/count; echo tick $i; sleep 0.2; done'
+      const bg = await sdk('p.commands.run(<counter>, {background:true, timeoutMs:0})', () => p.commands.run(counter, { background: true, timeoutMs: 0 }))
+      bg.wait().catch(() => {}) // its stream breaks at the pause; the process does not
+      const count = async (s) => Number((await s.files.read('/home/user/count')).trim())
+      const before = await waitFor('the counter to count', async () => (await count(p)) > 1 && count(p))
+
+      assert.equal(await sdk('p.pause()', () => p.pause()), true)
+      const pausePath = new RegExp(`^/sandboxes/${p.sandboxId}/pause$`)
+      assert.equal(one(exchanges(), 'POST', pausePath).status, 204)
+      assert.equal(await sdk('p.pause() again', () => p.pause()), false, 'a second pause answers 409 → false')
+      const again = matching(exchanges(), 'POST', pausePath)
+      assert.equal(again.length, 2)
+      assert.equal(again[1].status, 409)
+      assert.equal(jsonBody(again[1]).code, 409)
+
+      const listed = await sdk("Sandbox.list({query:{metadata:{run, role:'pause'}}}).nextItems()",
+        () => Sandbox.list({ query: { metadata: { run: RUN, v: version, role: 'pause' } } }).nextItems())
+      assert.deepEqual(listed.map((x) => [x.sandboxId, x.state]), [[p.sandboxId, 'paused']])
+      const info = await sdk('p.getInfo()', () => p.getInfo())
+      assert.equal(info.state, 'paused')
+      assert.equal(await sdk('p.isRunning()', () => p.isRunning()), false)
+      assert.equal(matching(exchanges(), 'GET', /^\/health$/).at(-1).status, 502)
+
+      const c = await sdk(`Sandbox.connect('${p.sandboxId}')`, () => Sandbox.connect(p.sandboxId))
+      const ex = one(exchanges(), 'POST', connectPath(p.sandboxId))
+      assert.equal(ex.status, 201, 'connecting to a paused sandbox resumes it and answers 201')
+      assert.equal(jsonBody(ex).envdAccessToken, p.envdAccessToken, 'resume keeps the envdAccessToken')
+      assert.equal(await sdk('connected.isRunning()', () => c.isRunning()), true)
+      assert.equal((await sdk('connected.getInfo()', () => c.getInfo())).state, 'running')
+      assert.equal(await sdk("connected.files.read('/home/user/kept.txt')", () => c.files.read('/home/user/kept.txt')), 'kept')
+      const resumedAt = await count(c)
+      assert.ok(resumedAt >= before, `the counter went back from ${before} to ${resumedAt}`)
+      await waitFor('the background process to go on counting after resume', async () => (await count(c)) > resumedAt + 2)
+      let seen = ''
+      const h2 = await sdk(`connected.commands.connect(${bg.pid}, {onStdout})`, () => c.commands.connect(bg.pid, { onStdout: (d) => { seen += d } }))
+      assert.equal(h2.pid, bg.pid)
+      await waitFor('output of the re-attached background process', () => /tick \d+/.test(seen), { timeout: 5000 })
+      assert.equal(await sdk(`connected.commands.kill(${bg.pid})`, () => c.commands.kill(bg.pid)), true)
+      await h2.wait().catch(() => {})
+    }, { timeout: 60_000 })
 
     // --------------------------------------------------------------- step 17
     step('step 17: files.watchDir delivers create, write, rename and remove events', async ({ sdk }) => {

@@ -131,7 +131,7 @@ func TestAPI(t *testing.T) {
 		st, _, body := a.do(t, "GET", "/nope", key, nil, nil)
 		a.wantError(t, 404, st, body, "")
 		for _, r := range [][2]string{
-			{"POST", "/sandboxes/x/pause"}, {"POST", "/sandboxes/x/resume"}, {"POST", "/sandboxes/x/snapshots"},
+			{"POST", "/sandboxes/x/snapshots"},
 			{"GET", "/snapshots"}, {"POST", "/sandboxes/x/fork"}, {"PUT", "/sandboxes/x/network"},
 		} {
 			st, _, body := a.do(t, r[0], r[1], key, "{}", nil)
@@ -317,6 +317,134 @@ func TestAPI(t *testing.T) {
 		st, _, body = a.do(t, "GET", "/", "", nil, hdr(v2.SandboxID, "8001"))
 		if st != 502 {
 			t.Fatalf("closed port: want 502, got %d %s", st, body)
+		}
+	})
+	t.Run("PauseResume", func(t *testing.T) {
+		id := v2.SandboxID
+		health := map[string]string{"E2b-Sandbox-Id": id, "E2b-Sandbox-Port": "49983", "X-Access-Token": v2.EnvdAccessToken}
+		port8000 := map[string]string{"E2b-Sandbox-Id": id, "E2b-Sandbox-Port": "8000"}
+		st, _, body := a.do(t, "POST", "/sandboxes/missing/pause", key, "{}", nil)
+		a.wantError(t, 404, st, body, "")
+		if st, _, body := a.do(t, "POST", "/sandboxes/"+id+"/pause", key, "{}", nil); st != 204 {
+			t.Fatalf("pause: %d %s", st, body)
+		}
+		st, _, body = a.do(t, "POST", "/sandboxes/"+id+"/pause", key, "{}", nil)
+		a.wantError(t, 409, st, body, "already paused")
+		var d struct {
+			State     string `json:"state"`
+			PauseMode string `json:"pauseMode"`
+		}
+		st, _, body = a.do(t, "GET", "/sandboxes/"+id, key, nil, nil)
+		json.Unmarshal(body, &d)
+		if st != 200 || d.State != "paused" || d.PauseMode != "checkpoint" {
+			t.Fatalf("detail of a paused sandbox: %d %s", st, body)
+		}
+		listed := func(path string) map[string]string {
+			st, _, body := a.do(t, "GET", path, key, nil, nil)
+			var items []struct {
+				SandboxID string `json:"sandboxID"`
+				State     string `json:"state"`
+			}
+			if st != 200 || json.Unmarshal(body, &items) != nil {
+				t.Fatalf("list %s: %d %s", path, st, body)
+			}
+			out := map[string]string{}
+			for _, it := range items {
+				out[it.SandboxID] = it.State
+			}
+			return out
+		}
+		if got := listed("/v2/sandboxes"); got[id] != "paused" {
+			t.Fatalf("v2 list (running+paused by default): %v", got)
+		}
+		if got := listed("/v2/sandboxes?state=paused"); got[id] != "paused" || len(got) != 1 {
+			t.Fatalf("v2 list state=paused: %v", got)
+		}
+		if got := listed("/sandboxes"); got[id] != "" {
+			t.Fatalf("v1 list shows running sandboxes only: %v", got)
+		}
+		for _, h := range []map[string]string{health, port8000} {
+			st, _, body := a.do(t, "GET", "/health", "", nil, h)
+			if st != 502 || !strings.Contains(string(body), `"code":502`) || !strings.Contains(string(body), "paused") {
+				t.Fatalf("sandbox URL while paused: want 502 JSON, got %d %s", st, body)
+			}
+		}
+		st, _, body = a.do(t, "POST", "/sandboxes/"+v1.SandboxID+"/resume", key, "{}", nil)
+		a.wantError(t, 409, st, body, "not paused")
+		// connect resumes (201, same token), then answers 200.
+		for i, want := range []int{201, 200} {
+			st, _, body := a.do(t, "POST", "/v2/sandboxes/"+id+"/connect", key, "{}", nil)
+			var got struct {
+				SandboxID       string `json:"sandboxID"`
+				EnvdAccessToken string `json:"envdAccessToken"`
+			}
+			json.Unmarshal(body, &got)
+			if st != want || got.SandboxID != id || got.EnvdAccessToken != v2.EnvdAccessToken {
+				t.Fatalf("connect #%d: want %d, got %d %s", i+1, want, st, body)
+			}
+		}
+		// The server started before the pause still serves.
+		st, _, body = a.do(t, "GET", "/index.html", "", nil, port8000)
+		if st != 200 || string(body) != "served-from-sandbox\n" {
+			t.Fatalf("port 8000 after resume: %d %s", st, body)
+		}
+		// Filesystem only: the deprecated /resume cold-boots it.
+		if st, _, body := a.do(t, "POST", "/sandboxes/"+id+"/pause", key, map[string]any{"memory": false}, nil); st != 204 {
+			t.Fatalf("pause memory=false: %d %s", st, body)
+		}
+		st, _, body = a.do(t, "GET", "/sandboxes/"+id, key, nil, nil)
+		json.Unmarshal(body, &d)
+		if d.State != "paused" || d.PauseMode != "stopped" {
+			t.Fatalf("detail after pause memory=false: %s", body)
+		}
+		st, _, body = a.do(t, "POST", "/sandboxes/"+id+"/resume", key, map[string]any{"timeout": 120}, nil)
+		if st != 201 || !strings.Contains(string(body), v2.EnvdAccessToken) {
+			t.Fatalf("resume: %d %s", st, body)
+		}
+		if st, _, body := a.do(t, "GET", "/health", "", nil, health); st != 204 {
+			t.Fatalf("envd after cold resume: %d %s", st, body)
+		}
+		if st, _, _ := a.do(t, "GET", "/index.html", "", nil, port8000); st != 502 {
+			t.Fatalf("port 8000 after a cold boot: want 502 (no server), got %d", st)
+		}
+	})
+	t.Run("AutoPauseAutoResume", func(t *testing.T) {
+		st, _, body := a.do(t, "POST", "/v2/sandboxes", key, map[string]any{
+			"templateID": "base", "timeout": 2, "autoPause": true, "autoResume": map[string]any{"enabled": true},
+		}, nil)
+		var sb struct {
+			SandboxID       string `json:"sandboxID"`
+			EnvdAccessToken string `json:"envdAccessToken"`
+		}
+		json.Unmarshal(body, &sb)
+		if st != 201 {
+			t.Fatalf("create: %d %s", st, body)
+		}
+		defer env.Client.Kill(context.Background(), sb.SandboxID)
+		var d struct {
+			State     string         `json:"state"`
+			Lifecycle map[string]any `json:"lifecycle"`
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			_, _, body = a.do(t, "GET", "/sandboxes/"+sb.SandboxID, key, nil, nil)
+			json.Unmarshal(body, &d)
+			if d.State != "running" || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+		if d.State != "paused" || d.Lifecycle["onTimeout"] != "pause" || d.Lifecycle["autoResume"] != true {
+			t.Fatalf("autoPause sandbox after its timeout: %s", body)
+		}
+		h := map[string]string{"E2b-Sandbox-Id": sb.SandboxID, "E2b-Sandbox-Port": "49983", "X-Access-Token": sb.EnvdAccessToken}
+		if st, _, body := a.do(t, "GET", "/health", "", nil, h); st != 204 {
+			t.Fatalf("first request to an autoResume sandbox: want 204, got %d %s", st, body)
+		}
+		_, _, body = a.do(t, "GET", "/sandboxes/"+sb.SandboxID, key, nil, nil)
+		json.Unmarshal(body, &d)
+		if d.State != "running" {
+			t.Fatalf("after auto-resume: %s", body)
 		}
 	})
 	t.Run("SetTimeoutExpires", func(t *testing.T) {

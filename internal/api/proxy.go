@@ -89,9 +89,23 @@ func writeBadGateway(w http.ResponseWriter, id, msg string) {
 
 // proxy forwards r to a port of a sandbox over its agent channel. The agent
 // itself enforces X-Access-Token on its API; other ports are the sandbox's
-// own business. Unknown, killed or dead sandboxes answer 502 as E2B's do.
+// own business. Unknown, killed or dead sandboxes answer 502 as E2B's do,
+// and so do paused ones unless they were created with autoResume, which the
+// request then resumes.
 func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target) {
 	sb, err := s.cfg.Manager.Get(t.id)
+	if err == nil && sb.State() == sandbox.StatePaused {
+		if !sb.Options.AutoResume {
+			writeBadGateway(w, t.id, "The sandbox is paused (resume it with connect)")
+			return
+		}
+		// autoResume: the first request resumes it, with the usual TTL.
+		if _, _, err := s.cfg.Manager.Connect(r.Context(), t.id, sandbox.DefaultTimeout, true); err != nil {
+			s.log.Warn("auto-resume failed", "id", t.id, "err", err)
+			writeBadGateway(w, t.id, "The sandbox is paused and could not be resumed: "+err.Error())
+			return
+		}
+	}
 	if err != nil || sb.State() != sandbox.StateRunning {
 		writeBadGateway(w, t.id, "The sandbox was not found")
 		return

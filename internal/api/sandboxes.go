@@ -72,7 +72,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	opts := sandbox.Options{
 		TemplateID: req.TemplateID, Metadata: req.Metadata, EnvVars: req.EnvVars,
-		AllowInternetAccess: req.AllowInternetAccess, Network: req.Network, AutoPause: req.AutoPause,
+		AllowInternetAccess: req.AllowInternetAccess, Network: req.Network, AutoPause: req.AutoPause, AutoPauseMemory: req.AutoPauseMemory,
 		VolumeMounts: req.VolumeMounts, CPUs: req.CPUCount, MemoryMB: req.MemoryMB, DiskMB: req.DiskSizeMB,
 		Pids: req.PidsLimit, OutputMB: req.OutputMB, APIKeyID: apiKeyFrom(r.Context()).ID,
 	}
@@ -122,6 +122,10 @@ type sandboxDetail struct {
 	OutputLimitMB int64  `json:"outputLimitMB"`
 	DiskUsedBytes int64  `json:"diskUsedBytes"`
 	Error         string `json:"error,omitempty"`
+	// PauseMode says how a paused sandbox keeps its state: "checkpoint"
+	// (memory saved to disk), "frozen" (memory kept in RAM) or "stopped"
+	// (filesystem only).
+	PauseMode string `json:"pauseMode,omitempty"`
 }
 
 type networkDetail struct {
@@ -156,10 +160,18 @@ func (s *Server) detail(in sandbox.Info) sandboxDetail {
 			Effective: "no egress: this version of cella gives sandboxes no network route at all, whatever the request asks",
 			Requested: requested,
 		},
-		Lifecycle:    lifecycleDetail{OnTimeout: "kill"},
+		Lifecycle:    lifecycleDetail{OnTimeout: onTimeout(in.Options), AutoResume: in.Options.AutoResume},
 		VolumeMounts: []any{},
 		Runtime:      in.Runtime, PidsLimit: in.Options.Pids, OutputLimitMB: in.Options.OutputMB, DiskUsedBytes: in.DiskUsedBytes, Error: in.Error,
+		PauseMode: in.PauseMode,
 	}
+}
+
+func onTimeout(o sandbox.Options) string {
+	if o.AutoPause {
+		return "pause"
+	}
+	return "kill"
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
@@ -242,12 +254,76 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
 		}
 		d = time.Duration(*req.Timeout) * time.Second
 	}
-	sb, err := s.cfg.Manager.Extend(r.Context(), r.PathValue("id"), d)
+	// "memory": false asks for a cold boot of a paused sandbox on its kept
+	// filesystem (the SDK's onResume: 'reboot').
+	keepMemory := req.Memory == nil || *req.Memory
+	sb, resumed, err := s.cfg.Manager.Connect(r.Context(), r.PathValue("id"), d, keepMemory)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.sandboxBody(sb.Info()))
+	status := http.StatusOK
+	if resumed {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, s.sandboxBody(sb.Info()))
+}
+
+// pauseSandbox is POST /sandboxes/{id}/pause {"memory"?: bool}: 204, 409
+// when already paused.
+func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Memory *bool `json:"memory"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	if err := s.cfg.Manager.Pause(r.Context(), r.PathValue("id"), req.Memory == nil || *req.Memory); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// resumeSandbox is E2B's deprecated POST /sandboxes/{id}/resume
+// {"timeout": s, "autoPause": bool}: 201 Sandbox; 409 when not paused.
+func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Timeout *int64 `json:"timeout"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	d := v1DefaultTimeout // the spec's default for ResumedSandbox
+	if req.Timeout != nil {
+		if *req.Timeout < 0 {
+			s.writeErr(w, r, errdefs.InvalidArgument("timeout must not be negative (got %d)", *req.Timeout))
+			return
+		}
+		d = time.Duration(*req.Timeout) * time.Second
+	}
+	id := r.PathValue("id")
+	sb, err := s.cfg.Manager.Get(id)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	if st := sb.State(); st != sandbox.StatePaused {
+		s.writeErr(w, r, errdefs.Conflict("sandbox %q is %s, not paused", id, st))
+		return
+	}
+	sb, resumed, err := s.cfg.Manager.Connect(r.Context(), id, d, true)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	if !resumed {
+		s.writeErr(w, r, errdefs.Conflict("sandbox %q was resumed by another request", id))
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.sandboxBody(sb.Info()))
 }
 
 // listedSandbox is E2B's ListedSandbox.

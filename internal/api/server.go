@@ -59,12 +59,12 @@ func (s *Server) routes() {
 	m.Handle("POST /sandboxes/{id}/refreshes", auth(s.refresh))
 	m.Handle("POST /sandboxes/{id}/connect", auth(s.connectSandbox))
 	m.Handle("POST /v2/sandboxes/{id}/connect", auth(s.connectSandbox))
+	m.Handle("POST /sandboxes/{id}/pause", auth(s.pauseSandbox))
+	m.Handle("POST /sandboxes/{id}/resume", auth(s.resumeSandbox))
 	m.Handle("GET /templates", auth(s.listTemplates))
 
 	// Later work answers 501 naming the feature, so clients fail clearly.
 	for pattern, feature := range map[string]string{
-		"POST /sandboxes/{id}/pause":     "pause",
-		"POST /sandboxes/{id}/resume":    "resume",
 		"POST /sandboxes/{id}/snapshots": "snapshots",
 		"GET /snapshots":                 "snapshots",
 		"DELETE /templates/{id}":         "snapshot deletion",

@@ -144,6 +144,13 @@ type CreateRequest struct {
 	DiskSizeMB int64             `json:"diskSizeMB,omitempty"`
 	PidsLimit  int64             `json:"pidsLimit,omitempty"`
 	OutputMB   int64             `json:"outputLimitMB,omitempty"`
+	AutoPause  bool              `json:"autoPause,omitempty"`
+	AutoResume *AutoResume       `json:"autoResume,omitempty"`
+}
+
+// AutoResume is E2B's autoResume create option.
+type AutoResume struct {
+	Enabled bool `json:"enabled"`
 }
 
 // Sandbox is the answer of create and connect.
@@ -169,6 +176,7 @@ type Detail struct {
 	DiskUsedBytes int64             `json:"diskUsedBytes"`
 	Runtime       string            `json:"runtime"`
 	Error         string            `json:"error"`
+	PauseMode     string            `json:"pauseMode"`
 	Network       json.RawMessage   `json:"network"`
 	Raw           json.RawMessage   `json:"-"`
 }
@@ -230,9 +238,33 @@ func (c *Client) SetTimeout(ctx context.Context, id string, d time.Duration) err
 }
 
 // Connect returns the sandbox's connection details (and extends its TTL to
-// at least the default).
+// at least the default). A paused sandbox is resumed first.
 func (c *Client) Connect(ctx context.Context, id string) (Sandbox, error) {
-	var sb Sandbox
-	_, err := c.do(ctx, http.MethodPost, "/v2/sandboxes/"+url.PathEscape(id)+"/connect", map[string]any{}, &sb)
+	sb, _, err := c.ConnectResumed(ctx, id)
 	return sb, err
+}
+
+// ConnectResumed is Connect that also says whether the sandbox was paused
+// and has been resumed (201) rather than running already (200).
+func (c *Client) ConnectResumed(ctx context.Context, id string) (Sandbox, bool, error) {
+	var sb Sandbox
+	resp, err := c.do(ctx, http.MethodPost, "/v2/sandboxes/"+url.PathEscape(id)+"/connect", map[string]any{}, &sb)
+	return sb, err == nil && resp.StatusCode == http.StatusCreated, err
+}
+
+// Pause pauses a sandbox; keepMemory=false keeps only its filesystem.
+func (c *Client) Pause(ctx context.Context, id string, keepMemory bool) error {
+	body := map[string]any{}
+	if !keepMemory {
+		body["memory"] = false
+	}
+	_, err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/pause", body, nil)
+	return err
+}
+
+// IsConflict reports whether err is a 409 from the daemon (e.g. already
+// paused).
+func IsConflict(err error) bool {
+	var ae *APIError
+	return errors.As(err, &ae) && ae.Status == http.StatusConflict
 }

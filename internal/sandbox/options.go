@@ -11,14 +11,14 @@ import (
 
 // Defaults of a sandbox's limits, as documented in the README.
 const (
-	DefaultTimeout     = 300 * time.Second
-	MaxTimeout         = 24 * time.Hour
-	DefaultCPUs        = 1.0
-	DefaultMemoryMB    = 512
-	DefaultDiskMB      = 1024
-	DefaultPids        = 256
-	DefaultOutputMB    = 10
-	DefaultTemplate    = "base"
+	DefaultTimeout  = 300 * time.Second
+	MaxTimeout      = 24 * time.Hour
+	DefaultCPUs     = 1.0
+	DefaultMemoryMB = 512
+	DefaultDiskMB   = 1024
+	DefaultPids     = 256
+	DefaultOutputMB = 10
+	DefaultTemplate = "base"
 )
 
 // Options is a normalized create request. Fields cella does not act on yet
@@ -40,9 +40,9 @@ type Options struct {
 	AutoPause           bool            `json:"auto_pause,omitempty"`
 	// AutoPauseMemory is E2B's autoPauseMemory: false makes the timeout
 	// pause keep only the filesystem; nil means true.
-	AutoPauseMemory *bool `json:"auto_pause_memory,omitempty"`
-	AutoResume          bool            `json:"auto_resume,omitempty"`
-	VolumeMounts        json.RawMessage `json:"volume_mounts,omitempty"`
+	AutoPauseMemory *bool           `json:"auto_pause_memory,omitempty"`
+	AutoResume      bool            `json:"auto_resume,omitempty"`
+	VolumeMounts    json.RawMessage `json:"volume_mounts,omitempty"`
 
 	APIKeyID string `json:"api_key_id,omitempty"`
 }

@@ -28,6 +28,8 @@ func Run(t *testing.T, runtimeName string) {
 	t.Run("Lifecycle", func(t *testing.T) { testLifecycle(t, env) })
 	t.Run("Isolation", func(t *testing.T) { testIsolation(t, env) })
 	t.Run("Limits", func(t *testing.T) { testLimits(t, env) })
+	t.Run("PauseResume", func(t *testing.T) { testPauseResume(t, env) })
+	t.Run("PauseSurvivesDaemonRestart", func(t *testing.T) { testPauseRestart(t, env) })
 	t.Run("CleanupAfterKill", func(t *testing.T) { testCleanupAfterKill(t, env) })
 	t.Run("CleanupAfterDaemonStop", func(t *testing.T) { testCleanupAfterStop(t, env) })
 }

@@ -1,0 +1,249 @@
+package runtimetest
+
+import (
+	"context"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/cella-sandbox/cella/internal/client"
+	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
+	"github.com/cella-sandbox/cella/internal/envd/process"
+	"github.com/cella-sandbox/cella/internal/runtime"
+)
+
+// counterCmd counts into a file (and stdout) five times a second.
+const counterCmd = `i=0; while :; do i=$((i+1)); echo $i > /home/user/count; echo $i; sleep 0.2; done`
+
+// startCounter starts counterCmd as a tracked process of the agent (like
+// the SDK's commands.run(cmd, {background: true})), drops the stream, and
+// returns its pid.
+func startCounter(t *testing.T, sb *client.SandboxConn) uint32 {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel() // the stream ends, the process keeps running
+	stream, err := sb.Process.Start(ctx, connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", counterCmd}},
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for stream.Receive() {
+		if st := stream.Msg().GetEvent().GetStart(); st != nil {
+			return st.GetPid()
+		}
+	}
+	t.Fatalf("no start event: %v", stream.Err())
+	return 0
+}
+
+func readCount(t *testing.T, sb *client.SandboxConn) int {
+	t.Helper()
+	out := mustOK(t, sb, "cat /home/user/count")
+	n, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil {
+		t.Fatalf("count file: %q", out)
+	}
+	return n
+}
+
+// waitCountAbove waits until the counter passes n, proving it runs.
+func waitCountAbove(t *testing.T, sb *client.SandboxConn, n int) int {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		c := readCount(t, sb)
+		if c > n {
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the counter stays at %d (want above %d): the background process is not running", c, n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// reattach re-attaches to a process by pid (process.Process/Connect, the
+// SDK's commands.connect) and waits for one output event.
+func reattach(t *testing.T, sb *client.SandboxConn, pid uint32) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := sb.Process.Connect(ctx, connect.NewRequest(&process.ConnectRequest{
+		Process: &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}},
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotStart := false
+	for stream.Receive() {
+		ev := stream.Msg().GetEvent()
+		if st := ev.GetStart(); st != nil {
+			if st.GetPid() != pid {
+				t.Fatalf("re-attach: start event for pid %d, want %d", st.GetPid(), pid)
+			}
+			gotStart = true
+		}
+		if ev.GetData() != nil && gotStart {
+			return
+		}
+		if ev.GetEnd() != nil {
+			t.Fatalf("re-attach: process %d ended: %v", pid, ev.GetEnd())
+		}
+	}
+	t.Fatalf("re-attach to pid %d: no output (start=%v): %v", pid, gotStart, stream.Err())
+}
+
+func state(t *testing.T, env *daemontest.Env, id string) string {
+	t.Helper()
+	d, err := env.Client.Get(ctxT(t, time.Minute), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.State
+}
+
+// checkPausedContainer checks what the runtime holds of a paused sandbox:
+// nothing after a memory checkpoint, a frozen container otherwise.
+func checkPausedContainer(t *testing.T, env *daemontest.Env, id string) {
+	t.Helper()
+	rt := env.Daemon.Runtime
+	ids, err := rt.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rt.Capabilities().MemoryCheckpoint {
+		if slices.Contains(ids, id) {
+			t.Fatalf("after a checkpoint the container %s still exists", id)
+		}
+		if _, err := os.Stat(env.DataDir + "/sandboxes/" + id + "/checkpoint/checkpoint.img"); err != nil {
+			t.Fatalf("no checkpoint image: %v", err)
+		}
+		return
+	}
+	if st, err := rt.State(context.Background(), id); err != nil || st != runtime.StatusPaused {
+		t.Fatalf("frozen container: state %q, %v", st, err)
+	}
+}
+
+func testPauseResume(t *testing.T, env *daemontest.Env) {
+	sb := create(t, env, client.CreateRequest{})
+	mustOK(t, sb, "echo kept > /home/user/kept")
+	pid := startCounter(t, sb)
+	n := waitCountAbove(t, sb, 1)
+
+	for i := 0; i < 5; i++ {
+		ctx := ctxT(t, 2*time.Minute)
+		start := time.Now()
+		if err := env.Client.Pause(ctx, sb.ID, true); err != nil {
+			t.Fatalf("pause #%d: %v", i+1, err)
+		}
+		pauseTook := time.Since(start)
+		if i == 0 {
+			if err := env.Client.Pause(ctx, sb.ID, true); !client.IsConflict(err) {
+				t.Fatalf("second pause: want 409, got %v", err)
+			}
+			if st := state(t, env, sb.ID); st != "paused" {
+				t.Fatalf("state after pause: %q", st)
+			}
+			checkPausedContainer(t, env, sb.ID)
+			if _, err := sb.Exec(ctxT(t, time.Minute), "true", client.ExecOptions{}); err == nil {
+				t.Fatal("exec in a paused sandbox succeeded")
+			}
+		}
+		start = time.Now()
+		_, resumed, err := env.Client.ConnectResumed(ctx, sb.ID)
+		if err != nil || !resumed {
+			t.Fatalf("resume #%d: resumed=%v err=%v", i+1, resumed, err)
+		}
+		t.Logf("cycle %d: pause %v, resume %v", i+1, pauseTook.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+		if c := readCount(t, sb); c < n {
+			t.Fatalf("cycle %d: counter went back from %d to %d", i+1, n, c)
+		}
+		n = waitCountAbove(t, sb, readCount(t, sb))
+		if out := mustOK(t, sb, "cat /home/user/kept"); out != "kept\n" {
+			t.Fatalf("cycle %d: file written before pause: %q", i+1, out)
+		}
+	}
+	if _, resumed, err := env.Client.ConnectResumed(ctxT(t, time.Minute), sb.ID); err != nil || resumed {
+		t.Fatalf("connect to a running sandbox: resumed=%v err=%v", resumed, err)
+	}
+	reattach(t, sb, pid)
+
+	// Without memory: the files stay, the processes do not.
+	if err := env.Client.Pause(ctxT(t, time.Minute), sb.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, resumed, err := env.Client.ConnectResumed(ctxT(t, 2*time.Minute), sb.ID); err != nil || !resumed {
+		t.Fatalf("resume after pause without memory: resumed=%v err=%v", resumed, err)
+	}
+	if out := mustOK(t, sb, "cat /home/user/kept; pgrep -f '[w]hile :' || echo no-counter"); out != "kept\nno-counter\n" {
+		t.Fatalf("after a pause without memory: %q", out)
+	}
+	// Kill of a paused sandbox leaves nothing behind.
+	if err := env.Client.Pause(ctxT(t, time.Minute), sb.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Kill(ctxT(t, time.Minute), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if l := leftovers(t, env, sb.ID); len(l) > 0 {
+		t.Fatalf("after killing a paused sandbox the host still holds: %v", l)
+	}
+}
+
+func testPauseRestart(t *testing.T, env *daemontest.Env) {
+	dir, err := os.MkdirTemp("", "cella-test-restart-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	rtName := env.Daemon.Runtime.Name()
+	env1 := daemontest.Start(t, rtName, daemontest.Options{DataDir: dir})
+	ctx := ctxT(t, 3*time.Minute)
+	created, err := env1.Client.Create(ctx, client.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.SandboxID
+	sb, err := env1.Client.Sandbox(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, sb, "echo kept > /home/user/kept")
+	startCounter(t, sb)
+	n := waitCountAbove(t, sb, 1)
+	if err := env1.Client.Pause(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+	env1.Close() // a graceful stop keeps paused sandboxes
+
+	env2 := daemontest.Start(t, rtName, daemontest.Options{DataDir: dir})
+	t.Cleanup(func() { _ = env2.Client.Kill(context.Background(), id) })
+	if !slices.Contains(env2.Daemon.Reconcile.AdoptedPaused, id) {
+		t.Fatalf("restart did not keep the paused sandbox: %+v", env2.Daemon.Reconcile)
+	}
+	if st := state(t, env2, id); st != "paused" {
+		t.Fatalf("state after restart: %q", st)
+	}
+	got, resumed, err := env2.Client.ConnectResumed(ctx, id)
+	if err != nil || !resumed || got.EnvdAccessToken != created.EnvdAccessToken {
+		t.Fatalf("resume after restart: resumed=%v err=%v token kept=%v", resumed, err, got.EnvdAccessToken == created.EnvdAccessToken)
+	}
+	sb2, err := env2.Client.Sandbox(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := mustOK(t, sb2, "cat /home/user/kept"); out != "kept\n" {
+		t.Fatalf("file after restart: %q", out)
+	}
+	if c := readCount(t, sb2); c < n {
+		t.Fatalf("counter went back from %d to %d", n, c)
+	}
+	waitCountAbove(t, sb2, readCount(t, sb2))
+}
