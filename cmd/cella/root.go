@@ -28,6 +28,7 @@ func newRootCmd() *cobra.Command {
 		newCpCmd(),
 		newTemplateCmd(),
 		newBenchCmd(),
+		newMCPCmd(),
 		newAgentCmd(),
 		newAgentExecCmd(),
 	)
@@ -37,6 +38,13 @@ func newRootCmd() *cobra.Command {
 // envOr returns the environment variable name, or def when unset.
 func envOr(name, def string) string {
 	if v, ok := os.LookupEnv(name); ok && v != "" {
+		return v
+	}
+	return def
+}
+
+func envInt(name string, def int64) int64 {
+	if v, err := strconv.ParseInt(os.Getenv(name), 10, 64); err == nil {
 		return v
 	}
 	return def

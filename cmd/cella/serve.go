@@ -55,6 +55,7 @@ func newServeCmd() *cobra.Command {
 	f.StringVar(&c.Domain, "domain", envOr("CELLA_DOMAIN", "localhost"), "domain of sandbox hosts <port>-<id>.<domain> [CELLA_DOMAIN]")
 	f.StringVar(&c.RunscPath, "runsc", envOr("CELLA_RUNSC", ""), "path of runsc (default: next to the cella binary, then $PATH) [CELLA_RUNSC]")
 	f.StringVar(&c.RunscDebugDir, "runsc-debug-dir", envOr("CELLA_RUNSC_DEBUG_DIR", ""), "write runsc debug logs here (diagnostics) [CELLA_RUNSC_DEBUG_DIR]")
+	f.Int64Var(&c.MCPMaxCalls, "mcp-max-calls", envInt("CELLA_MCP_MAX_CALLS", 0), "tool calls each /mcp session may make, 0 = unlimited [CELLA_MCP_MAX_CALLS]")
 	f.StringVar(&c.LogLevel, "log-level", envOr("CELLA_LOG_LEVEL", "info"), "debug, info, warn or error [CELLA_LOG_LEVEL]")
 	return cmd
 }

@@ -100,4 +100,3 @@ func (w *jsonStatusWriter) Flush() {
 }
 
 func (w *jsonStatusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/mcpserver"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/template"
@@ -22,7 +23,9 @@ type Config struct {
 	Templates *template.Store
 	// Domain is returned to clients for <port>-<id>.<domain> hosts.
 	Domain string
-	Log    *slog.Logger
+	// MCPMaxCalls is the tool-call budget of each /mcp session (0 = none).
+	MCPMaxCalls int64
+	Log         *slog.Logger
 }
 
 // Server serves the REST API and the sandbox proxy on one listener.
@@ -62,6 +65,7 @@ func (s *Server) routes() {
 	m.Handle("POST /sandboxes/{id}/pause", auth(s.pauseSandbox))
 	m.Handle("POST /sandboxes/{id}/resume", auth(s.resumeSandbox))
 	m.Handle("GET /templates", auth(s.listTemplates))
+	m.Handle("/mcp", auth(mcpserver.HTTPHandler(s.cfg.MCPMaxCalls, "").ServeHTTP))
 
 	// Later work answers 501 naming the feature, so clients fail clearly.
 	for pattern, feature := range map[string]string{

@@ -272,4 +272,3 @@ const AgentURL = "http://agent:49983"
 
 // PortURL is the base URL to use with Transport for a port in the sandbox.
 func PortURL(port int) string { return "http://sandbox:" + strconv.Itoa(port) }
-

@@ -34,12 +34,17 @@ type headerTransport struct {
 	base  http.RoundTripper
 	id    string
 	token string
+	port  int // 0 = the agent's
 }
 
 func (t *headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
+	port := t.port
+	if port == 0 {
+		port = 49983
+	}
 	r.Header.Set("E2b-Sandbox-Id", t.id)
-	r.Header.Set("E2b-Sandbox-Port", "49983")
+	r.Header.Set("E2b-Sandbox-Port", strconv.Itoa(port))
 	if t.token != "" {
 		r.Header.Set("X-Access-Token", t.token)
 	}
@@ -324,4 +329,3 @@ func (s *SandboxConn) GetTar(ctx context.Context, dir, user string) (io.ReadClos
 	}
 	return resp.Body, nil
 }
-

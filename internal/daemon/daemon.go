@@ -28,15 +28,17 @@ import (
 
 // Config is the daemon's configuration.
 type Config struct {
-	DataDir     string
-	CacheDir    string
-	Runtime     string // runtime.GVisor or runtime.Namespaces
-	Domain      string
-	RunscPath   string // required for gvisor
+	DataDir   string
+	CacheDir  string
+	Runtime   string // runtime.GVisor or runtime.Namespaces
+	Domain    string
+	RunscPath string // required for gvisor
 	// RunscDebugDir, if set, receives runsc's debug logs (for diagnosing
 	// sandboxes that die).
 	RunscDebugDir string
-	AgentBinary string // the static cella binary run as the agent
+	AgentBinary   string // the static cella binary run as the agent
+	// MCPMaxCalls is the tool-call budget of each /mcp session (0 = none).
+	MCPMaxCalls int64
 	Log         *slog.Logger
 	// BuildProgress receives template build progress (default: the log).
 	BuildProgress io.Writer
@@ -150,7 +152,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	if d.Reconcile, err = mgr.Reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("reconcile after start: %w", err)
 	}
-	d.Handler = api.New(api.Config{Manager: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log})
+	d.Handler = api.New(api.Config{Manager: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls})
 	return d, nil
 }
 

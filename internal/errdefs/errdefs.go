@@ -45,7 +45,9 @@ func newf(k Kind, format string, args ...any) error {
 }
 
 // InvalidArgument reports bad input.
-func InvalidArgument(format string, args ...any) error { return newf(KindInvalidArgument, format, args...) }
+func InvalidArgument(format string, args ...any) error {
+	return newf(KindInvalidArgument, format, args...)
+}
 
 // NotFound reports a missing object.
 func NotFound(format string, args ...any) error { return newf(KindNotFound, format, args...) }
@@ -54,7 +56,9 @@ func NotFound(format string, args ...any) error { return newf(KindNotFound, form
 func Conflict(format string, args ...any) error { return newf(KindConflict, format, args...) }
 
 // Unauthenticated reports a missing or wrong credential.
-func Unauthenticated(format string, args ...any) error { return newf(KindUnauthenticated, format, args...) }
+func Unauthenticated(format string, args ...any) error {
+	return newf(KindUnauthenticated, format, args...)
+}
 
 // Forbidden reports a request outside what the caller may do.
 func Forbidden(format string, args ...any) error { return newf(KindForbidden, format, args...) }
@@ -63,7 +67,9 @@ func Forbidden(format string, args ...any) error { return newf(KindForbidden, fo
 func Unavailable(format string, args ...any) error { return newf(KindUnavailable, format, args...) }
 
 // NotImplemented reports a feature that does not exist yet.
-func NotImplemented(format string, args ...any) error { return newf(KindNotImplemented, format, args...) }
+func NotImplemented(format string, args ...any) error {
+	return newf(KindNotImplemented, format, args...)
+}
 
 // ResourceExhausted reports a quota or capacity limit.
 func ResourceExhausted(format string, args ...any) error {

@@ -1,0 +1,167 @@
+package mcpserver_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
+	"github.com/cella-sandbox/cella/internal/runtime"
+)
+
+type keyTransport struct {
+	key  string
+	base http.RoundTripper
+}
+
+func (k keyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("X-API-Key", k.key)
+	return k.base.RoundTrip(r)
+}
+
+func call(t *testing.T, cs *mcp.ClientSession, name string, args map[string]any) (map[string]any, *mcp.CallToolResult) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	var out map[string]any
+	if res.StructuredContent != nil {
+		b, _ := json.Marshal(res.StructuredContent)
+		json.Unmarshal(b, &out)
+	}
+	return out, res
+}
+
+func text(res *mcp.CallToolResult) string {
+	var b strings.Builder
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			b.WriteString(tc.Text)
+		}
+	}
+	return b.String()
+}
+
+// exercise drives every tool through a real MCP client session.
+func exercise(t *testing.T, cs *mcp.ClientSession) {
+	ctx := context.Background()
+	tools, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"sandbox_create": true, "sandbox_exec": true, "sandbox_write_file": true, "sandbox_read_file": true,
+		"sandbox_list_files": true, "sandbox_run_code": true, "sandbox_expose_port": true, "sandbox_kill": true, "sandbox_list": true}
+	for _, tool := range tools.Tools {
+		delete(want, tool.Name)
+		if tool.Name == "sandbox_exec" && !strings.Contains(tool.Description, "Network: none") {
+			t.Fatalf("sandbox_exec does not tell the agent its network policy: %q", tool.Description)
+		}
+	}
+	if len(want) > 0 {
+		t.Fatalf("tools missing: %v", want)
+	}
+
+	created, res := call(t, cs, "sandbox_create", map[string]any{"memory_mb": 256, "env": map[string]string{"GREETING": "hi"}})
+	id, _ := created["sandbox_id"].(string)
+	if res.IsError || id == "" {
+		t.Fatalf("sandbox_create: %s", text(res))
+	}
+	defer call(t, cs, "sandbox_kill", map[string]any{"sandbox_id": id})
+
+	out, res := call(t, cs, "sandbox_exec", map[string]any{"sandbox_id": id, "command": "echo $GREETING; echo oops >&2; exit 3"})
+	if res.IsError || out["exit_code"] != float64(3) || out["stdout"] != "hi\n" || out["stderr"] != "oops\n" {
+		t.Fatalf("sandbox_exec: %v %s", out, text(res))
+	}
+	if _, ok := out["sandbox_events"]; !ok {
+		t.Fatalf("sandbox_exec result lacks sandbox_events: %v", out)
+	}
+	out, _ = call(t, cs, "sandbox_exec", map[string]any{"sandbox_id": id, "command": "sleep 30", "timeout_seconds": 1})
+	if !strings.Contains(out["error"].(string), "timeout") {
+		t.Fatalf("sandbox_exec timeout: %v", out)
+	}
+	if _, res = call(t, cs, "sandbox_write_file", map[string]any{"sandbox_id": id, "path": "/home/user/dir/a.txt", "content": "hello mcp"}); res.IsError {
+		t.Fatalf("write: %s", text(res))
+	}
+	out, _ = call(t, cs, "sandbox_read_file", map[string]any{"sandbox_id": id, "path": "/home/user/dir/a.txt"})
+	if out["content"] != "hello mcp" {
+		t.Fatalf("read: %v", out)
+	}
+	out, _ = call(t, cs, "sandbox_list_files", map[string]any{"sandbox_id": id, "path": "/home/user/dir"})
+	if b, _ := json.Marshal(out); !strings.Contains(string(b), `"name":"a.txt"`) {
+		t.Fatalf("list: %s", b)
+	}
+	out, _ = call(t, cs, "sandbox_expose_port", map[string]any{"sandbox_id": id, "port": 8000})
+	if u, _ := out["url"].(string); !strings.HasPrefix(u, "http://8000-"+id+".") {
+		t.Fatalf("expose: %v", out)
+	}
+	out, _ = call(t, cs, "sandbox_list", nil)
+	if b, _ := json.Marshal(out); !strings.Contains(string(b), id) {
+		t.Fatalf("list sandboxes: %s", b)
+	}
+	if _, res = call(t, cs, "sandbox_exec", map[string]any{"sandbox_id": "nosuchsandbox", "command": "true"}); !res.IsError || !strings.Contains(text(res), "not found") {
+		t.Fatalf("unknown sandbox: %s", text(res))
+	}
+}
+
+func TestMCP(t *testing.T) {
+	env := daemontest.Start(t, runtime.GVisor, daemontest.Options{})
+	cella, _ := daemontest.Binaries(t)
+	client := mcp.NewClient(&mcp.Implementation{Name: "cella-test", Version: "1"}, nil)
+	ctx := context.Background()
+
+	t.Run("StreamableHTTP", func(t *testing.T) {
+		cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{
+			Endpoint:   env.URL + "/mcp",
+			HTTPClient: &http.Client{Transport: keyTransport{key: env.APIKey, base: http.DefaultTransport}},
+		}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cs.Close()
+		exercise(t, cs)
+	})
+	t.Run("HTTPNeedsKey", func(t *testing.T) {
+		resp, err := http.Post(env.URL+"/mcp", "application/json", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("/mcp without a key: %d", resp.StatusCode)
+		}
+	})
+	stdio := func(t *testing.T, extra ...string) *mcp.ClientSession {
+		cmd := exec.Command(cella, append([]string{"mcp"}, extra...)...)
+		cmd.Env = append(os.Environ(), "CELLA_URL="+env.URL, "CELLA_API_KEY="+env.APIKey)
+		cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cs.Close() })
+		return cs
+	}
+	t.Run("Stdio", func(t *testing.T) { exercise(t, stdio(t)) })
+	t.Run("Budget", func(t *testing.T) {
+		cs := stdio(t, "--max-calls", "2")
+		for i := 0; i < 2; i++ {
+			if _, res := call(t, cs, "sandbox_list", nil); res.IsError {
+				t.Fatalf("call %d within the budget: %s", i+1, text(res))
+			}
+		}
+		_, res := call(t, cs, "sandbox_list", nil)
+		if !res.IsError || !strings.Contains(text(res), "budget") || !strings.Contains(text(res), "max_calls") {
+			t.Fatalf("call past the budget: %s", text(res))
+		}
+	})
+}
