@@ -7,4 +7,5 @@ export CELLA_TEST_BIN=$PWD/bin/cella
 export CELLA_TEST_RUNSC=$PWD/bin/runsc
 ./bin/cella template ensure-base
 go test -count=1 -timeout 25m ./...
+compat/mcp/run.sh    # MCP: the official TypeScript MCP SDK over stdio and streamable HTTP
 compat/e2b/run.sh    # E2B SDK conformance: real e2b JS SDKs against a daemon of its own
