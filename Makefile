@@ -25,7 +25,7 @@ deps:
 
 build: $(BIN)/cella $(BIN)/runsc
 
-$(BIN)/cella: $(shell find cmd internal -name '*.go') go.mod go.sum
+$(BIN)/cella: $(shell find cmd internal -name '*.go' -o -path '*/codeinterp/drivers/*') go.mod go.sum
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $@ ./cmd/cella
 
 # gVisor is a pinned Go module (tools/runsc/go.mod). It must be built with
@@ -56,7 +56,7 @@ test: deps build
 
 # Benchmarks start their own daemons; not part of CI.
 bench: deps build
-	$(BIN)/cella bench create
+	$(BIN)/cella bench all
 
 clean:
 	rm -rf $(BIN)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strings"
@@ -10,47 +11,100 @@ import (
 	"github.com/cella-sandbox/cella/internal/bench"
 )
 
+// benchFlags are shared by every `cella bench` subcommand.
+type benchFlags struct {
+	cfg      bench.Config
+	runtimes string
+	smoke    bool
+	density  int
+	burst    int
+}
+
+// prepare fills in the binaries and runtimes; a smoke run keeps every
+// sub-benchmark to a few seconds (CI runs it to keep the code working).
+func (b *benchFlags) prepare() error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	b.cfg.CellaBinary = self
+	if b.cfg.RunscPath == "" {
+		if b.cfg.RunscPath, err = findRunsc(self); err != nil {
+			return err
+		}
+	}
+	if b.runtimes != "" {
+		b.cfg.Runtimes = strings.Split(b.runtimes, ",")
+	}
+	if b.smoke {
+		b.cfg.N, b.density, b.burst = 3, 5, 5
+	}
+	return nil
+}
+
 func newBenchCmd() *cobra.Command {
-	var cfg bench.Config
-	var runtimes string
+	var b benchFlags
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Measure cella against baselines taken in the same run (runs local daemons; needs root)",
+		Short: "Measure cella against baselines taken in the same run (starts local daemons; needs root)",
 	}
-	create := &cobra.Command{
-		Use:   "create",
-		Short: "create→first-exec latency p50/p95/p99 per runtime, beside raw runsc/crun runs and fork+exec",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			self, err := os.Executable()
-			if err != nil {
-				return err
-			}
-			cfg.CellaBinary = self
-			if cfg.RunscPath == "" {
-				if cfg.RunscPath, err = findRunsc(self); err != nil {
+	sub := func(use, short string, run func(ctx context.Context) ([]bench.Figure, error)) *cobra.Command {
+		return &cobra.Command{
+			Use: use, Short: short, Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				if err := b.prepare(); err != nil {
 					return err
 				}
-			}
-			if runtimes != "" {
-				cfg.Runtimes = strings.Split(runtimes, ",")
-			}
-			figs, err := bench.Create(cmd.Context(), cfg)
-			if err != nil {
-				return err
-			}
-			if !cfg.JSON {
-				fmt.Printf("cella bench create: n=%d per figure, baselines measured in the same run\n", cfg.N)
-			}
-			return bench.Print(os.Stdout, figs, cfg.JSON)
-		},
+				figs, err := run(cmd.Context())
+				if err != nil {
+					return err
+				}
+				if !b.cfg.JSON {
+					fmt.Printf("cella bench %s: baselines measured in the same run\n", use)
+				}
+				return bench.Print(os.Stdout, figs, b.cfg.JSON)
+			},
+		}
 	}
+	benches := []*cobra.Command{
+		sub("create", "create→first-exec latency per runtime, beside raw runsc/crun runs and fork+exec",
+			func(ctx context.Context) ([]bench.Figure, error) { return bench.Create(ctx, b.cfg) }),
+		sub("burst", "concurrent creates: p50/p95 and creates/s, beside a single cold create",
+			func(ctx context.Context) ([]bench.Figure, error) { return bench.Burst(ctx, b.cfg, b.burst) }),
+		sub("exec", "round trip of `true` in a running sandbox, beside a local fork+exec",
+			func(ctx context.Context) ([]bench.Figure, error) { return bench.Exec(ctx, b.cfg) }),
+		sub("density", "idle host memory per sandbox and API latency while many sandboxes idle",
+			func(ctx context.Context) ([]bench.Figure, error) { return bench.Density(ctx, b.cfg, b.density) }),
+		sub("files", "upload/download of 1 MB and 1 GB through the API, beside a local copy",
+			func(ctx context.Context) ([]bench.Figure, error) { return bench.Files(ctx, b.cfg, b.smoke) }),
+	}
+	all := sub("all", "every sub-benchmark in turn", func(ctx context.Context) ([]bench.Figure, error) {
+		var figs []bench.Figure
+		for _, f := range []func(context.Context) ([]bench.Figure, error){
+			func(ctx context.Context) ([]bench.Figure, error) { return bench.Create(ctx, b.cfg) },
+			func(ctx context.Context) ([]bench.Figure, error) { return bench.Burst(ctx, b.cfg, b.burst) },
+			func(ctx context.Context) ([]bench.Figure, error) { return bench.Exec(ctx, b.cfg) },
+			func(ctx context.Context) ([]bench.Figure, error) { return bench.Density(ctx, b.cfg, b.density) },
+			func(ctx context.Context) ([]bench.Figure, error) { return bench.Files(ctx, b.cfg, b.smoke) },
+		} {
+			got, err := f(ctx)
+			if err != nil {
+				return figs, err
+			}
+			figs = append(figs, got...)
+		}
+		return figs, nil
+	})
+	cmd.AddCommand(append(benches, all)...)
+	cmd.AddCommand(newBenchStateCmd(&b)) // bench_state.go
 	f := cmd.PersistentFlags()
-	f.IntVar(&cfg.N, "n", 20, "iterations per figure")
-	f.StringVar(&runtimes, "runtimes", "gvisor,namespaces", "runtimes to measure")
-	f.StringVar(&cfg.RunscPath, "runsc", envOr("CELLA_RUNSC", ""), "runsc binary (default: next to cella)")
-	f.StringVar(&cfg.CacheDir, "cache-dir", envOr("CELLA_CACHE_DIR", "/var/cache/cella"), "template cache")
-	f.BoolVar(&cfg.JSON, "json", false, "print JSON")
-	cmd.AddCommand(create)
+	f.IntVar(&b.cfg.N, "n", 20, "iterations per figure")
+	f.StringVar(&b.runtimes, "runtimes", "gvisor,namespaces", "runtimes to measure")
+	f.StringVar(&b.cfg.RunscPath, "runsc", envOr("CELLA_RUNSC", ""), "runsc binary (default: next to cella)")
+	f.StringVar(&b.cfg.CacheDir, "cache-dir", envOr("CELLA_CACHE_DIR", "/var/cache/cella"), "template cache")
+	f.BoolVar(&b.cfg.JSON, "json", false, "print JSON")
+	f.BoolVar(&b.smoke, "smoke", false, "a few seconds per sub-benchmark (checks that they run, not a measurement)")
+	f.IntVar(&b.density, "sandboxes", 200, "idle sandboxes for density")
+	f.IntVar(&b.burst, "concurrent", 50, "concurrent creates for burst")
 	return cmd
 }

@@ -32,6 +32,7 @@ type createFlags struct {
 	output   string
 	env      []string
 	metadata []string
+	policy   policyFlags // lifecycleflags.go: --auto-stop, --volume, ...
 }
 
 // register adds the flags; timeoutFlag names the sandbox-lifetime flag
@@ -46,6 +47,7 @@ func (f *createFlags) register(fs *pflag.FlagSet, timeoutFlag string) {
 	fs.StringVar(&f.output, "output-limit", "", "per-command output cap, e.g. 50M (default 10M)")
 	fs.StringArrayVar(&f.env, "env", nil, "environment variable K=V for every command (repeatable)")
 	fs.StringArrayVar(&f.metadata, "metadata", nil, "metadata K=V (repeatable)")
+	f.policy.register(fs)
 }
 
 func (f *createFlags) request() (client.CreateRequest, error) {
@@ -68,6 +70,9 @@ func (f *createFlags) request() (client.CreateRequest, error) {
 		return req, err
 	}
 	if req.Metadata, err = parseKV(f.metadata, "--metadata"); err != nil {
+		return req, err
+	}
+	if err := f.policy.apply(&req); err != nil {
 		return req, err
 	}
 	return req, nil

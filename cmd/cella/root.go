@@ -25,7 +25,13 @@ func newRootCmd() *cobra.Command {
 		newTimeoutCmd(),
 		newPauseCmd(),
 		newResumeCmd(),
+		newSnapshotCmd(),
+		newForkCmd(),
 		newCpCmd(),
+		newShellCmd(),  // shell.go
+		newWaitCmd(),   // wait.go
+		newExposeCmd(), // expose.go
+		newVolumeCmd(),
 		newTemplateCmd(),
 		newBenchCmd(),
 		newMCPCmd(),

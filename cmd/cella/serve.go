@@ -56,6 +56,9 @@ func newServeCmd() *cobra.Command {
 	f.StringVar(&c.RunscPath, "runsc", envOr("CELLA_RUNSC", ""), "path of runsc (default: next to the cella binary, then $PATH) [CELLA_RUNSC]")
 	f.StringVar(&c.RunscDebugDir, "runsc-debug-dir", envOr("CELLA_RUNSC_DEBUG_DIR", ""), "write runsc debug logs here (diagnostics) [CELLA_RUNSC_DEBUG_DIR]")
 	f.Int64Var(&c.MCPMaxCalls, "mcp-max-calls", envInt("CELLA_MCP_MAX_CALLS", 0), "tool calls each /mcp session may make, 0 = unlimited [CELLA_MCP_MAX_CALLS]")
+	if err := registerLifecycleDefaults(f, &c.Lifecycle); err != nil { // lifecycleflags.go
+		fmt.Fprintln(os.Stderr, "cella serve:", err)
+	}
 	f.StringVar(&c.LogLevel, "log-level", envOr("CELLA_LOG_LEVEL", "info"), "debug, info, warn or error [CELLA_LOG_LEVEL]")
 	return cmd
 }

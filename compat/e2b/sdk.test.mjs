@@ -680,6 +680,34 @@ for (const [i, version] of VERSIONS.entries()) {
       await h2.wait().catch(() => {})
     }, { timeout: 60_000 })
 
+    // ------------------------------------------------------ step 17 (state)
+    step('step 17: createSnapshot, listSnapshots, Sandbox.create from the snapshot, fork, deleteSnapshot', async ({ sdk, exchanges }) => {
+      const o = janitor.track(await sdk('Sandbox.create({timeoutMs: 120000})', () => Sandbox.create({ metadata: { ...META, role: 'snap' }, timeoutMs: 120_000 })))
+      await sdk("o.files.write('/home/user/snap.txt', 'before')", () => o.files.write('/home/user/snap.txt', 'before'))
+      const info = await sdk("o.createSnapshot({name})", () => o.createSnapshot({ name: `snap-${RUN}-${version.replaceAll('.', '')}` }))
+      assert.ok(info.snapshotId, 'a snapshot ID')
+      assert.equal(one(exchanges(), 'POST', new RegExp(`^/sandboxes/${o.sandboxId}/snapshots$`)).status, 201)
+      const listed = await sdk(`Sandbox.listSnapshots({sandboxId}).nextItems()`, () => Sandbox.listSnapshots({ sandboxId: o.sandboxId }).nextItems())
+      assert.ok(listed.some((x) => x.snapshotId === info.snapshotId), `listed: ${JSON.stringify(listed)}`)
+      // The original goes on and changes; the snapshot keeps what it had.
+      await sdk("o.files.write('/home/user/snap.txt', 'after')", () => o.files.write('/home/user/snap.txt', 'after'))
+      const fromSnap = janitor.track(await sdk(`Sandbox.create('${info.snapshotId}')`, () => Sandbox.create(info.snapshotId, { timeoutMs: 60_000 })))
+      assert.equal(await sdk("fromSnap.files.read('/home/user/snap.txt')", () => fromSnap.files.read('/home/user/snap.txt')), 'before')
+      const forks = await sdk('o.fork({count: 2})', () => o.fork({ count: 2, timeoutMs: 60_000 }))
+      assert.equal(forks.length, 2)
+      for (const f of forks) {
+        assert.ok(!(f instanceof Error), `fork failed: ${f}`)
+        janitor.track(f)
+        assert.notEqual(f.sandboxId, o.sandboxId)
+        assert.equal(await sdk('fork.files.read(snap.txt)', () => f.files.read('/home/user/snap.txt')), 'after')
+      }
+      await sdk("forks[0].files.write('/home/user/snap.txt', 'fork0')", () => forks[0].files.write('/home/user/snap.txt', 'fork0'))
+      assert.equal(await sdk('forks[1].files.read(snap.txt)', () => forks[1].files.read('/home/user/snap.txt')), 'after', 'a fork\'s change is its own')
+      assert.equal(await sdk('o.files.read(snap.txt)', () => o.files.read('/home/user/snap.txt')), 'after')
+      assert.equal(await sdk(`Sandbox.deleteSnapshot('${info.snapshotId}')`, () => Sandbox.deleteSnapshot(info.snapshotId)), true)
+      assert.equal(await sdk('Sandbox.deleteSnapshot again', () => Sandbox.deleteSnapshot(info.snapshotId)), false)
+    }, { timeout: 90_000 })
+
     // --------------------------------------------------------------- step 17
     step('step 17: files.watchDir delivers create, write, rename and remove events', async ({ sdk }) => {
       const s = shared()

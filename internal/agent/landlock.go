@@ -81,6 +81,9 @@ func landlockRules(mode, root string) ([]landlock.Rule, error) {
 		for _, p := range []string{"/home", "/tmp", "/var/tmp", "/dev"} {
 			rw = append(rw, filepath.Join(root, p))
 		}
+		if root == "/" {
+			rw = append(rw, volumeMountPoints()...) // landlock_volumes.go
+		}
 	}
 	var rules []landlock.Rule
 	add := func(p string, write bool) {

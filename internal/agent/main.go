@@ -146,8 +146,10 @@ func serveChannel(ctx context.Context, socketPath string, hello channel.Hello, h
 		backoff = 50 * time.Millisecond
 		slog.Info("connected to daemon", "socket", socketPath)
 		stopOnCancel := context.AfterFunc(ctx, func() { sess.Close() })
+		stopRedial := closeOnRedialSignal(sess) // redial.go
 		serveSession(sess, ln)
 		stopOnCancel()
+		stopRedial()
 		sess.Close()
 		if ctx.Err() != nil {
 			return ctx.Err()

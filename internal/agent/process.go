@@ -41,6 +41,8 @@ type proc struct {
 	// ptmx is the pty master of a PTY process, else nil.
 	ptmx   *os.File
 	outCap int64
+	// log keeps the last output for the logs endpoint (proclog.go).
+	log *procLog
 
 	// inputMu serializes writes to stdin / the pty so that concurrent
 	// SendInput calls do not interleave within a chunk.
@@ -130,6 +132,9 @@ func (p *proc) running() bool {
 func (p *proc) output(kind int, data []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.end == nil {
+		p.log.write(kind, data)
+	}
 	if p.end != nil || p.truncated || len(data) == 0 {
 		return
 	}

@@ -52,6 +52,7 @@ type Server struct {
 	procs    procTable
 	watchers watcherTable
 	watchdog watchdog
+	logs     logStore // per-process output logs (proclog.go)
 	done     chan struct{}
 	closeMu  sync.Once
 
@@ -218,6 +219,7 @@ func (s *Server) handler(trusted bool) http.Handler {
 	mux.HandleFunc("POST /files", s.handleUpload)
 	mux.HandleFunc("GET /cella/tar", s.handleTarGet)
 	mux.HandleFunc("POST /cella/tar", s.handleTarPut)
+	s.registerCellaExtras(mux)
 	return s.withAuth(mux)
 }
 
@@ -275,6 +277,8 @@ type initRequest struct {
 	AccessToken    *string           `json:"accessToken"`
 	DefaultUser    *string           `json:"defaultUser"`
 	DefaultWorkdir *string           `json:"defaultWorkdir"`
+	// cella: a fork restored from a snapshot learns its own identity.
+	SandboxID *string `json:"cellaSandboxID"`
 }
 
 // handleInit updates the running config, e.g. when a warm sandbox is handed
@@ -318,6 +322,9 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request, trusted bool
 	}
 	if req.DefaultWorkdir != nil {
 		s.cfg.DefaultWorkdir = *req.DefaultWorkdir
+	}
+	if req.SandboxID != nil && *req.SandboxID != "" {
+		s.cfg.SandboxID = *req.SandboxID
 	}
 	s.mu.Unlock()
 	w.Header().Set("X-Envd-Version", Version)

@@ -188,6 +188,7 @@ func (s *Server) startProcess(spec *startSpec) (*proc, *subscriber, error) {
 		p.pid = pid
 		sub = p.subscribe()
 		s.procs.add(p)
+		s.logs.attach(p)
 		return pid, nil
 	})
 	closeAll(childFiles)
@@ -252,10 +253,11 @@ func (s *Server) waitProcess(p *proc, waitCh <-chan unix.WaitStatus, readWG *syn
 		reason := p.killReason
 		end = &process.ProcessEvent_EndEvent{ExitCode: -1, Status: reason, Error: &reason}
 	} else if end.ExitCode != 0 && limits.DiskBytes > 0 && (p.sawENOSPC || diskFull(s.opts.DiskPath)) {
-		reason := diskReason(limits.DiskBytes)
+		reason := enospcReason(limits.DiskBytes, s.opts.DiskPath) // landlock_volumes.go
 		end.Error = &reason
 	}
 	p.end = end
+	p.log.finish(end)
 	ev := endEvent(end)
 	for sub := range p.subs {
 		sub.push(ev, true)

@@ -131,8 +131,8 @@ func TestAPI(t *testing.T) {
 		st, _, body := a.do(t, "GET", "/nope", key, nil, nil)
 		a.wantError(t, 404, st, body, "")
 		for _, r := range [][2]string{
-			{"POST", "/sandboxes/x/snapshots"},
-			{"GET", "/snapshots"}, {"POST", "/sandboxes/x/fork"}, {"PUT", "/sandboxes/x/network"},
+			{"PUT", "/sandboxes/x/network"}, {"GET", "/sandboxes/x/metrics"}, {"GET", "/sandboxes/x/logs"},
+			{"POST", "/v3/templates"},
 		} {
 			st, _, body := a.do(t, r[0], r[1], key, "{}", nil)
 			a.wantError(t, 501, st, body, "not implemented")

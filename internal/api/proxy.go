@@ -94,6 +94,12 @@ func writeBadGateway(w http.ResponseWriter, id, msg string) {
 // request then resumes.
 func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target) {
 	sb, err := s.cfg.Manager.Get(t.id)
+	if err == nil {
+		defer sb.BeginActivity()() // the idle clock of lifecycle autoStop
+	}
+	if err == nil && !trafficAllowed(w, r, sb, t.port) { // traffic.go
+		return
+	}
 	if err == nil && sb.State() == sandbox.StatePaused {
 		if !sb.Options.AutoResume {
 			writeBadGateway(w, t.id, "The sandbox is paused (resume it with connect)")

@@ -29,6 +29,7 @@ type newSandboxRequest struct {
 		Enabled bool `json:"enabled"`
 	} `json:"autoResume"`
 	VolumeMounts json.RawMessage `json:"volumeMounts"`
+	Lifecycle    json.RawMessage `json:"lifecycle"` // cella: lifecycle.go
 	Secure       *bool           `json:"secure"`
 	MCP          json.RawMessage `json:"mcp"`
 
@@ -61,6 +62,7 @@ func (s *Server) sandboxBody(in sandbox.Info) sandboxResponse {
 	return sandboxResponse{
 		SandboxID: in.ID, TemplateID: in.TemplateID, Alias: in.TemplateID, ClientID: clientID,
 		EnvdVersion: agent.Version, EnvdAccessToken: in.EnvdAccessToken, Domain: s.cfg.Domain,
+		TrafficAccessToken: trafficTokenPtr(in.Options), // traffic.go
 	}
 }
 
@@ -79,6 +81,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	if req.AutoResume != nil {
 		opts.AutoResume = req.AutoResume.Enabled
 	}
+	opts.TrafficAccessToken = trafficTokenFor(req.Network) // traffic.go
 	if req.Timeout != nil {
 		if *req.Timeout < 0 {
 			s.writeErr(w, r, errdefs.InvalidArgument("timeout must not be negative (got %d)", *req.Timeout))
@@ -89,8 +92,12 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		// E2B's v1 NewSandbox defaults to 15 s; v2 defaults to 300 s.
 		opts.Timeout = v1DefaultTimeout
 	}
-	if len(req.VolumeMounts) > 0 && string(req.VolumeMounts) != "null" && string(req.VolumeMounts) != "[]" {
-		s.writeErr(w, r, errdefs.NotImplemented("volumeMounts are not implemented in this version of cella"))
+	if err := applyVolumeMounts(&opts, req.VolumeMounts); err != nil { // lifecycle.go
+		s.writeErr(w, r, err)
+		return
+	}
+	if err := s.applyLifecycle(&opts, req.Lifecycle); err != nil {
+		s.writeErr(w, r, err)
 		return
 	}
 	sb, err := s.cfg.Manager.Create(r.Context(), opts)
@@ -126,6 +133,9 @@ type sandboxDetail struct {
 	// (memory saved to disk), "frozen" (memory kept in RAM) or "stopped"
 	// (filesystem only).
 	PauseMode string `json:"pauseMode,omitempty"`
+
+	// NextTransition is the next automatic lifecycle step (lifecycle.go).
+	NextTransition *transitionDetail `json:"nextTransition"`
 }
 
 type networkDetail struct {
@@ -134,11 +144,6 @@ type networkDetail struct {
 	// Effective is what is enforced now, whatever was requested.
 	Effective string          `json:"effective"`
 	Requested json.RawMessage `json:"requested,omitempty"`
-}
-
-type lifecycleDetail struct {
-	OnTimeout  string `json:"onTimeout"`
-	AutoResume bool   `json:"autoResume"`
 }
 
 func (s *Server) detail(in sandbox.Info) sandboxDetail {
@@ -160,10 +165,10 @@ func (s *Server) detail(in sandbox.Info) sandboxDetail {
 			Effective: "no egress: this version of cella gives sandboxes no network route at all, whatever the request asks",
 			Requested: requested,
 		},
-		Lifecycle:    lifecycleDetail{OnTimeout: onTimeout(in.Options), AutoResume: in.Options.AutoResume},
-		VolumeMounts: []any{},
+		Lifecycle:    lifecycleOf(in),
+		VolumeMounts: volumeMountsOf(in),
 		Runtime:      in.Runtime, PidsLimit: in.Options.Pids, OutputLimitMB: in.Options.OutputMB, DiskUsedBytes: in.DiskUsedBytes, Error: in.Error,
-		PauseMode: in.PauseMode,
+		PauseMode: in.PauseMode, NextTransition: nextTransitionOf(in),
 	}
 }
 
@@ -353,7 +358,7 @@ func listed(in sandbox.Info) listedSandbox {
 		SandboxID: in.ID, TemplateID: in.TemplateID, Alias: in.TemplateID, ClientID: clientID,
 		CPUCount: in.Options.CPUs, MemoryMB: in.Options.MemoryMB, DiskSizeMB: in.Options.DiskMB,
 		StartedAt: in.StartedAt, EndAt: in.EndAt, EnvdVersion: agent.Version, Metadata: md, State: in.State,
-		VolumeMounts: []any{}, Runtime: in.Runtime,
+		VolumeMounts: volumeMountsOf(in), Runtime: in.Runtime,
 	}
 }
 

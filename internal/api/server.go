@@ -14,6 +14,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/sandbox"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/template"
+	"github.com/cella-sandbox/cella/internal/volume"
 )
 
 // Config configures the API server.
@@ -26,6 +27,8 @@ type Config struct {
 	// MCPMaxCalls is the tool-call budget of each /mcp session (0 = none).
 	MCPMaxCalls int64
 	Log         *slog.Logger
+	// Volumes serves /volumes (volumes.go).
+	Volumes *volume.Manager
 }
 
 // Server serves the REST API and the sandbox proxy on one listener.
@@ -33,6 +36,7 @@ type Server struct {
 	cfg Config
 	log *slog.Logger
 	mux *http.ServeMux
+	pty ptyTable // interactive shells (pty.go)
 }
 
 // New builds the server's routes.
@@ -65,14 +69,13 @@ func (s *Server) routes() {
 	m.Handle("POST /sandboxes/{id}/pause", auth(s.pauseSandbox))
 	m.Handle("POST /sandboxes/{id}/resume", auth(s.resumeSandbox))
 	m.Handle("GET /templates", auth(s.listTemplates))
+	s.snapshotRoutes(auth) // snapshots.go
+	s.volumeRoutes(auth)   // volumes.go
+	s.interactRoutes(auth) // pty.go, wait.go: PTY WebSocket, readiness waits, process logs
 	m.Handle("/mcp", auth(mcpserver.HTTPHandler(s.cfg.MCPMaxCalls, "").ServeHTTP))
 
 	// Later work answers 501 naming the feature, so clients fail clearly.
 	for pattern, feature := range map[string]string{
-		"POST /sandboxes/{id}/snapshots": "snapshots",
-		"GET /snapshots":                 "snapshots",
-		"DELETE /templates/{id}":         "snapshot deletion",
-		"POST /sandboxes/{id}/fork":      "fork",
 		"PUT /sandboxes/{id}/network":    "runtime network update",
 		"GET /sandboxes/{id}/metrics":    "sandbox metrics",
 		"GET /sandboxes/metrics":         "sandbox metrics",

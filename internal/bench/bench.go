@@ -8,9 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,7 +18,6 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/client"
-	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/template"
 )
@@ -48,7 +44,9 @@ type Figure struct {
 	Baseline string        `json:"baseline,omitempty"`
 	// Ratio is P50 divided by the baseline's P50.
 	Ratio float64 `json:"ratio,omitempty"`
-	Err   string  `json:"error,omitempty"`
+	// Extra is a figure that is not a latency (creates/s, MB per sandbox).
+	Extra string `json:"extra,omitempty"`
+	Err   string `json:"error,omitempty"`
 }
 
 func summarize(name, rt string, d []time.Duration) Figure {
@@ -126,35 +124,12 @@ func repeat(n int, f func() error) []time.Duration {
 // apiCreate runs a daemon on the runtime and times create + exec of true.
 func apiCreate(ctx context.Context, cfg Config, rt string) (Figure, error) {
 	name := "cella create → first exec done (cold)"
-	dataDir, err := os.MkdirTemp("", "cella-bench-")
+	l, err := startLocal(ctx, cfg, rt)
 	if err != nil {
 		return Figure{Name: name, Runtime: rt}, err
 	}
-	defer os.RemoveAll(dataDir)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	d, err := daemon.New(ctx, daemon.Config{
-		DataDir: dataDir, CacheDir: cfg.CacheDir, Runtime: rt, Domain: "bench.local",
-		RunscPath: cfg.RunscPath, AgentBinary: cfg.CellaBinary, Log: log,
-	})
-	if err != nil {
-		return Figure{Name: name, Runtime: rt}, err
-	}
-	defer d.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return Figure{Name: name, Runtime: rt}, err
-	}
-	srv := &http.Server{Handler: d.Handler}
-	go srv.Serve(ln)
-	defer srv.Close()
-	key, err := os.ReadFile(d.AdminKeyPath)
-	if err != nil {
-		return Figure{Name: name, Runtime: rt}, err
-	}
-	c, err := client.New(client.Config{URL: "http://" + ln.Addr().String(), APIKey: strings.TrimSpace(string(key))})
-	if err != nil {
-		return Figure{Name: name, Runtime: rt}, err
-	}
+	defer l.Close()
+	c := l.Client
 	var lastErr error
 	var ds []time.Duration
 	for i := 0; i < cfg.N; i++ {
@@ -287,6 +262,9 @@ func Print(w io.Writer, figs []Figure, asJSON bool) error {
 		vs := ""
 		if f.Ratio > 0 {
 			vs = fmt.Sprintf("%.2f× %s", f.Ratio, f.Baseline)
+		}
+		if f.Extra != "" {
+			vs = strings.TrimPrefix(vs+"; "+f.Extra, "; ")
 		}
 		if f.Err != "" {
 			vs = "error: " + f.Err

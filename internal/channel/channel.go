@@ -157,6 +157,7 @@ func (l *Listener) Close() error { return l.ln.Close() }
 // Accept waits for the agent to connect and checks its token. Connections
 // with a wrong token are dropped and waiting goes on.
 func (l *Listener) Accept(ctx context.Context, wantToken string) (*Conn, Hello, error) {
+	_ = l.ln.SetDeadline(time.Time{}) // an earlier Accept's expiry must not stick
 	stop := context.AfterFunc(ctx, func() { _ = l.ln.SetDeadline(time.Now()) })
 	defer stop()
 	for {

@@ -146,6 +146,9 @@ type CreateRequest struct {
 	OutputMB   int64             `json:"outputLimitMB,omitempty"`
 	AutoPause  bool              `json:"autoPause,omitempty"`
 	AutoResume *AutoResume       `json:"autoResume,omitempty"`
+	// cella's volumes and lifecycle policies (volumes.go).
+	VolumeMounts []VolumeMount `json:"volumeMounts,omitempty"`
+	Lifecycle    *Lifecycle    `json:"lifecycle,omitempty"`
 }
 
 // AutoResume is E2B's autoResume create option.

@@ -24,6 +24,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/sandbox"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/template"
+	"github.com/cella-sandbox/cella/internal/volume"
 )
 
 // Config is the daemon's configuration.
@@ -42,6 +43,8 @@ type Config struct {
 	Log         *slog.Logger
 	// BuildProgress receives template build progress (default: the log).
 	BuildProgress io.Writer
+	// Lifecycle is the default idle/archive/delete policy of new sandboxes.
+	Lifecycle sandbox.Lifecycle
 }
 
 // Validate checks the config.
@@ -76,6 +79,7 @@ type Daemon struct {
 	Manager   *sandbox.Manager
 	Store     *store.Store
 	Templates *template.Store
+	Volumes   *volume.Manager
 	Runtime   runtime.Runtime
 	Reconcile sandbox.ReconcileReport
 	// AdminKeyPath is where the admin key was written on first start.
@@ -136,9 +140,15 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		return nil, err
 	}
 	d.Templates = tpls
+	vols, err := volume.New(ctx, volume.Config{DataDir: c.DataDir, Store: st, Log: log})
+	if err != nil {
+		return nil, err
+	}
+	d.Volumes = vols
+	d.add(func() { vols.Close() })
 	mgr, err := sandbox.NewManager(sandbox.Config{
 		DataDir: c.DataDir, Runtime: rt, Templates: tpls, Store: st, AgentBinary: c.AgentBinary, Log: log,
-		BuildProgress: c.BuildProgress,
+		BuildProgress: c.BuildProgress, Volumes: vols, Lifecycle: c.Lifecycle,
 	})
 	if err != nil {
 		return nil, err
@@ -152,7 +162,8 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	if d.Reconcile, err = mgr.Reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("reconcile after start: %w", err)
 	}
-	d.Handler = api.New(api.Config{Manager: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls})
+	d.Handler = api.New(api.Config{Manager: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
+		Volumes: vols})
 	return d, nil
 }
 

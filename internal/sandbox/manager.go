@@ -22,6 +22,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/template"
+	"github.com/cella-sandbox/cella/internal/volume"
 )
 
 // Config configures a Manager.
@@ -37,6 +38,10 @@ type Config struct {
 	// BuildProgress receives progress lines when a template is built on
 	// first use (the daemon's log).
 	BuildProgress io.Writer
+	// Volumes is the named-volume store (nil: creates with volumes fail);
+	// Lifecycle the daemon's default policy (lifecycle.go).
+	Volumes   *volume.Manager
+	Lifecycle Lifecycle
 }
 
 // Validate checks the config.
@@ -111,6 +116,9 @@ type record struct {
 	ChannelToken    string  `json:"channel_token"`
 	Error           string  `json:"error,omitempty"`
 	PauseMode       string  `json:"pause_mode,omitempty"`
+	// Lifecycle state (lifecycle.go): when it was paused, whether archived.
+	PausedAt time.Time `json:"paused_at,omitempty"`
+	Archived bool      `json:"archived,omitempty"`
 }
 
 // Create makes a sandbox and returns once its agent answers.
@@ -118,11 +126,19 @@ func (m *Manager) Create(ctx context.Context, opts Options) (*Sandbox, error) {
 	if err := opts.Normalize(); err != nil {
 		return nil, err
 	}
+	releaseVolumes, err := m.holdVolumes(ctx, &opts) // volumes.go
+	if err != nil {
+		return nil, err
+	}
+	defer releaseVolumes()
 	m.mu.Lock()
 	closed := m.closed
 	m.mu.Unlock()
 	if closed {
 		return nil, errdefs.Unavailable("daemon is shutting down")
+	}
+	if row, rec, ok := m.lookupSnapshot(ctx, opts.TemplateID); ok {
+		return m.createFromSnapshot(ctx, opts, row, rec) // fork.go
 	}
 	tpl, err := m.template(ctx, opts.TemplateID)
 	if err != nil {
@@ -240,6 +256,7 @@ func (m *Manager) spec(sb *Sandbox) runtime.Spec {
 		Hostname:    "cella",
 		Limits:      m.ceilings(sb.Options),
 		LogPath:     filepath.Join(sb.Dir, "agent.log"),
+		Mounts:      m.volumeMounts(sb), // volumes.go
 	}
 }
 
@@ -294,7 +311,8 @@ func (m *Manager) ceilings(o Options) runtime.Limits {
 
 func (m *Manager) persist(ctx context.Context, sb *Sandbox) error {
 	sb.mu.Lock()
-	rec := record{Options: sb.Options, EnvdAccessToken: sb.EnvdAccessToken, ChannelToken: sb.channelToken, Error: sb.err, PauseMode: sb.pauseMode}
+	rec := record{Options: sb.Options, EnvdAccessToken: sb.EnvdAccessToken, ChannelToken: sb.channelToken, Error: sb.err, PauseMode: sb.pauseMode,
+		PausedAt: sb.lc.pausedAt, Archived: sb.lc.archived}
 	row := store.Sandbox{ID: sb.ID, TemplateID: sb.TemplateID, Runtime: sb.Runtime, State: sb.state,
 		StartedAt: sb.StartedAt, EndAt: sb.endAt, APIKeyID: sb.Options.APIKeyID}
 	sb.mu.Unlock()
@@ -443,6 +461,7 @@ func (m *Manager) Kill(ctx context.Context, id string) error {
 	defer sb.opMu.Unlock()
 	m.cleanup(ctx, sb)
 	m.log.Info("sandbox killed", "id", id)
+	go m.gcSnapshots(context.WithoutCancel(ctx)) // its snapshot layers may be unused now
 	return nil
 }
 
@@ -461,6 +480,7 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) er
 	if sb.State() == StateDead {
 		return errdefs.Conflict("sandbox %q is dead: %s", id, sb.Err())
 	}
+	sb.Touch()
 	sb.mu.Lock()
 	sb.endAt = time.Now().UTC().Add(d)
 	sb.mu.Unlock()
@@ -480,6 +500,7 @@ func (m *Manager) Extend(ctx context.Context, id string, d time.Duration) (*Sand
 	if d > MaxTimeout {
 		d = MaxTimeout
 	}
+	sb.Touch()
 	sb.mu.Lock()
 	if want := time.Now().UTC().Add(d); want.After(sb.endAt) {
 		sb.endAt = want
@@ -531,6 +552,7 @@ func (m *Manager) releaseHost(ctx context.Context, sb *Sandbox) {
 			m.log.Error("remove sandbox dir", "id", sb.ID, "err", err)
 		}
 	}
+	m.removeArchive(sb) // lifecycle.go
 }
 
 // Forget removes a dead sandbox's record.

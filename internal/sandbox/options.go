@@ -43,8 +43,15 @@ type Options struct {
 	AutoPauseMemory *bool           `json:"auto_pause_memory,omitempty"`
 	AutoResume      bool            `json:"auto_resume,omitempty"`
 	VolumeMounts    json.RawMessage `json:"volume_mounts,omitempty"`
+	// Volumes are the parsed volume mounts, in effect; Lifecycle the
+	// idle/archive/delete policy (lifecycle.go, volumes.go).
+	Volumes   []VolumeMount `json:"volumes,omitempty"`
+	Lifecycle Lifecycle     `json:"lifecycle"`
 
 	APIKeyID string `json:"api_key_id,omitempty"`
+	// TrafficAccessToken guards the non-agent ports when the create request
+	// set network.allowPublicTraffic to false (api/traffic.go).
+	TrafficAccessToken string `json:"traffic_access_token,omitempty"`
 }
 
 var templateNameRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`)
@@ -96,6 +103,9 @@ func (o *Options) Normalize() error {
 	}
 	if o.Pids < 16 {
 		return errdefs.InvalidArgument("pids %d is below the minimum of 16", o.Pids)
+	}
+	if err := o.Lifecycle.Validate(); err != nil {
+		return err
 	}
 	for k := range o.EnvVars {
 		if k == "" || containsAny(k, "=\x00") {

@@ -88,6 +88,7 @@ func (m *Manager) Pause(ctx context.Context, id string, keepMemory bool) error {
 	sb.conn, sb.listener = nil, nil
 	sb.state = StatePaused
 	sb.pauseMode = mode
+	sb.markPausedLocked() // lifecycle.go
 	sb.mu.Unlock()
 	if err := m.persist(context.WithoutCancel(ctx), sb); err != nil {
 		return err
@@ -145,6 +146,9 @@ func (m *Manager) Resume(ctx context.Context, id string, keepMemory bool) (resum
 	case StateDead:
 		return false, errdefs.NotFound("sandbox %q is not running: %s", id, sb.Err())
 	}
+	if err := m.unarchive(ctx, sb); err != nil { // lifecycle.go
+		return false, err
+	}
 	if sb.layer == nil {
 		return false, fmt.Errorf("sandbox %q has no root filesystem to resume on", id)
 	}
@@ -195,6 +199,7 @@ func (m *Manager) Resume(ctx context.Context, id string, keepMemory bool) (resum
 	sb.conn, sb.listener = conn, ln
 	sb.state = StateRunning
 	sb.pauseMode = ""
+	sb.markResumedLocked() // lifecycle.go
 	sb.gen++
 	gen := sb.gen
 	sb.mu.Unlock()

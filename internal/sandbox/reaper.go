@@ -20,6 +20,9 @@ func (m *Manager) reaper() {
 			return
 		case now := <-t.C:
 			for _, sb := range m.List() {
+				if m.lifecycleTick(sb, now) { // lifecycle.go: idle stop, archive, delete
+					continue
+				}
 				sb.mu.Lock()
 				state, endAt := sb.state, sb.endAt
 				sb.mu.Unlock()

@@ -69,6 +69,7 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 			Dir: filepath.Join(sandboxesDir(m.cfg.DataDir), row.ID), state: row.State, endAt: row.EndAt.UTC(), err: rec.Error,
 			pauseMode: rec.PauseMode,
 		}
+		sb.restoreLifecycle(rec) // lifecycle.go
 		if row.State == StateRunning && row.Runtime == m.cfg.Runtime.Name() && live[row.ID] {
 			if st, err := m.cfg.Runtime.State(ctx, row.ID); err == nil && st == runtime.StatusRunning {
 				if err := m.adopt(sb); err == nil {
@@ -174,6 +175,7 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		}
 		rep.RemovedCgroups = append(rep.RemovedCgroups, id)
 	}
+	m.removeOrphanArchives() // lifecycle.go
 	m.log.Info("reconciled host with records", "report", rep.String())
 	return rep, nil
 }
@@ -213,6 +215,9 @@ func (m *Manager) adopt(sb *Sandbox) error {
 // tmpfs: gone after a host reboot), and the checkpoint image or the frozen
 // container. Its channel is listened on again at resume.
 func (m *Manager) adoptPaused(ctx context.Context, sb *Sandbox, containerLive bool) error {
+	if sb.lc.archived {
+		return m.adoptArchived(sb) // lifecycle.go
+	}
 	layer, err := rootfs.Open(sb.Dir)
 	if err != nil {
 		return fmt.Errorf("its filesystem is gone: %w", err)

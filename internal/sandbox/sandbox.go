@@ -55,6 +55,8 @@ type Sandbox struct {
 	// supervisor of the running sandbox stands down instead of taking the
 	// channel's end for a death.
 	gen uint64
+
+	lc lifecycleState // idle clock, pausedAt, archived (lifecycle.go)
 }
 
 // How a paused sandbox keeps its state.
@@ -114,6 +116,7 @@ type Info struct {
 	EnvdAccessToken string
 	DiskUsedBytes   int64
 	PauseMode       string // set while paused
+	Lifecycle       LifecycleInfo
 }
 
 // Info returns a consistent snapshot.
@@ -125,6 +128,7 @@ func (s *Sandbox) Info() Info {
 		StartedAt: s.StartedAt, EndAt: s.endAt, Options: s.Options, EnvdAccessToken: s.EnvdAccessToken,
 		PauseMode: s.pauseMode,
 	}
+	in.Lifecycle = s.lifecycleInfoLocked()
 	if s.layer != nil {
 		if used, _, err := s.layer.Usage(); err == nil {
 			in.DiskUsedBytes = used

@@ -236,7 +236,7 @@ func startDriver(lang *language, env []string, dir string, spawn Spawner, readyT
 			return d, nil
 		}
 		d.kill()
-		<-d.exited
+		d.waitExit()
 		return nil, fmt.Errorf("the %s interpreter exited at start (%s): %s", lang.name, describeStatus(d.status), d.tail())
 	case <-timer.C:
 		d.kill()
@@ -259,6 +259,16 @@ func (d *driver) kill() {
 	_ = unix.Kill(-d.pid, unix.SIGKILL)
 	_ = unix.Kill(d.pid, unix.SIGKILL)
 	d.cmdW.Close()
+}
+
+// waitExit waits a little for a killed driver to be reaped. It does not
+// wait forever: at shutdown the agent's reaper may already have stopped.
+func (d *driver) waitExit() {
+	select {
+	case <-d.exited:
+	case <-time.After(3 * time.Second):
+		slog.Warn("code interpreter: killed interpreter not reaped", "pid", d.pid)
+	}
 }
 
 func (d *driver) alive() bool {

@@ -100,7 +100,7 @@ func (k *kernel) kill() {
 	k.mu.Unlock()
 	if d != nil {
 		d.kill()
-		<-d.exited
+		d.waitExit()
 	}
 }
 
@@ -143,6 +143,7 @@ func (n *ndjson) write(v any) {
 		return
 	}
 	if _, err := n.w.Write(append(b, '\n')); err != nil {
+		slog.Info("code interpreter: client connection lost", "err", err)
 		n.broken = true
 		return
 	}
@@ -157,6 +158,7 @@ func (n *ndjson) log(kind, text string) {
 // execute runs one cell and streams its output as E2B's NDJSON.
 func (k *kernel) execute(w http.ResponseWriter, r *http.Request, code string, envVars map[string]string) {
 	ctx := r.Context()
+	started := time.Now()
 	if err := k.lock(ctx); err != nil {
 		writeError(w, http.StatusServiceUnavailable, err)
 		return
@@ -217,7 +219,7 @@ func (k *kernel) execute(w http.ResponseWriter, r *http.Request, code string, en
 			if !ok {
 				// fd 4 closed: the interpreter is gone (os._exit, a crash,
 				// a limit). Its state is lost; the next cell starts afresh.
-				<-d.exited
+				d.waitExit()
 				k.drainOutput(out, sk)
 				if !interrupted {
 					k.reportDeath(out, d)
@@ -253,7 +255,7 @@ func (k *kernel) execute(w http.ResponseWriter, r *http.Request, code string, en
 			clientGone = nil
 			interrupted = true
 			out.broken = true
-			slog.Info("code interpreter: client went away mid-cell; interrupting", "context", k.id, "pid", d.pid)
+			slog.Info("code interpreter: client went away mid-cell; interrupting", "context", k.id, "pid", d.pid, "after", time.Since(started).Round(time.Millisecond), "cause", context.Cause(ctx))
 			_ = unix.Kill(d.pid, unix.SIGINT)
 			graceTimer = time.After(k.s.cfg.InterruptGrace)
 		case <-graceTimer:
@@ -261,7 +263,7 @@ func (k *kernel) execute(w http.ResponseWriter, r *http.Request, code string, en
 			// context is not.
 			slog.Warn("code interpreter: interpreter ignored SIGINT; killing it", "context", k.id, "pid", d.pid, "grace", k.s.cfg.InterruptGrace)
 			d.kill()
-			<-d.exited
+			d.waitExit()
 			return
 		}
 	}
@@ -283,7 +285,7 @@ func (k *kernel) drainOutput(out *ndjson, sk *sink) {
 }
 
 func (k *kernel) reportDeath(out *ndjson, d *driver) {
-	<-d.exited
+	d.waitExit()
 	status := describeStatus(d.status)
 	out.write(map[string]any{
 		"type":      "error",

@@ -21,7 +21,9 @@ import (
 func newTestServer(t *testing.T, mod func(*Config)) (*Server, string) {
 	t.Helper()
 	cfg := Config{
-		Env:               func() []string { return []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(), "LANG=C.UTF-8", "SANDBOX_VAR=from-sandbox"} },
+		Env: func() []string {
+			return []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(), "LANG=C.UTF-8", "SANDBOX_VAR=from-sandbox"}
+		},
 		Workdir:           t.TempDir(),
 		KeepaliveInterval: 300 * time.Millisecond,
 		InterruptGrace:    3 * time.Second,

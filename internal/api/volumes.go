@@ -1,0 +1,155 @@
+package api
+
+import (
+	"bytes"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/volume"
+)
+
+func bytesReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }
+
+func (s *Server) volumeRoutes(auth func(http.HandlerFunc) http.Handler) {
+	m := s.mux
+	m.Handle("POST /volumes", auth(s.createVolume))
+	m.Handle("GET /volumes", auth(s.listVolumes))
+	m.Handle("GET /volumes/{name}", auth(s.getVolume))
+	m.Handle("DELETE /volumes/{name}", auth(s.deleteVolume))
+}
+
+// volumeResponse is a volume: E2B's volumeID/name plus cella's fields.
+type volumeResponse struct {
+	VolumeID  string    `json:"volumeID"`
+	Name      string    `json:"name"`
+	SizeMB    int64     `json:"sizeMB"`
+	UsedBytes int64     `json:"usedBytes"`
+	Mounted   bool      `json:"mounted"`
+	CreatedAt time.Time `json:"createdAt"`
+	UsedBy    []string  `json:"usedBy"`
+}
+
+func (s *Server) volumeBody(v volume.Volume) volumeResponse {
+	users := s.cfg.Manager.VolumeUsers(v.Name)
+	if users == nil {
+		users = []string{}
+	}
+	return volumeResponse{VolumeID: v.Name, Name: v.Name, SizeMB: v.SizeBytes >> 20, UsedBytes: v.UsedBytes,
+		Mounted: v.Mounted, CreatedAt: v.CreatedAt, UsedBy: users}
+}
+
+func (s *Server) volumes(w http.ResponseWriter, r *http.Request) *volume.Manager {
+	if s.cfg.Volumes == nil {
+		s.writeErr(w, r, errdefs.NotImplemented("this daemon has no volume store"))
+		return nil
+	}
+	return s.cfg.Volumes
+}
+
+// parseSize reads "512M", "2G", "1024" (MiB) or "1GiB".
+func parseSize(v string) (int64, error) {
+	u := strings.ToUpper(strings.TrimSpace(v))
+	u = strings.TrimSuffix(strings.TrimSuffix(u, "B"), "I")
+	mult := int64(1 << 20)
+	switch {
+	case strings.HasSuffix(u, "T"):
+		mult, u = 1<<40, strings.TrimSuffix(u, "T")
+	case strings.HasSuffix(u, "G"):
+		mult, u = 1<<30, strings.TrimSuffix(u, "G")
+	case strings.HasSuffix(u, "M"):
+		u = strings.TrimSuffix(u, "M")
+	}
+	n, err := strconv.ParseInt(u, 10, 64)
+	if err != nil || n <= 0 || n > (1<<62)/mult {
+		return 0, errdefs.InvalidArgument("invalid size %q (use e.g. 512M or 2G)", v)
+	}
+	return n * mult, nil
+}
+
+// createVolume is POST /volumes {"name", "sizeMB"? | "size"?: "1G"}: 201.
+func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
+	vm := s.volumes(w, r)
+	if vm == nil {
+		return
+	}
+	var req struct {
+		Name   string  `json:"name"`
+		SizeMB *int64  `json:"sizeMB"`
+		Size   *string `json:"size"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	var size int64
+	switch {
+	case req.SizeMB != nil && req.Size != nil:
+		s.writeErr(w, r, errdefs.InvalidArgument("give sizeMB or size, not both"))
+		return
+	case req.SizeMB != nil:
+		if *req.SizeMB <= 0 || *req.SizeMB > volume.MaxSizeBytes>>20 {
+			s.writeErr(w, r, errdefs.InvalidArgument("sizeMB must be between %d and %d (got %d)", volume.MinSizeBytes>>20, volume.MaxSizeBytes>>20, *req.SizeMB))
+			return
+		}
+		size = *req.SizeMB << 20
+	case req.Size != nil:
+		var err error
+		if size, err = parseSize(*req.Size); err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+	}
+	v, err := vm.Create(r.Context(), req.Name, size)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.volumeBody(v))
+}
+
+func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
+	vm := s.volumes(w, r)
+	if vm == nil {
+		return
+	}
+	vs, err := vm.List(r.Context())
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	out := make([]volumeResponse, 0, len(vs))
+	for _, v := range vs {
+		out = append(out, s.volumeBody(v))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
+	vm := s.volumes(w, r)
+	if vm == nil {
+		return
+	}
+	v, err := vm.Get(r.Context(), r.PathValue("name"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.volumeBody(v))
+}
+
+// deleteVolume is DELETE /volumes/{name}: 204; 409 while a live sandbox
+// (running or paused) mounts it.
+func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
+	vm := s.volumes(w, r)
+	if vm == nil {
+		return
+	}
+	if err := vm.Delete(r.Context(), r.PathValue("name"), s.cfg.Manager.VolumeUsers); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

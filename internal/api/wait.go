@@ -1,0 +1,145 @@
+package api
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/channel"
+	"github.com/cella-sandbox/cella/internal/errdefs"
+)
+
+func userBasic(user string) string {
+	return "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"))
+}
+
+// waitRequest is the body of POST /sandboxes/{id}/wait.
+type waitRequest struct {
+	Port int    `json:"port"`
+	Log  string `json:"log"`
+	PID  int    `json:"pid"`
+	// Timeout is seconds (a number) or a Go duration string; default 30 s.
+	Timeout json.RawMessage `json:"timeout"`
+}
+
+const maxWaitTimeout = time.Hour
+
+func parseWaitTimeout(raw json.RawMessage) (time.Duration, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return 30 * time.Second, nil
+	}
+	var secs float64
+	if err := json.Unmarshal(raw, &secs); err == nil {
+		return time.Duration(secs * float64(time.Second)), nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		if d, err := time.ParseDuration(s); err == nil {
+			return d, nil
+		}
+	}
+	return 0, errdefs.InvalidArgument("timeout must be seconds (a number) or a duration string like \"30s\", got %s", raw)
+}
+
+// waitSandbox blocks until a port listens or a process prints a matching
+// line; the agent inside the sandbox does the watching (GET /cella/wait).
+// 200 {"ready":true,...}; 408 on timeout; 409 when the process ended first.
+func (s *Server) waitSandbox(w http.ResponseWriter, r *http.Request) {
+	var req waitRequest
+	if err := decodeBody(r, &req); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	timeout, err := parseWaitTimeout(req.Timeout)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	if timeout <= 0 || timeout > maxWaitTimeout {
+		s.writeErr(w, r, errdefs.InvalidArgument("timeout %v must be positive and at most %v", timeout, maxWaitTimeout))
+		return
+	}
+	q := url.Values{"timeout": {timeout.String()}}
+	switch {
+	case req.Port != 0 && req.Log != "":
+		s.writeErr(w, r, errdefs.InvalidArgument("wait for either a port or a log line, not both"))
+		return
+	case req.Port != 0:
+		if req.Port < 0 || req.Port > 65535 {
+			s.writeErr(w, r, errdefs.InvalidArgument("port %d is out of range", req.Port))
+			return
+		}
+		q.Set("port", strconv.Itoa(req.Port))
+	case req.Log != "":
+		if req.PID <= 0 {
+			s.writeErr(w, r, errdefs.InvalidArgument("a log wait needs the pid of the process to watch"))
+			return
+		}
+		q.Set("log", req.Log)
+		q.Set("pid", strconv.Itoa(req.PID))
+	default:
+		s.writeErr(w, r, errdefs.InvalidArgument(`wait for what? send {"port":N} or {"log":"REGEXP","pid":P}`))
+		return
+	}
+	s.forwardAgent(w, r, "/cella/wait", q)
+}
+
+// processLogs serves GET /sandboxes/{id}/processes/{pid}/logs: the retained
+// output of a process (?format=json|text, ?stream=stdout|stderr|pty).
+func (s *Server) processLogs(w http.ResponseWriter, r *http.Request) {
+	pid, err := strconv.Atoi(r.PathValue("pid"))
+	if err != nil || pid <= 0 {
+		s.writeErr(w, r, errdefs.InvalidArgument("invalid pid %q", r.PathValue("pid")))
+		return
+	}
+	q := url.Values{}
+	for _, k := range []string{"format", "stream"} {
+		if v := r.URL.Query().Get(k); v != "" {
+			q.Set(k, v)
+		}
+	}
+	s.forwardAgent(w, r, "/cella/processes/"+strconv.Itoa(pid)+"/logs", q)
+}
+
+// forwardAgent makes a GET to the sandbox's agent and copies the answer.
+func (s *Server) forwardAgent(w http.ResponseWriter, r *http.Request, path string, q url.Values) {
+	sb, err := s.runningSandbox(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, channel.PortURL(channel.AgentPort)+path+"?"+q.Encode(), nil)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	if a := r.Header.Get("Accept"); a != "" {
+		req.Header.Set("Accept", a)
+	}
+	resp, err := agentHTTP(sb, "").Do(req)
+	if err != nil {
+		if r.Context().Err() != nil {
+			return
+		}
+		writeBadGateway(w, sb.ID, fmt.Sprintf("the agent of sandbox %s did not answer: %v", sb.ID, err))
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound && resp.Header.Get("Content-Type") == "text/plain; charset=utf-8" {
+		// An agent from before this feature answers the mux's plain 404.
+		writeError(w, http.StatusNotImplemented, "the agent of sandbox %s is older than this daemon and has no %s endpoint", sb.ID, path)
+		return
+	}
+	for _, h := range []string{"Content-Type"} {
+		if v := resp.Header.Get(h); v != "" {
+			w.Header().Set(h, v)
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, resp.Body)
+}

@@ -1,0 +1,334 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/client"
+)
+
+// Exec measures the round trip of `true` in a running sandbox through the
+// API, beside a local fork+exec of /bin/true in the same run.
+func Exec(ctx context.Context, cfg Config) ([]Figure, error) {
+	n := max(cfg.N, 50)
+	figs := []Figure{summarize("fork+exec /bin/true", "", repeat(n, func() error { return exec.Command("/bin/true").Run() }))}
+	for _, rt := range runtimesOf(cfg) {
+		f, err := execOne(ctx, cfg, rt, n)
+		if err != nil {
+			f.Err = err.Error()
+		}
+		f.Baseline = figs[0].Name
+		if figs[0].P50 > 0 {
+			f.Ratio = float64(f.P50) / float64(figs[0].P50)
+		}
+		figs = append(figs, f)
+	}
+	return figs, nil
+}
+
+func runtimesOf(cfg Config) []string {
+	if len(cfg.Runtimes) == 0 {
+		return []string{"gvisor", "namespaces"}
+	}
+	return cfg.Runtimes
+}
+
+func execOne(ctx context.Context, cfg Config, rt string, n int) (Figure, error) {
+	name := "exec `true` round trip (API)"
+	l, err := startLocal(ctx, cfg, rt)
+	if err != nil {
+		return Figure{Name: name, Runtime: rt}, err
+	}
+	defer l.Close()
+	sb, err := l.Client.Create(ctx, client.CreateRequest{})
+	if err != nil {
+		return Figure{Name: name, Runtime: rt}, err
+	}
+	conn, err := l.Client.Sandbox(ctx, sb.SandboxID)
+	if err != nil {
+		return Figure{Name: name, Runtime: rt}, err
+	}
+	// The first exec warms the agent's connection pool; it is not measured.
+	if _, err := conn.Exec(ctx, "true", client.ExecOptions{}); err != nil {
+		return Figure{Name: name, Runtime: rt}, err
+	}
+	// bash -l -c is E2B's command shape; `true` as argv[0] is the minimum.
+	ds := repeat(n, func() error {
+		res, err := conn.Exec(ctx, "true", client.ExecOptions{})
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("true exited %d", res.ExitCode)
+		}
+		return err
+	})
+	return summarize(name, rt, ds), nil
+}
+
+// Burst creates 50 sandboxes at once and reports per-create latency and
+// creates per second, beside a single cold create measured in the same run.
+func Burst(ctx context.Context, cfg Config, concurrent int) ([]Figure, error) {
+	if concurrent <= 0 {
+		concurrent = 50
+	}
+	var figs []Figure
+	for _, rt := range runtimesOf(cfg) {
+		l, err := startLocal(ctx, cfg, rt)
+		if err != nil {
+			figs = append(figs, Figure{Name: "burst", Runtime: rt, Err: err.Error()})
+			continue
+		}
+		single := summarize("single cold create", rt, repeat(5, func() error {
+			sb, err := l.Client.Create(ctx, client.CreateRequest{})
+			if err == nil {
+				_ = l.Client.Kill(ctx, sb.SandboxID)
+			}
+			return err
+		}))
+		var mu sync.Mutex
+		var ds []time.Duration
+		var ids []string
+		var firstErr error
+		var wg sync.WaitGroup
+		t0 := time.Now()
+		for i := 0; i < concurrent; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s := time.Now()
+				sb, err := l.Client.Create(ctx, client.CreateRequest{MemoryMB: 128})
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					if firstErr == nil {
+						firstErr = err
+					}
+					return
+				}
+				ds = append(ds, time.Since(s))
+				ids = append(ids, sb.SandboxID)
+			}()
+		}
+		wg.Wait()
+		wall := time.Since(t0)
+		f := summarize(fmt.Sprintf("%d concurrent creates", concurrent), rt, ds)
+		f.Baseline = single.Name
+		if single.P50 > 0 {
+			f.Ratio = float64(f.P50) / float64(single.P50)
+		}
+		f.Extra = fmt.Sprintf("%.1f creates/s", float64(len(ds))/wall.Seconds())
+		if firstErr != nil {
+			f.Err = fmt.Sprintf("%d of %d failed: %v", concurrent-len(ds), concurrent, firstErr)
+		}
+		for _, id := range ids {
+			_ = l.Client.Kill(ctx, id)
+		}
+		l.Close()
+		figs = append(figs, single, f)
+	}
+	return figs, nil
+}
+
+// Files uploads and downloads 1 MB and (unless short) 1 GB through the API,
+// beside copying the same bytes between two local files in the same run.
+func Files(ctx context.Context, cfg Config, short bool) ([]Figure, error) {
+	sizes := []int64{1 << 20, 1 << 30}
+	if short {
+		sizes = sizes[:1]
+	}
+	var figs []Figure
+	for _, rt := range runtimesOf(cfg) {
+		l, err := startLocal(ctx, cfg, rt)
+		if err != nil {
+			figs = append(figs, Figure{Name: "files", Runtime: rt, Err: err.Error()})
+			continue
+		}
+		sb, err := l.Client.Create(ctx, client.CreateRequest{DiskSizeMB: 2048, MemoryMB: 512})
+		if err != nil {
+			l.Close()
+			figs = append(figs, Figure{Name: "files", Runtime: rt, Err: err.Error()})
+			continue
+		}
+		conn, err := l.Client.Sandbox(ctx, sb.SandboxID)
+		if err != nil {
+			l.Close()
+			figs = append(figs, Figure{Name: "files", Runtime: rt, Err: err.Error()})
+			continue
+		}
+		for _, size := range sizes {
+			data := make([]byte, size)
+			_, _ = rand.Read(data)
+			label := humanSize(size)
+			n := 5
+			if size >= 1<<30 {
+				n = 1
+			}
+			local := summarize("local file copy "+label, "", repeat(n, func() error { return localCopy(data) }))
+			up := summarize("upload "+label, rt, repeat(n, func() error {
+				return conn.WriteFile(ctx, "/home/user/bench.bin", "", bytes.NewReader(data))
+			}))
+			down := summarize("download "+label, rt, repeat(n, func() error {
+				r, err := conn.ReadFile(ctx, "/home/user/bench.bin", "")
+				if err != nil {
+					return err
+				}
+				defer r.Close()
+				got, err := io.Copy(io.Discard, r)
+				if err == nil && got != size {
+					err = fmt.Errorf("downloaded %d of %d bytes", got, size)
+				}
+				return err
+			}))
+			for _, f := range []*Figure{&up, &down} {
+				f.Baseline = local.Name
+				if local.P50 > 0 {
+					f.Ratio = float64(f.P50) / float64(local.P50)
+				}
+				if f.N == 0 {
+					f.Err = "every try failed"
+				}
+			}
+			figs = append(figs, local, up, down)
+		}
+		l.Close()
+	}
+	return figs, nil
+}
+
+func localCopy(data []byte) error {
+	dir, err := os.MkdirTemp("", "cella-bench-copy-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	src := filepath.Join(dir, "src")
+	if err := os.WriteFile(src, data, 0o600); err != nil {
+		return err
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.Create(filepath.Join(dir, "dst"))
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	_, err = io.Copy(out, in)
+	return err
+}
+
+func humanSize(n int64) string {
+	if n >= 1<<30 {
+		return strconv.FormatInt(n>>30, 10) + " GiB"
+	}
+	return strconv.FormatInt(n>>20, 10) + " MiB"
+}
+
+// Density starts n idle sandboxes and reports the host memory each adds
+// (PSS of everything in its cgroups plus its writable layer) and the API's
+// latency while they idle.
+func Density(ctx context.Context, cfg Config, n int) ([]Figure, error) {
+	if n <= 0 {
+		n = 200
+	}
+	var figs []Figure
+	for _, rt := range runtimesOf(cfg) {
+		l, err := startLocal(ctx, cfg, rt)
+		if err != nil {
+			figs = append(figs, Figure{Name: "density", Runtime: rt, Err: err.Error()})
+			continue
+		}
+		idle := summarize("API GET /health, no sandboxes", rt, repeat(50, func() error { return health(l.URL) }))
+		var ids []string
+		var firstErr error
+		for i := 0; i < n; i++ {
+			sb, err := l.Client.Create(ctx, client.CreateRequest{MemoryMB: 128, Timeout: 3600})
+			if err != nil {
+				firstErr = err
+				break
+			}
+			ids = append(ids, sb.SandboxID)
+		}
+		time.Sleep(2 * time.Second) // let the sandboxes settle to idle
+		var total int64
+		for _, id := range ids {
+			total += sandboxPSS(id)
+		}
+		f := Figure{Name: fmt.Sprintf("idle memory per sandbox (%d sandboxes)", len(ids)), Runtime: rt, N: len(ids)}
+		if len(ids) > 0 {
+			f.Extra = fmt.Sprintf("%.1f MB PSS each", float64(total)/float64(len(ids))/1e6)
+		}
+		if firstErr != nil {
+			f.Err = fmt.Sprintf("stopped at %d: %v", len(ids), firstErr)
+		}
+		busy := summarize(fmt.Sprintf("API GET /health with %d idle sandboxes", len(ids)), rt, repeat(50, func() error { return health(l.URL) }))
+		busy.Baseline = idle.Name
+		if idle.P50 > 0 {
+			busy.Ratio = float64(busy.P50) / float64(idle.P50)
+		}
+		create := summarize(fmt.Sprintf("create with %d idle sandboxes", len(ids)), rt, repeat(3, func() error {
+			sb, err := l.Client.Create(ctx, client.CreateRequest{})
+			if err == nil {
+				_ = l.Client.Kill(ctx, sb.SandboxID)
+			}
+			return err
+		}))
+		figs = append(figs, f, idle, busy, create)
+		l.Close()
+	}
+	return figs, nil
+}
+
+func health(base string) error {
+	resp, err := http.Get(base + "/health")
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		return fmt.Errorf("health: %d", resp.StatusCode)
+	}
+	return nil
+}
+
+// sandboxPSS sums the proportional set size of every process in the
+// sandbox's memory cgroup (runsc's sandbox and gofer, or the crun
+// container's processes) plus its tmpfs writable layer's usage.
+func sandboxPSS(id string) int64 {
+	var total int64
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory/cella", id, "cgroup.procs"))
+	if err == nil {
+		for _, f := range strings.Fields(string(b)) {
+			total += pssOf(f)
+		}
+	}
+	return total
+}
+
+func pssOf(pid string) int64 {
+	b, err := os.ReadFile("/proc/" + pid + "/smaps_rollup")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "Pss:") {
+			f := strings.Fields(line)
+			if len(f) >= 2 {
+				kb, _ := strconv.ParseInt(f[1], 10, 64)
+				return kb << 10
+			}
+		}
+	}
+	return 0
+}

@@ -1,0 +1,253 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/agent"
+	"github.com/cella-sandbox/cella/internal/channel"
+	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/rootfs"
+	"github.com/cella-sandbox/cella/internal/runtime"
+	"github.com/cella-sandbox/cella/internal/store"
+)
+
+// MaxForkCount bounds one fork request.
+const MaxForkCount = 32
+
+// forkParallel is how many forks restore at once: each restore is mostly
+// one runsc process loading kernel state on one core.
+const forkParallel = 4
+
+// ForkResult is one fork: a sandbox or why it failed.
+type ForkResult struct {
+	Sandbox *Sandbox
+	Err     error
+}
+
+// Fork snapshots a running sandbox (memory and files; it keeps running) and
+// starts count sandboxes from that state. Each fork gets its own ID, tokens
+// and writable layer over the shared snapshot layer; under gVisor each
+// restores the original's processes. timeout 0 means the default TTL. The
+// snapshot is hidden and goes away with the last fork.
+func (m *Manager) Fork(ctx context.Context, id string, count int, timeout time.Duration, apiKeyID string) ([]ForkResult, error) {
+	if count < 1 || count > MaxForkCount {
+		return nil, errdefs.InvalidArgument("count must be between 1 and %d (got %d)", MaxForkCount, count)
+	}
+	if timeout < 0 || timeout > MaxTimeout {
+		return nil, errdefs.InvalidArgument("timeout must be between 0 and %v (got %v)", MaxTimeout, timeout)
+	}
+	sn, err := m.snapshot(ctx, id, "", true)
+	if err != nil {
+		return nil, err
+	}
+	row, err := m.cfg.Store.GetSnapshot(ctx, sn.ID)
+	if err != nil {
+		return nil, err
+	}
+	var rec snapshotRecord
+	if err := json.Unmarshal(row.Record, &rec); err != nil {
+		return nil, err
+	}
+	opts := rec.Options
+	opts.Timeout = timeout
+	if timeout == 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	opts.APIKeyID = apiKeyID
+	out := make([]ForkResult, count)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, forkParallel)
+	for i := range out {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			sb, err := m.fromSnapshot(ctx, opts, row, rec, false)
+			out[i] = ForkResult{Sandbox: sb, Err: err}
+		}()
+	}
+	wg.Wait()
+	// The forks hold the layers now; the hidden record is not needed.
+	if err := m.cfg.Store.DeleteSnapshot(context.WithoutCancel(ctx), sn.ID); err != nil {
+		m.log.Warn("drop fork snapshot record", "snapshot", sn.ID, "err", err)
+	}
+	m.gcSnapshots(context.WithoutCancel(ctx))
+	return out, nil
+}
+
+// CreateFromSnapshot is Create when the template ID names a snapshot: the
+// sandbox starts from the snapshot's state with the request's timeout,
+// metadata, env vars and lifecycle, and the snapshot's resources.
+func (m *Manager) createFromSnapshot(ctx context.Context, req Options, row store.Snapshot, rec snapshotRecord) (*Sandbox, error) {
+	opts := rec.Options
+	opts.Timeout = req.Timeout
+	opts.Metadata = req.Metadata
+	opts.EnvVars = maps.Clone(opts.EnvVars)
+	if opts.EnvVars == nil {
+		opts.EnvVars = map[string]string{}
+	}
+	maps.Copy(opts.EnvVars, req.EnvVars)
+	opts.AutoPause, opts.AutoPauseMemory, opts.AutoResume = req.AutoPause, req.AutoPauseMemory, req.AutoResume
+	opts.APIKeyID = req.APIKeyID
+	return m.fromSnapshot(ctx, opts, row, rec, true)
+}
+
+func (m *Manager) fromSnapshot(ctx context.Context, opts Options, row store.Snapshot, rec snapshotRecord, named bool) (*Sandbox, error) {
+	if err := opts.Normalize(); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	closed := m.closed
+	m.mu.Unlock()
+	if closed {
+		return nil, errdefs.Unavailable("daemon is shutting down")
+	}
+	tpl, err := m.template(ctx, opts.TemplateID)
+	if err != nil {
+		return nil, err
+	}
+	rt := m.cfg.Runtime
+	snap, memory := rt.(runtime.Snapshotter)
+	memory = memory && rec.Memory && rec.Runtime == rt.Name()
+
+	sb := &Sandbox{
+		ID:              newID(),
+		TemplateID:      opts.TemplateID,
+		Runtime:         rt.Name(),
+		Options:         opts,
+		StartedAt:       time.Now().UTC(),
+		EnvdAccessToken: newToken(),
+		channelToken:    newToken(),
+		state:           StateRunning,
+	}
+	if memory {
+		// The restored agent still holds the original's config and dials
+		// with its channel token; it learns its new identity via /init.
+		sb.channelToken = rec.ChannelToken
+	}
+	sb.endAt = sb.StartedAt.Add(opts.Timeout)
+	sb.Dir = filepath.Join(sandboxesDir(m.cfg.DataDir), sb.ID)
+
+	fail := func(err error) (*Sandbox, error) {
+		m.cleanup(context.WithoutCancel(ctx), sb)
+		return nil, err
+	}
+	runDir := filepath.Join(sb.Dir, "run")
+	bundleDir := filepath.Join(sb.Dir, "bundle")
+	for _, d := range []string{sb.Dir, runDir, bundleDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return fail(fmt.Errorf("create dirs for %s: %w", sb.ID, err))
+		}
+	}
+	// Claim the layers before mounting them, under the GC's lock.
+	snapMu.Lock()
+	lowers, err := m.layersOf(rec, tpl.RootFS)
+	if err == nil {
+		var b []byte
+		b, err = json.Marshal(origin{SnapshotID: row.ID, Layers: rec.Layers, MemoryRestored: memory})
+		if err == nil {
+			err = os.WriteFile(filepath.Join(sb.Dir, originFile), b, 0o600)
+		}
+	}
+	snapMu.Unlock()
+	if err != nil {
+		return fail(fmt.Errorf("sandbox from snapshot %s: %w", row.ID, err))
+	}
+	layer, err := rootfs.MountStack(lowers, sb.Dir, mib(opts.DiskMB))
+	if err != nil {
+		return fail(fmt.Errorf("create rootfs for %s: %w", sb.ID, err))
+	}
+	sb.layer = layer
+	ln, err := channel.Listen(filepath.Join(runDir, channel.SocketName))
+	if err != nil {
+		return fail(fmt.Errorf("agent channel for %s: %w", sb.ID, err))
+	}
+	sb.listener = ln
+	if err := agent.WriteConfig(runDir, m.agentConfig(sb, tpl)); err != nil {
+		return fail(err)
+	}
+	spec := m.spec(sb)
+	if memory {
+		err = snap.RestoreFrom(ctx, spec, m.memoryDir(row.ID))
+	} else {
+		err = rt.Start(ctx, spec)
+	}
+	if err != nil {
+		return fail(fmt.Errorf("start %s container for %s from snapshot %s: %w", rt.Name(), sb.ID, row.ID, err))
+	}
+	actx, cancel := context.WithTimeout(ctx, m.cfg.AgentTimeout)
+	conn, _, err := ln.Accept(actx, sb.channelToken)
+	cancel()
+	if err != nil {
+		return fail(fmt.Errorf("sandbox %s: agent did not answer within %v (%w); agent log: %s",
+			sb.ID, m.cfg.AgentTimeout, err, tail(spec.LogPath, 800)))
+	}
+	sb.conn = conn
+	if memory {
+		if err := reinitAgent(ctx, conn, rec.EnvdAccessToken, sb, opts.EnvVars); err != nil {
+			return fail(fmt.Errorf("sandbox %s from snapshot %s: %w", sb.ID, row.ID, err))
+		}
+	}
+	if err := m.persist(ctx, sb); err != nil {
+		return fail(err)
+	}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return fail(errdefs.Unavailable("daemon is shutting down"))
+	}
+	m.sandboxes[sb.ID] = sb
+	m.mu.Unlock()
+	go m.supervise(sb, sb.gen)
+	m.log.Info("sandbox created from snapshot", "id", sb.ID, "snapshot", row.ID, "memory", memory, "opts", opts.String())
+	return sb, nil
+}
+
+// reinitAgent gives a restored agent its sandbox's own identity: the new
+// envd access token (the restored one is the original's, which authorizes
+// the call), env vars, and sandbox ID.
+func reinitAgent(ctx context.Context, conn *channel.Conn, oldToken string, sb *Sandbox, env map[string]string) error {
+	body, _ := json.Marshal(map[string]any{"accessToken": sb.EnvdAccessToken, "envVars": env, "cellaSandboxID": sb.ID})
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, channel.PortURL(channel.AgentPort)+"/init", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if oldToken != "" {
+		req.Header.Set("X-Access-Token", oldToken)
+	}
+	resp, err := (&http.Client{Transport: conn.Transport()}).Do(req)
+	if err != nil {
+		return fmt.Errorf("re-init restored agent: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return errors.New("re-init restored agent: " + resp.Status + ": " + string(b))
+	}
+	return nil
+}
+
+// SnapshotOrigin reports the snapshot a sandbox was made from and whether
+// its memory was restored from it ("" when it was not made from one).
+func (m *Manager) SnapshotOrigin(sb *Sandbox) (snapshotID string, memoryRestored bool) {
+	o, ok := readOrigin(sb.Dir)
+	if !ok {
+		return "", false
+	}
+	return o.SnapshotID, o.MemoryRestored
+}

@@ -1,0 +1,362 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/channel"
+	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/runtime"
+	"github.com/cella-sandbox/cella/internal/store"
+)
+
+// A snapshot is a sandbox frozen in time, under <data>/snapshots/<id>/:
+//
+//	layer/   a copy of the sandbox's writable layer (its overlay upper dir),
+//	         used as a read-only overlay lower by every sandbox made from it
+//	memory/  (gVisor) the memory image of `runsc checkpoint --leave-running`
+//
+// plus a store record with the sandbox's options and tokens. A snapshot of
+// a sandbox that was itself made from a snapshot stacks on its parent's
+// layers instead of copying them, so its layer list is [own, parent's...].
+// Layers are removed once no snapshot record and no sandbox uses them.
+
+// SnapshotInfo describes one snapshot.
+type SnapshotInfo struct {
+	ID         string
+	Names      []string
+	SandboxID  string
+	TemplateID string
+	CreatedAt  time.Time
+	// Memory: the snapshot holds a memory image, and sandboxes made from it
+	// go on with the original's processes. Without it (runtimes with no
+	// memory checkpoint) they boot fresh on the snapshot's files.
+	Memory    bool
+	SizeBytes int64 // on disk: the frozen layer plus the memory image
+	Took      time.Duration
+}
+
+type snapshotRecord struct {
+	Options         Options  `json:"options"`
+	Runtime         string   `json:"runtime"`
+	Memory          bool     `json:"memory"`
+	ChannelToken    string   `json:"channel_token"`
+	EnvdAccessToken string   `json:"envd_access_token"`
+	Layers          []string `json:"layers"` // snapshot IDs, top first
+	SizeBytes       int64    `json:"size_bytes"`
+	TookMS          int64    `json:"took_ms"`
+}
+
+// origin is what a sandbox made from a snapshot keeps in its directory: the
+// snapshot layers it is stacked on (they must outlive it).
+type origin struct {
+	SnapshotID     string   `json:"snapshot_id"`
+	Layers         []string `json:"layers"`
+	MemoryRestored bool     `json:"memory_restored"`
+}
+
+const originFile = "origin.json"
+
+// snapMu serializes snapshot garbage collection with the creation of
+// sandboxes and snapshots that start to use a layer.
+var snapMu sync.Mutex
+
+func snapshotsDir(dataDir string) string { return filepath.Join(dataDir, "snapshots") }
+func (m *Manager) snapshotDir(id string) string {
+	return filepath.Join(snapshotsDir(m.cfg.DataDir), id)
+}
+func (m *Manager) layerDir(id string) string  { return filepath.Join(m.snapshotDir(id), "layer") }
+func (m *Manager) memoryDir(id string) string { return filepath.Join(m.snapshotDir(id), "memory") }
+
+func readOrigin(sandboxDir string) (origin, bool) {
+	var o origin
+	b, err := os.ReadFile(filepath.Join(sandboxDir, originFile))
+	if err != nil || json.Unmarshal(b, &o) != nil {
+		return o, false
+	}
+	return o, true
+}
+
+// Snapshot freezes a running sandbox into a new snapshot; the sandbox keeps
+// running. Under gVisor the memory is checkpointed first (the sandbox stops
+// for the checkpoint only), then the container is frozen for as long as its
+// writable layer takes to copy. name may be empty.
+func (m *Manager) Snapshot(ctx context.Context, id, name string) (SnapshotInfo, error) {
+	return m.snapshot(ctx, id, name, false)
+}
+
+func (m *Manager) snapshot(ctx context.Context, id, name string, hidden bool) (SnapshotInfo, error) {
+	if name != "" && !templateNameRe.MatchString(name) {
+		return SnapshotInfo{}, errdefs.InvalidArgument("invalid snapshot name %q: use letters, digits, '.', '_' and '-'", name)
+	}
+	sb, err := m.Get(id)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	sb.opMu.Lock()
+	defer sb.opMu.Unlock()
+	if !m.isTracked(sb) {
+		return SnapshotInfo{}, errdefs.NotFound("sandbox %q not found", id)
+	}
+	switch st := sb.State(); st {
+	case StateRunning:
+	case StatePaused:
+		return SnapshotInfo{}, errdefs.Conflict("sandbox %q is paused: resume it to snapshot it", id)
+	default:
+		return SnapshotInfo{}, errdefs.Conflict("sandbox %q is %s: %s", id, st, sb.Err())
+	}
+	if sb.layer == nil {
+		return SnapshotInfo{}, fmt.Errorf("sandbox %q has no root filesystem", id)
+	}
+	parent, _ := readOrigin(sb.Dir)
+
+	start := time.Now()
+	snID := newID()
+	dir := m.snapshotDir(snID)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", id, err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = os.RemoveAll(dir)
+		}
+	}()
+	rt := m.cfg.Runtime
+	snap, memory := rt.(runtime.Snapshotter)
+	memory = memory && rt.Capabilities().MemoryCheckpoint
+	if memory {
+		if err := os.Mkdir(m.memoryDir(snID), 0o700); err != nil {
+			return SnapshotInfo{}, err
+		}
+		sb.mu.Lock()
+		oldConn := sb.conn
+		sb.mu.Unlock()
+		if err := snap.CheckpointRunning(ctx, sb.ID, m.memoryDir(snID)); err != nil {
+			return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", id, err)
+		}
+		// The checkpoint breaks the agent's host socket as a restore does;
+		// its supervisor takes the redial. Return once it answers again.
+		if err := m.waitAgent(ctx, sb, oldConn); err != nil {
+			return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", id, err)
+		}
+	}
+	// The files: frozen so that the copy is one moment's state.
+	if err := rt.Freeze(ctx, sb.ID); err != nil {
+		return SnapshotInfo{}, fmt.Errorf("snapshot %s: freeze: %w", id, err)
+	}
+	cerr := sb.layer.Freeze(m.layerDir(snID))
+	if err := rt.Thaw(context.WithoutCancel(ctx), sb.ID); err != nil {
+		return SnapshotInfo{}, errors.Join(fmt.Errorf("snapshot %s: thaw: %w", id, err), cerr)
+	}
+	if cerr != nil {
+		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", id, cerr)
+	}
+	took := time.Since(start)
+	rec := snapshotRecord{
+		Options: sb.Options, Runtime: sb.Runtime, Memory: memory,
+		ChannelToken: sb.channelToken, EnvdAccessToken: sb.EnvdAccessToken,
+		Layers: append([]string{snID}, parent.Layers...), SizeBytes: diskUsage(dir), TookMS: took.Milliseconds(),
+	}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	row := store.Snapshot{ID: snID, SandboxID: sb.ID, TemplateID: sb.TemplateID, Name: name, Hidden: hidden,
+		CreatedAt: time.Now().UTC(), APIKeyID: sb.Options.APIKeyID, Record: b}
+	if err := m.cfg.Store.PutSnapshot(context.WithoutCancel(ctx), row); err != nil {
+		return SnapshotInfo{}, err
+	}
+	ok = true
+	m.log.Info("sandbox snapshotted", "id", id, "snapshot", snID, "memory", memory, "bytes", rec.SizeBytes, "took", took.Round(time.Millisecond))
+	return snapshotInfo(row, rec), nil
+}
+
+func snapshotInfo(row store.Snapshot, rec snapshotRecord) SnapshotInfo {
+	in := SnapshotInfo{ID: row.ID, SandboxID: row.SandboxID, TemplateID: row.TemplateID, CreatedAt: row.CreatedAt,
+		Memory: rec.Memory, SizeBytes: rec.SizeBytes, Took: time.Duration(rec.TookMS) * time.Millisecond, Names: []string{}}
+	if row.Name != "" {
+		in.Names = []string{row.Name}
+	}
+	return in
+}
+
+// SnapshotFilter selects snapshots for ListSnapshots.
+type SnapshotFilter = store.SnapshotFilter
+
+// ListSnapshots returns the snapshots matching f, newest first.
+func (m *Manager) ListSnapshots(ctx context.Context, f SnapshotFilter) ([]SnapshotInfo, error) {
+	rows, err := m.cfg.Store.ListSnapshots(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]SnapshotInfo, 0, len(rows))
+	for _, row := range rows {
+		var rec snapshotRecord
+		_ = json.Unmarshal(row.Record, &rec)
+		out = append(out, snapshotInfo(row, rec))
+	}
+	return out, nil
+}
+
+// lookupSnapshot finds a visible snapshot by ID or name.
+func (m *Manager) lookupSnapshot(ctx context.Context, idOrName string) (store.Snapshot, snapshotRecord, bool) {
+	var rec snapshotRecord
+	row, err := m.cfg.Store.GetSnapshot(ctx, idOrName)
+	if err != nil || row.Hidden {
+		return row, rec, false
+	}
+	if json.Unmarshal(row.Record, &rec) != nil {
+		return row, rec, false
+	}
+	return row, rec, true
+}
+
+// IsSnapshot reports whether idOrName names a snapshot.
+func (m *Manager) IsSnapshot(ctx context.Context, idOrName string) bool {
+	_, _, ok := m.lookupSnapshot(ctx, idOrName)
+	return ok
+}
+
+// DeleteSnapshot removes a snapshot. Sandboxes made from it keep running:
+// its layer goes when the last of them does.
+func (m *Manager) DeleteSnapshot(ctx context.Context, idOrName string) error {
+	row, _, ok := m.lookupSnapshot(ctx, idOrName)
+	if !ok {
+		return errdefs.NotFound("snapshot %q not found", idOrName)
+	}
+	if err := m.cfg.Store.DeleteSnapshot(ctx, row.ID); err != nil {
+		return err
+	}
+	m.log.Info("snapshot deleted", "snapshot", row.ID)
+	m.gcSnapshots(ctx)
+	return nil
+}
+
+// gcSnapshots removes the snapshot directories no record and no sandbox
+// uses any more: deleted snapshots, and the hidden ones fork makes once its
+// last fork is gone.
+func (m *Manager) gcSnapshots(ctx context.Context) {
+	snapMu.Lock()
+	defer snapMu.Unlock()
+	entries, err := os.ReadDir(snapshotsDir(m.cfg.DataDir))
+	if err != nil {
+		return
+	}
+	used := map[string]bool{}
+	rows, err := m.cfg.Store.ListSnapshots(ctx, store.SnapshotFilter{IncludeHidden: true})
+	if err != nil {
+		m.log.Warn("snapshot gc: list", "err", err)
+		return
+	}
+	for _, row := range rows {
+		var rec snapshotRecord
+		_ = json.Unmarshal(row.Record, &rec)
+		used[row.ID] = true
+		for _, l := range rec.Layers {
+			used[l] = true
+		}
+	}
+	sbs, _ := os.ReadDir(sandboxesDir(m.cfg.DataDir))
+	for _, e := range sbs {
+		if o, ok := readOrigin(filepath.Join(sandboxesDir(m.cfg.DataDir), e.Name())); ok {
+			for _, l := range o.Layers {
+				used[l] = true
+			}
+		}
+	}
+	for _, e := range entries {
+		if used[e.Name()] {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(snapshotsDir(m.cfg.DataDir), e.Name())); err != nil {
+			m.log.Warn("snapshot gc: remove", "snapshot", e.Name(), "err", err)
+		} else {
+			m.log.Info("snapshot layer removed", "snapshot", e.Name())
+		}
+	}
+}
+
+// diskUsage is the bytes of disk blocks the files below dir use.
+func diskUsage(dir string) int64 {
+	var n int64
+	seen := map[uint64]bool{}
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			return nil
+		}
+		if st, ok := statT(info); ok {
+			if st.Nlink > 1 {
+				if seen[st.Ino] {
+					return nil
+				}
+				seen[st.Ino] = true
+			}
+			n += st.Blocks * 512
+		}
+		return nil
+	})
+	return n
+}
+
+// layersOf lists the lower dirs of a sandbox made from rec: its snapshot
+// layers top first, then the template root.
+func (m *Manager) layersOf(rec snapshotRecord, templateRoot string) ([]string, error) {
+	var out []string
+	for _, id := range rec.Layers {
+		d := m.layerDir(id)
+		if _, err := os.Stat(d); err != nil {
+			return nil, fmt.Errorf("snapshot layer %s is gone: %w", id, err)
+		}
+		out = append(out, d)
+	}
+	return append(out, templateRoot), nil
+}
+
+// waitAgent waits until a running sandbox's agent answers over its channel
+// after a checkpoint: on a new connection, or on old if that one survived.
+func (m *Manager) waitAgent(ctx context.Context, sb *Sandbox, old *channel.Conn) error {
+	deadline := time.Now().Add(m.cfg.AgentTimeout)
+	for time.Now().Before(deadline) {
+		c := sb.Conn()
+		if c != nil && !c.IsClosed() && (c != old || agentHealthy(ctx, c)) {
+			return nil
+		}
+		if sb.State() != StateRunning {
+			return fmt.Errorf("sandbox %s is %s: %s", sb.ID, sb.State(), sb.Err())
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("the agent did not answer within %v after the checkpoint", m.cfg.AgentTimeout)
+}
+
+func agentHealthy(ctx context.Context, c *channel.Conn) bool {
+	ctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, channel.PortURL(channel.AgentPort)+"/health", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := (&http.Client{Transport: c.Transport()}).Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode < 300
+}

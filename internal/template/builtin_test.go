@@ -1,0 +1,64 @@
+package template
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+)
+
+func TestCodeInterpreterRecipe(t *testing.T) {
+	for _, p := range BaseRecipe.Packages {
+		if !slices.Contains(CodeInterpreterRecipe.Packages, p) {
+			t.Errorf("code-interpreter recipe lacks base package %s", p)
+		}
+	}
+	if CodeInterpreterRecipe.Key() == BaseRecipe.Key() {
+		t.Fatal("code-interpreter recipe has base's cache key")
+	}
+	if err := CodeInterpreterRecipe.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if !IsBuiltin(BaseName) || !IsBuiltin(CodeInterpreterName) || IsBuiltin("nope") {
+		t.Fatal("IsBuiltin")
+	}
+}
+
+// A builtin name gets its services whether EnsureNamed or a hand-made
+// import/build named it; other names get none.
+func TestBuiltinServices(t *testing.T) {
+	needRoot(t)
+	s, err := NewStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.EnsureNamed(context.Background(), "not-builtin", nil); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("EnsureNamed of a non-builtin: %v", err)
+	}
+	src := tinyRoot(t)
+	ci, err := s.Import(CodeInterpreterName, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(ci.Services, []string{ServiceCodeInterpreter}) {
+		t.Fatalf("services of %s = %v", CodeInterpreterName, ci.Services)
+	}
+	other, err := s.Import("other", src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(other.Services) != 0 {
+		t.Fatalf("services of other = %v", other.Services)
+	}
+	// EnsureNamed finds the existing name without building.
+	got, err := s.EnsureNamed(context.Background(), CodeInterpreterName, nil)
+	if err != nil || got.Image != ci.Image {
+		t.Fatalf("EnsureNamed = %v, %v", got, err)
+	}
+	if err := s.setServices("other", []string{"x"}); err != nil {
+		t.Fatal(err)
+	}
+	if o, _ := s.Get("other"); !slices.Equal(o.Services, []string{"x"}) {
+		t.Fatalf("recorded services = %v", o.Services)
+	}
+}
