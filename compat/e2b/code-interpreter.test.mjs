@@ -24,14 +24,14 @@ describe('@e2b/code-interpreter@2.8.0', () => {
   let sbx
   const shared = () => { assert.ok(sbx, 'no shared sandbox: Sandbox.create failed'); return sbx }
 
-  step('Sandbox.create() asks for code-interpreter-v1 and gets a sandbox', async ({ sdk, exchanges }) => {
+  step('step 16: Sandbox.create() asks for code-interpreter-v1 and gets a sandbox', async ({ sdk, exchanges }) => {
     sbx = await sdk('Sandbox.create({envs})', () => Sandbox.create({ envs: { SANDBOX_VAR: 'from-create' }, timeoutMs: 600_000 }))
     janitor.track(sbx)
     const ex = one(exchanges(), 'POST', /^\/v2\/sandboxes$/)
     assert.equal(ex.status, 201)
   }, { timeout: 900_000 })
 
-  step("runCode('1+1') → execution.text === '2' (POST /execute on port 49999 with the access token)", async ({ sdk, exchanges }) => {
+  step("step 16: runCode('1+1') → execution.text === '2' (POST /execute on port 49999 with the access token)", async ({ sdk, exchanges }) => {
     const execution = await sdk("sbx.runCode('1+1')", () => shared().runCode('1+1'))
     assert.equal(execution.text, '2')
     assert.equal(execution.error, undefined)
@@ -44,14 +44,14 @@ describe('@e2b/code-interpreter@2.8.0', () => {
     assert.match(ex.resHeaders['content-type'] ?? '', /ndjson/)
   })
 
-  step('variables, imports and files persist across runCode calls', async ({ sdk }) => {
+  step('step 16: variables, imports and files persist across runCode calls', async ({ sdk }) => {
     const s = shared()
     await sdk("runCode('x = 40; import math; open(\"f.txt\", \"w\").write(\"hi\")')", () => s.runCode('x = 40\nimport math\nopen("f.txt", "w").write("hi")'))
     const e = await sdk("runCode('x + 2 ...')", () => s.runCode('x + math.floor(2.5) + len(open("f.txt").read()) - 2'))
     assert.equal(e.text, '42')
   })
 
-  step('the sandbox env vars and per-call envs reach the code; it runs as user in /home/user', async ({ sdk }) => {
+  step('step 16: the sandbox env vars and per-call envs reach the code; it runs as user in /home/user', async ({ sdk }) => {
     const s = shared()
     const e = await sdk("runCode(..., {envs: {REQ_VAR}})", () => s.runCode(
       'import os, getpass\n"|".join([os.environ["SANDBOX_VAR"], os.environ["REQ_VAR"], getpass.getuser(), os.getcwd()])',
@@ -61,7 +61,7 @@ describe('@e2b/code-interpreter@2.8.0', () => {
     assert.equal(after.text, 'unset', 'per-call envs are reset after the call')
   })
 
-  step('createCodeContext / listCodeContexts / restartCodeContext / removeCodeContext; contexts are independent', async ({ sdk }) => {
+  step('step 16: createCodeContext / listCodeContexts / restartCodeContext / removeCodeContext; contexts are independent', async ({ sdk }) => {
     const s = shared()
     const a = await sdk('createCodeContext()', () => s.createCodeContext())
     const b = await sdk("createCodeContext({language: 'python', cwd: '/tmp'})", () => s.createCodeContext({ language: 'python', cwd: '/tmp' }))
@@ -97,7 +97,7 @@ describe('@e2b/code-interpreter@2.8.0', () => {
     assert.ok(err instanceof NotFoundError, `expected NotFoundError, got ${err?.name}: ${err?.message}`)
   })
 
-  step('a matplotlib figure → a result with png', async ({ sdk }) => {
+  step('step 16: a matplotlib figure → a result with png', async ({ sdk }) => {
     const e = await sdk('runCode(plt.plot; plt.show())', () => shared().runCode(
       'import matplotlib.pyplot as plt\nplt.figure()\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.title("squares")\nplt.show()'))
     assert.equal(e.error, undefined, `error: ${JSON.stringify(e.error)}`)
@@ -110,7 +110,7 @@ describe('@e2b/code-interpreter@2.8.0', () => {
     assert.deepEqual(e.logs.stderr, [], 'no warning about a non-interactive backend')
   }, { timeout: 90_000 })
 
-  step('a pandas DataFrame as the last expression → html and text', async ({ sdk }) => {
+  step('step 16: a pandas DataFrame as the last expression → html and text', async ({ sdk }) => {
     const e = await sdk('runCode(pd.DataFrame(...))', () => shared().runCode(
       'import pandas as pd\npd.DataFrame({"name": ["a", "b"], "score": [1, 2]})'))
     assert.equal(e.error, undefined, `error: ${JSON.stringify(e.error)}`)
@@ -123,7 +123,7 @@ describe('@e2b/code-interpreter@2.8.0', () => {
     assert.equal(e.text, r.text)
   }, { timeout: 90_000 })
 
-  step('an exception → execution.error with name, value and traceback', async ({ sdk }) => {
+  step('step 16: an exception → execution.error with name, value and traceback', async ({ sdk }) => {
     let seen
     const e = await sdk('runCode(1/0)', () => shared().runCode('def f():\n    return 1 / 0\nf()', { onError: (err) => { seen = err } }))
     assert.equal(e.error?.name, 'ZeroDivisionError')
@@ -133,7 +133,7 @@ describe('@e2b/code-interpreter@2.8.0', () => {
     assert.equal(e.text, undefined)
   })
 
-  step('onStdout receives a print while the code still runs', async ({ sdk }) => {
+  step('step 16: onStdout receives a print while the code still runs', async ({ sdk }) => {
     const t0 = Date.now()
     const got = []
     const e = await sdk('runCode(print; sleep 2; print, {onStdout})', () => shared().runCode(
@@ -146,7 +146,7 @@ describe('@e2b/code-interpreter@2.8.0', () => {
     assert.ok(early >= 1500, `the first print reached onStdout only ${early} ms before runCode returned (after ${got[0].at - t0} ms): not streamed`)
   })
 
-  step('timeoutMs interrupts `while True: pass`; the context keeps its state and works', async ({ sdk }) => {
+  step('step 16: timeoutMs interrupts `while True: pass`; the context keeps its state and works', async ({ sdk }) => {
     const s = shared()
     await sdk("runCode('kept = 7')", () => s.runCode('kept = 7'))
     const t0 = Date.now()
@@ -157,7 +157,7 @@ describe('@e2b/code-interpreter@2.8.0', () => {
     assert.equal(next.text, '7')
   })
 
-  step("language: 'javascript' keeps variables; console.log streams", async ({ sdk }) => {
+  step("step 16: language: 'javascript' keeps variables; console.log streams", async ({ sdk }) => {
     const s = shared()
     await sdk("runCode('let n = 41', {language: 'javascript'})", () => s.runCode('let n = 41', { language: 'javascript' }))
     const e = await sdk("runCode('n + 1', {language: 'javascript'})", () => s.runCode('n + 1', { language: 'javascript' }))
@@ -172,7 +172,7 @@ describe('@e2b/code-interpreter@2.8.0', () => {
     assert.equal(py.text, '40', 'the python default context is untouched')
   })
 
-  step('a base sandbox runs no code interpreter (port 49999 → 502)', async ({ sdk }) => {
+  step('step 16: a base sandbox runs no code interpreter (port 49999 → 502)', async ({ sdk }) => {
     const base = janitor.track(await sdk("Sandbox.create('base')", () => Sandbox.create('base')))
     const res = await httpRequest({ path: '/health', headers: { 'E2b-Sandbox-Id': base.sandboxId, 'E2b-Sandbox-Port': '49999' } })
     assert.equal(res.status, 502)
@@ -181,12 +181,12 @@ describe('@e2b/code-interpreter@2.8.0', () => {
     await sdk('base.kill()', () => base.kill())
   }, { timeout: 120_000 })
 
-  step('GET /health on port 49999 → 200', async () => {
+  step('step 16: GET /health on port 49999 → 200', async () => {
     const res = await httpRequest({ path: '/health', headers: { 'E2b-Sandbox-Id': shared().sandboxId, 'E2b-Sandbox-Port': '49999' } })
     assert.equal(res.status, 200)
   })
 
-  step('the sandbox is killed at the end', async ({ sdk }) => {
+  step('step 16: the sandbox is killed at the end', async ({ sdk }) => {
     assert.equal(await sdk('sbx.kill()', () => shared().kill()), true)
   })
 })

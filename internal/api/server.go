@@ -76,12 +76,12 @@ func (s *Server) routes() {
 
 	// Later work answers 501 naming the feature, so clients fail clearly.
 	for pattern, feature := range map[string]string{
-		"PUT /sandboxes/{id}/network":    "runtime network update",
-		"GET /sandboxes/{id}/metrics":    "sandbox metrics",
-		"GET /sandboxes/metrics":         "sandbox metrics",
-		"GET /sandboxes/{id}/logs":       "sandbox logs",
-		"GET /v2/sandboxes/{id}/logs":    "sandbox logs",
-		"POST /v3/templates":             "template builds over the API (use: cella template build)",
+		"PUT /sandboxes/{id}/network": "runtime network update",
+		"GET /sandboxes/{id}/metrics": "sandbox metrics",
+		"GET /sandboxes/metrics":      "sandbox metrics",
+		"GET /sandboxes/{id}/logs":    "sandbox logs",
+		"GET /v2/sandboxes/{id}/logs": "sandbox logs",
+		"POST /v3/templates":          "template builds over the API (use: cella template build)",
 	} {
 		m.Handle(pattern, auth(notImplemented(feature)))
 	}

@@ -98,13 +98,13 @@ func duX(t *testing.T, dir string) int64 {
 	return n
 }
 
-// forkCount is how many forks the suite makes: CELLA_TEST_FORKS, default 4
-// (20 forks of a 100 MB sandbox on 2 cores is `cella bench state`'s job).
+// forkCount is how many forks the suite makes: CELLA_TEST_FORKS, default
+// 20, the issue's figure (about 15 s of a 2-core machine under gVisor).
 func forkCount() int {
 	if n, err := strconv.Atoi(os.Getenv("CELLA_TEST_FORKS")); err == nil && n > 0 {
 		return n
 	}
-	return 4
+	return 20
 }
 
 // RunSnapshots is the snapshot and fork suite for one runtime.

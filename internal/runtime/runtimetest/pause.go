@@ -2,6 +2,7 @@ package runtimetest
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"slices"
 	"strconv"
@@ -137,7 +138,16 @@ func testPauseResume(t *testing.T, env *daemontest.Env) {
 	pid := startCounter(t, sb)
 	n := waitCountAbove(t, sb, 1)
 
-	for i := 0; i < 5; i++ {
+	// Ten cycles: each writes a file before pausing, and after resuming
+	// every file of every cycle is there byte for byte, the counter goes on
+	// and the counting process can be re-attached by pid.
+	want := "kept\n"
+	for i := 0; i < 10; i++ {
+		line := fmt.Sprintf("cycle %d %s\n", i+1, strings.Repeat("x", 100*(i+1)))
+		want += line
+		if err := sb.WriteFile(ctxT(t, time.Minute), fmt.Sprintf("/home/user/cycle-%02d", i+1), "", strings.NewReader(line)); err != nil {
+			t.Fatalf("cycle %d: write: %v", i+1, err)
+		}
 		ctx := ctxT(t, 2*time.Minute)
 		start := time.Now()
 		if err := env.Client.Pause(ctx, sb.ID, true); err != nil {
@@ -166,9 +176,11 @@ func testPauseResume(t *testing.T, env *daemontest.Env) {
 			t.Fatalf("cycle %d: counter went back from %d to %d", i+1, n, c)
 		}
 		n = waitCountAbove(t, sb, readCount(t, sb))
-		if out := mustOK(t, sb, "cat /home/user/kept"); out != "kept\n" {
-			t.Fatalf("cycle %d: file written before pause: %q", i+1, out)
+		got := mustOK(t, sb, "cat /home/user/kept /home/user/cycle-*")
+		if got != want {
+			t.Fatalf("cycle %d: files written before the pauses: got %d bytes, want %d", i+1, len(got), len(want))
 		}
+		reattach(t, sb, pid)
 	}
 	if _, resumed, err := env.Client.ConnectResumed(ctxT(t, time.Minute), sb.ID); err != nil || resumed {
 		t.Fatalf("connect to a running sandbox: resumed=%v err=%v", resumed, err)
