@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -306,8 +307,15 @@ func TestCrashRecovery(t *testing.T) {
 		ids = append(ids, strings.TrimSpace(d.mustCella("create", "--timeout", "10m")))
 	}
 	d.mustCella("exec", ids[0], "--", "sh", "-c", "echo kept > /home/user/state; nohup sleep 1000 >/dev/null 2>&1 &")
+	// A fourth sandbox is paused with memory, a counting process and a file.
+	paused := strings.TrimSpace(d.mustCella("create", "--timeout", "10m"))
+	d.mustCella("exec", paused, "--", "sh", "-c",
+		"echo paused-file > /home/user/p; nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /home/user/count; sleep 0.2; done' >/dev/null 2>&1 &")
+	time.Sleep(time.Second)
+	before, _ := strconv.Atoi(strings.TrimSpace(d.mustCella("exec", paused, "--", "cat", "/home/user/count")))
+	d.mustCella("pause", paused)
 
-	// Crash with sandboxes running.
+	// Crash with sandboxes running and one paused.
 	d.kill9()
 	// While the daemon is down, one sandbox's container goes away.
 	exec.Command(runsc, "--root", filepath.Join(dataDir, "runsc"), "kill", "--all", ids[2], "KILL").Run()
@@ -321,6 +329,20 @@ func TestCrashRecovery(t *testing.T) {
 		t.Fatalf("adopted sandbox state: %q", out)
 	}
 	d2.mustCella("exec", ids[1], "--", "true")
+	// The paused one is still paused, and resumes whole: its file, and its
+	// process counting on from where it was.
+	if info := d2.mustCella("info", paused); !strings.Contains(info, `"state": "paused"`) {
+		t.Fatalf("paused sandbox after the crash: %s", info)
+	}
+	d2.mustCella("resume", paused)
+	if out := d2.mustCella("exec", paused, "--", "cat", "/home/user/p"); out != "paused-file\n" {
+		t.Fatalf("paused sandbox file after crash + resume: %q", out)
+	}
+	time.Sleep(time.Second)
+	after, _ := strconv.Atoi(strings.TrimSpace(d2.mustCella("exec", paused, "--", "cat", "/home/user/count")))
+	if after <= before {
+		t.Fatalf("the counter did not go on after crash + resume: %d then %d", before, after)
+	}
 	// The one whose container vanished is reported dead, with the reason.
 	info, errs, code := d2.cella("", "info", ids[2])
 	if code != 0 || !strings.Contains(info, `"state": "dead"`) || !strings.Contains(info, "daemon was down") {
@@ -333,6 +355,7 @@ func TestCrashRecovery(t *testing.T) {
 		t.Fatalf("dead sandbox left: %v", l)
 	}
 	// A clean stop leaves nothing at all.
+	ids = append(ids, paused)
 	d2.term()
 	if l := hostLeftovers(t, dataDir, runsc, ids, true); len(l) > 0 {
 		t.Fatalf("after SIGTERM the host still holds: %v", l)
