@@ -14,6 +14,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/sandbox"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/template"
+	"github.com/cella-sandbox/cella/internal/ui"
 	"github.com/cella-sandbox/cella/internal/volume"
 )
 
@@ -54,6 +55,7 @@ type keyCtx struct{}
 func (s *Server) routes() {
 	m := s.mux
 	m.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	m.Handle("GET /ui/", ui.Handler("/ui/")) // the web console (internal/ui); public assets, the app asks for a key
 
 	auth := s.requireKey
 	m.Handle("POST /sandboxes", auth(s.createSandbox))

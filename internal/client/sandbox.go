@@ -207,18 +207,21 @@ func (s *SandboxConn) Exec(ctx context.Context, cmd string, o ExecOptions) (Exec
 // deathOf turns a stream cut by the sandbox's own death (a limit that took
 // the whole sandbox down) into a result that names why.
 func (s *SandboxConn) deathOf() (ExecResult, bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
-	// The daemon notices the death within moments of the stream breaking.
-	for i := 0; i < 20; i++ {
+	// A sandbox brought down by a limit can take a while to die under load
+	// (gVisor's sentry starving before its ceiling ends it); a stream broken
+	// for another reason leaves the sandbox running, and the caller gets the
+	// stream's error after this wait.
+	for i := 0; i < 300; i++ {
 		d, err := s.c.Get(ctx, s.ID)
 		if err == nil && d.State == "dead" && d.Error != "" {
 			return ExecResult{ExitCode: -1, Error: d.Error}, true
 		}
-		if err != nil || d.State != "running" {
+		if err != nil || d.State != "running" || ctx.Err() != nil {
 			return ExecResult{}, false
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(150 * time.Millisecond)
 	}
 	return ExecResult{}, false
 }

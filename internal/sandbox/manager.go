@@ -387,13 +387,15 @@ func (m *Manager) isTracked(sb *Sandbox) bool {
 }
 
 func (m *Manager) deathReason(sb *Sandbox) string {
-	if cgroupCounter("memory", sb.ID, "memory.oom_control", "oom_kill") {
-		return fmt.Sprintf("killed: sandbox exceeded its host memory ceiling of %d MiB (sandbox memory limit %d MiB; raise with --memory)",
-			m.ceilings(sb.Options).MemoryBytes>>20, sb.Options.MemoryMB)
-	}
+	// The pids ceiling first: a fork bomb under gVisor grows the sentry's
+	// memory too, and the process count is the cause worth naming.
 	if cgroupCounter("pids", sb.ID, "pids.events", "max") {
 		return fmt.Sprintf("killed: sandbox hit its host process ceiling of %d (sandbox pids limit %d; raise with --pids)",
 			m.ceilings(sb.Options).Pids, sb.Options.Pids)
+	}
+	if cgroupCounter("memory", sb.ID, "memory.oom_control", "oom_kill") {
+		return fmt.Sprintf("killed: sandbox exceeded its host memory ceiling of %d MiB (sandbox memory limit %d MiB; raise with --memory)",
+			m.ceilings(sb.Options).MemoryBytes>>20, sb.Options.MemoryMB)
 	}
 	return "sandbox stopped unexpectedly: its container exited; agent log: " + tail(filepath.Join(sb.Dir, "agent.log"), 400)
 }
