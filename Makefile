@@ -3,14 +3,14 @@ SHELL := /bin/bash
 GO ?= go
 BIN := bin
 GVISOR_MOD := gvisor.dev/gvisor/runsc
-APT_PACKAGES := debootstrap debian-archive-keyring crun bubblewrap hyperfine ca-certificates curl iproute2 tar
+APT_PACKAGES := debootstrap debian-archive-keyring crun bubblewrap hyperfine ca-certificates curl iproute2 tar chromium
 DATA_DIR ?= /var/lib/cella
 CACHE_DIR ?= /var/cache/cella
 LISTEN ?= 127.0.0.1:3000
 export CELLA_DATA_DIR := $(DATA_DIR)
 export CELLA_CACHE_DIR := $(CACHE_DIR)
 
-.PHONY: all deps build run test bench clean stop proto
+.PHONY: all deps build ui run test bench clean stop proto
 
 all: build
 
@@ -25,7 +25,23 @@ deps:
 
 build: $(BIN)/cella $(BIN)/runsc
 
-$(BIN)/cella: $(shell find cmd internal -name '*.go' -o -path '*/codeinterp/drivers/*') go.mod go.sum
+# The web console (ui/, vanilla JS + xterm.js, bundled by esbuild) is built
+# into internal/ui/dist, which the daemon embeds. The built files are
+# committed, so `go build ./...` works without npm; this rebuilds them when
+# ui/ changes (npm ci only when node_modules is missing or older than the
+# lockfile). Without npm the committed build is used as it is.
+UI_DIST := internal/ui/dist/app.js
+ui: $(UI_DIST)
+
+$(UI_DIST): $(shell find ui/src -type f) ui/build.mjs ui/package.json ui/package-lock.json
+	@if ! command -v npm >/dev/null; then echo "npm not found: using the committed console build in internal/ui/dist"; touch $@; exit 0; fi; \
+	cd ui && lock=$$(sha256sum package-lock.json | cut -d' ' -f1); \
+	if [ ! -d node_modules ] || [ "$$(cat node_modules/.cella-lock-sha256 2>/dev/null)" != "$$lock" ]; then \
+	  npm ci --no-audit --no-fund --loglevel=error && echo "$$lock" > node_modules/.cella-lock-sha256; \
+	fi && npm run --silent build
+	@touch $@
+
+$(BIN)/cella: $(shell find cmd internal -name '*.go' -o -path '*/codeinterp/drivers/*') go.mod go.sum $(UI_DIST)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $@ ./cmd/cella
 
 # gVisor is a pinned Go module (tools/runsc/go.mod). It must be built with
