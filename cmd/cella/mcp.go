@@ -31,11 +31,18 @@ the admin key file). The daemon also serves the same tools at /mcp.`,
 			if err != nil {
 				return err
 			}
+			// Without a flag, the key's own budget applies (cella key create
+			// --mcp-max-calls), as it does on the daemon's /mcp.
+			if maxCalls == 0 {
+				if k, err := c.SelfKey(cmd.Context()); err == nil {
+					maxCalls = k.MCPMaxCalls
+				}
+			}
 			s := mcpserver.New(mcpserver.Config{Client: c, DaemonURL: cfg.URL, MaxCalls: maxCalls})
 			return s.Run(cmd.Context(), &mcp.StdioTransport{})
 		},
 	}
 	def, _ := strconv.ParseInt(os.Getenv("CELLA_MCP_MAX_CALLS"), 10, 64)
-	cmd.Flags().Int64Var(&maxCalls, "max-calls", def, "tool calls this session may make, 0 = unlimited [CELLA_MCP_MAX_CALLS]")
+	cmd.Flags().Int64Var(&maxCalls, "max-calls", def, "tool calls this session may make, 0 = the key's own budget or unlimited [CELLA_MCP_MAX_CALLS]")
 	return cmd
 }

@@ -35,6 +35,7 @@ func newRootCmd() *cobra.Command {
 		newTemplateCmd(),
 		newBenchCmd(),
 		newMCPCmd(),
+		newKeyCmd(),
 		newAgentCmd(),
 		newAgentExecCmd(),
 	)

@@ -74,7 +74,11 @@ func (s *Server) routes() {
 	s.snapshotRoutes(auth) // snapshots.go
 	s.volumeRoutes(auth)   // volumes.go
 	s.interactRoutes(auth) // pty.go, wait.go: PTY WebSocket, readiness waits, process logs
-	m.Handle("/mcp", auth(mcpserver.HTTPHandler(s.cfg.MCPMaxCalls, "").ServeHTTP))
+	m.Handle("/mcp", auth(mcpserver.HTTPHandler(s.mcpBudget, "").ServeHTTP))
+	m.Handle("POST /keys", auth(s.adminOnly(s.createKey)))
+	m.Handle("GET /keys", auth(s.adminOnly(s.listKeys)))
+	m.Handle("GET /keys/self", auth(s.selfKey))
+	m.Handle("DELETE /keys/{id}", auth(s.adminOnly(s.deleteKey)))
 
 	// Later work answers 501 naming the feature, so clients fail clearly.
 	for pattern, feature := range map[string]string{

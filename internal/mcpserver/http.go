@@ -12,7 +12,8 @@ import (
 // HTTPHandler serves MCP over streamable HTTP on the daemon. Each session's
 // tools act with the API key of the request that opened it, against the
 // daemon that received it; the caller authenticates every request.
-func HTTPHandler(maxCalls int64, version string) http.Handler {
+// budget gives the tool-call budget of the session a request opens.
+func HTTPHandler(budget func(*http.Request) int64, version string) http.Handler {
 	return mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server {
 		key := r.Header.Get("X-API-Key")
 		if key == "" {
@@ -27,6 +28,6 @@ func HTTPHandler(maxCalls int64, version string) http.Handler {
 		if err != nil {
 			return nil
 		}
-		return New(Config{Client: c, DaemonURL: self, MaxCalls: maxCalls, Version: version})
+		return New(Config{Client: c, DaemonURL: self, MaxCalls: budget(r), Version: version})
 	}, nil)
 }

@@ -12,9 +12,14 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	cellaclient "github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
 	"github.com/cella-sandbox/cella/internal/runtime"
 )
+
+func daemontestClient(url, key string) (*cellaclient.Client, error) {
+	return cellaclient.New(cellaclient.Config{URL: url, APIKey: key})
+}
 
 type keyTransport struct {
 	key  string
@@ -152,6 +157,67 @@ func TestMCP(t *testing.T) {
 		return cs
 	}
 	t.Run("Stdio", func(t *testing.T) { exercise(t, stdio(t)) })
+	t.Run("PerKeyBudget", func(t *testing.T) {
+		k, err := env.Client.CreateKey(ctx, "agent-one", 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k.Key == "" || k.MCPMaxCalls != 2 {
+			t.Fatalf("created key: %+v", k)
+		}
+		check := func(t *testing.T, cs *mcp.ClientSession) {
+			for i := 0; i < 2; i++ {
+				if _, res := call(t, cs, "sandbox_list", nil); res.IsError {
+					t.Fatalf("call %d within the key's budget: %s", i+1, text(res))
+				}
+			}
+			if _, res := call(t, cs, "sandbox_list", nil); !res.IsError || !strings.Contains(text(res), "may make 2 tool calls") {
+				t.Fatalf("call past the key's budget: %s", text(res))
+			}
+		}
+		t.Run("HTTP", func(t *testing.T) {
+			cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{
+				Endpoint:   env.URL + "/mcp",
+				HTTPClient: &http.Client{Transport: keyTransport{key: k.Key, base: http.DefaultTransport}},
+			}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cs.Close()
+			check(t, cs)
+		})
+		t.Run("Stdio", func(t *testing.T) {
+			cmd := exec.Command(cella, "mcp")
+			cmd.Env = append(os.Environ(), "CELLA_URL="+env.URL, "CELLA_API_KEY="+k.Key, "CELLA_MCP_MAX_CALLS=")
+			cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cs.Close()
+			check(t, cs)
+		})
+		// Only the admin key manages keys, and the admin key stays.
+		other, err := daemontestClient(env.URL, k.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := other.CreateKey(ctx, "sneaky", 0); err == nil || !strings.Contains(err.Error(), "403") {
+			t.Fatalf("a non-admin key created a key: %v", err)
+		}
+		if err := env.Client.DeleteKey(ctx, "admin"); err == nil || !strings.Contains(err.Error(), "409") {
+			t.Fatalf("deleting the admin key: %v", err)
+		}
+		keys, err := env.Client.Keys(ctx)
+		if err != nil || len(keys) != 2 || keys[1].Key != "" {
+			t.Fatalf("key list: %v %+v", err, keys)
+		}
+		if err := env.Client.DeleteKey(ctx, k.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := other.SelfKey(ctx); err == nil || !strings.Contains(err.Error(), "401") {
+			t.Fatalf("a deleted key still works: %v", err)
+		}
+	})
 	t.Run("Budget", func(t *testing.T) {
 		cs := stdio(t, "--max-calls", "2")
 		for i := 0; i < 2; i++ {

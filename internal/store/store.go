@@ -58,6 +58,10 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("init schema in %s: %w", path, err)
 	}
+	if err := migrateKeys(db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate %s: %w", path, err)
+	}
 	return &Store{db: db}, nil
 }
 
@@ -75,6 +79,9 @@ type APIKey struct {
 	ID        string
 	Name      string
 	CreatedAt time.Time
+	// MCPMaxCalls is the tool-call budget of each MCP session opened with
+	// this key (0 = the daemon's default).
+	MCPMaxCalls int64
 }
 
 // AddAPIKey stores the hash of key under name.
@@ -98,8 +105,8 @@ func (s *Store) CountAPIKeys(ctx context.Context) (int, error) {
 func (s *Store) LookupAPIKey(ctx context.Context, key string) (APIKey, error) {
 	var k APIKey
 	var created int64
-	err := s.db.QueryRowContext(ctx, `SELECT id,name,created_at FROM api_keys WHERE hash=?`, HashKey(key)).
-		Scan(&k.ID, &k.Name, &created)
+	err := s.db.QueryRowContext(ctx, `SELECT id,name,created_at,mcp_max_calls FROM api_keys WHERE hash=?`, HashKey(key)).
+		Scan(&k.ID, &k.Name, &created, &k.MCPMaxCalls)
 	if errors.Is(err, sql.ErrNoRows) {
 		return k, ErrNotFound
 	}

@@ -1,0 +1,108 @@
+package api
+
+import (
+	"errors"
+	"net/http"
+	"regexp"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/store"
+)
+
+// keyInfo is an API key's public part; Key is set only in the answer that
+// creates it.
+type keyInfo struct {
+	ID          string    `json:"id"`
+	Name        string    `json:"name"`
+	Key         string    `json:"key,omitempty"`
+	MCPMaxCalls int64     `json:"mcpMaxCalls"`
+	CreatedAt   time.Time `json:"createdAt"`
+}
+
+func keyBody(k store.APIKey) keyInfo {
+	return keyInfo{ID: k.ID, Name: k.Name, MCPMaxCalls: k.MCPMaxCalls, CreatedAt: k.CreatedAt.UTC()}
+}
+
+var keyNameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// adminOnly lets only the admin key manage keys.
+func (s *Server) adminOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if apiKeyFrom(r.Context()).ID != store.AdminKeyID {
+			s.writeErr(w, r, errdefs.Forbidden("only the admin key (<data-dir>/admin.key) may manage API keys"))
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Name        string `json:"name"`
+		MCPMaxCalls int64  `json:"mcpMaxCalls"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	if !keyNameRe.MatchString(req.Name) {
+		s.writeErr(w, r, errdefs.InvalidArgument("invalid key name %q: use letters, digits, '.', '_' and '-'", req.Name))
+		return
+	}
+	if req.MCPMaxCalls < 0 {
+		s.writeErr(w, r, errdefs.InvalidArgument("mcpMaxCalls must not be negative (got %d)", req.MCPMaxCalls))
+		return
+	}
+	k, key, err := s.cfg.Store.CreateAPIKey(r.Context(), req.Name, req.MCPMaxCalls)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	body := keyBody(k)
+	body.Key = key
+	writeJSON(w, http.StatusCreated, body)
+}
+
+func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) {
+	keys, err := s.cfg.Store.ListAPIKeys(r.Context())
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	out := []keyInfo{}
+	for _, k := range keys {
+		out = append(out, keyBody(k))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) selfKey(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, keyBody(apiKeyFrom(r.Context())))
+}
+
+func (s *Server) deleteKey(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if id == store.AdminKeyID {
+		s.writeErr(w, r, errdefs.Conflict("the admin key cannot be deleted"))
+		return
+	}
+	if err := s.cfg.Store.DeleteAPIKey(r.Context(), id); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			s.writeErr(w, r, errdefs.NotFound("API key %q not found", id))
+			return
+		}
+		s.writeErr(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// mcpBudget is the tool-call budget of an MCP session: the key's own, else
+// the daemon's default.
+func (s *Server) mcpBudget(r *http.Request) int64 {
+	if k := apiKeyFrom(r.Context()); k.MCPMaxCalls > 0 {
+		return k.MCPMaxCalls
+	}
+	return s.cfg.MCPMaxCalls
+}

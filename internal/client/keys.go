@@ -1,0 +1,44 @@
+package client
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// Key is an API key's public part; Key is set only when it was just created.
+type Key struct {
+	ID          string    `json:"id"`
+	Name        string    `json:"name"`
+	Key         string    `json:"key,omitempty"`
+	MCPMaxCalls int64     `json:"mcpMaxCalls"`
+	CreatedAt   time.Time `json:"createdAt"`
+}
+
+// CreateKey makes an API key (admin key only).
+func (c *Client) CreateKey(ctx context.Context, name string, mcpMaxCalls int64) (Key, error) {
+	var k Key
+	_, err := c.do(ctx, http.MethodPost, "/keys", map[string]any{"name": name, "mcpMaxCalls": mcpMaxCalls}, &k)
+	return k, err
+}
+
+// Keys lists the API keys (admin key only).
+func (c *Client) Keys(ctx context.Context) ([]Key, error) {
+	var ks []Key
+	_, err := c.do(ctx, http.MethodGet, "/keys", nil, &ks)
+	return ks, err
+}
+
+// SelfKey describes the key this client uses.
+func (c *Client) SelfKey(ctx context.Context) (Key, error) {
+	var k Key
+	_, err := c.do(ctx, http.MethodGet, "/keys/self", nil, &k)
+	return k, err
+}
+
+// DeleteKey removes an API key (admin key only).
+func (c *Client) DeleteKey(ctx context.Context, id string) error {
+	_, err := c.do(ctx, http.MethodDelete, "/keys/"+url.PathEscape(id), nil, nil)
+	return err
+}
