@@ -46,7 +46,7 @@ func TestProbe(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("probe: crun run /bin/true took %s", d)
-	ocitest.AssertGone(t, rt, "cella-probe-crun", scratch)
+	ocitest.AssertGone(t, rt, rt.ProbePrefix(), scratch)
 }
 
 func TestLifecycle(t *testing.T) {

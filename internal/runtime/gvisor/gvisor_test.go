@@ -59,7 +59,7 @@ func TestProbe(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("probe: runsc run /bin/true took %s", d)
-	ocitest.AssertGone(t, rt, "cella-probe-gvisor", rt.cfg.RootDir)
+	ocitest.AssertGone(t, rt, rt.ProbePrefix(), rt.cfg.RootDir)
 	if d <= 0 || d > 30*time.Second {
 		t.Fatalf("probe duration %s", d)
 	}

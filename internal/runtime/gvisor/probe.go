@@ -3,6 +3,7 @@ package gvisor
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -29,7 +30,7 @@ func (r *Runtime) Probe(ctx context.Context, scratchDir string) (time.Duration, 
 	if _, err := os.Stat("/usr/bin/true"); err != nil {
 		return 0, fmt.Errorf("gvisor probe: host has no /usr/bin/true for the trial container: %w", err)
 	}
-	id := "cella-probe-gvisor-" + randomHex(4)
+	id := r.ProbePrefix() + randomHex(4)
 	dir := filepath.Join(scratchDir, id)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return 0, fmt.Errorf("gvisor probe: %w", err)
@@ -106,4 +107,12 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// ProbePrefix starts the ID of every probe container of this runtime. It
+// carries a hash of the runtime's state dir, so that daemons (and tests) on
+// one host can tell their probes from each other's.
+func (r *Runtime) ProbePrefix() string {
+	sum := sha256.Sum256([]byte(r.cfg.RootDir))
+	return "cella-probe-gvisor-" + hex.EncodeToString(sum[:4]) + "-"
 }
