@@ -149,7 +149,7 @@ func state(ctx context.Context, cfg Config, rt string, mb, forks int) (StateResu
 	if err := startHolder(ctx, conn, mb); err != nil {
 		return res, err
 	}
-	res.OriginalPSS = stateSandboxPSS(sb.SandboxID)
+	res.OriginalPSS = sandboxPSS(sb.SandboxID)
 
 	t0 = time.Now()
 	if err := c.Pause(ctx, sb.SandboxID, true); err != nil {
@@ -205,7 +205,7 @@ func state(ctx context.Context, cfg Config, rt string, mb, forks int) (StateResu
 	res.DiskGrowth = stateDu(dataDir) - before
 	time.Sleep(2 * time.Second) // background page loading settles
 	for _, id := range ids {
-		p := stateSandboxPSS(id)
+		p := sandboxPSS(id)
 		res.ForkPSS = append(res.ForkPSS, p)
 		res.ForkPSSMean += p
 	}
@@ -247,35 +247,6 @@ func startHolder(ctx context.Context, conn *client.SandboxConn, mb int) error {
 		time.Sleep(200 * time.Millisecond)
 	}
 	return fmt.Errorf("the holder process never got ready")
-}
-
-// stateSandboxPSS sums the PSS of the host processes in a sandbox's memory
-// cgroup (cella/<id>): runsc's sandbox (sentry) and gofer, or the
-// container's processes.
-func stateSandboxPSS(id string) int64 {
-	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory/cella", id, "cgroup.procs"))
-	if err != nil {
-		return 0
-	}
-	var total int64
-	for _, f := range strings.Fields(string(b)) {
-		total += statePSS(f)
-	}
-	return total
-}
-
-func statePSS(pid string) int64 {
-	b, err := os.ReadFile("/proc/" + pid + "/smaps_rollup")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "Pss:" {
-			n, _ := strconv.ParseInt(f[1], 10, 64)
-			return n << 10
-		}
-	}
-	return 0
 }
 
 func stateDu(dir string) int64 {

@@ -303,8 +303,8 @@ func health(base string) error {
 }
 
 // sandboxPSS sums the proportional set size of every process in the
-// sandbox's memory cgroup (runsc's sandbox and gofer, or the crun
-// container's processes) plus its tmpfs writable layer's usage.
+// sandbox's memory cgroup (cella/<id>): runsc's sandbox (sentry) and gofer,
+// or the crun container's processes.
 func sandboxPSS(id string) int64 {
 	var total int64
 	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory/cella", id, "cgroup.procs"))
