@@ -8,7 +8,7 @@ say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 if ! $cella template ls 2>/dev/null | grep -q '^base '; then
   say "building the base template from Debian packages (first run only, about a minute)"
-  $cella template ensure-base
+  $cella template ensure base
 fi
 
 say "cella run -- python3 -c 'print(6*7)'   (a throwaway gVisor sandbox)"

@@ -87,19 +87,24 @@ func newTemplateCmd() *cobra.Command {
 		},
 	}
 	ensure := &cobra.Command{
-		Use:   "ensure-base",
-		Short: "Build the base template if this machine does not have it yet",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		Use:     "ensure [NAME...]",
+		Aliases: []string{"ensure-base"},
+		Short:   "Build builtin templates (base, code-interpreter-v1) this machine does not have yet (default: base)",
+		RunE: func(cmd *cobra.Command, args []string) error {
 			s, err := store()
 			if err != nil {
 				return err
 			}
-			t, err := s.EnsureBase(cmd.Context(), os.Stderr)
-			if err != nil {
-				return err
+			if len(args) == 0 {
+				args = []string{"base"}
 			}
-			fmt.Printf("template %s ready: %s\n", t.Name, t.RootFS)
+			for _, name := range args {
+				t, err := s.EnsureNamed(cmd.Context(), name, os.Stderr)
+				if err != nil {
+					return err
+				}
+				fmt.Printf("template %s ready: %s\n", t.Name, t.RootFS)
+			}
 			return nil
 		},
 	}

@@ -6,7 +6,7 @@
 #   compat/e2b/run.sh --test-name-pattern='step 8'      # extra args go to node --test
 #
 # Needs: root, bin/cella + bin/runsc (make build), the base template in the
-# cache dir (cella template ensure-base), Node >= 20.11 with npm.
+# cache dir (cella template ensure base code-interpreter-v1), Node >= 20.11 with npm.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
