@@ -267,6 +267,10 @@ func (s *SandboxConn) send(ctx context.Context, method, path string, q url.Value
 	if ctype != "" {
 		req.Header.Set("Content-Type", ctype)
 	}
+	// Files travel as they are: Go's transport would otherwise ask for
+	// gzip, and the agent would spend more time compressing (incompressible
+	// data, often) than the daemon's link takes to carry it.
+	req.Header.Set("Accept-Encoding", "identity")
 	resp, err := s.httpClient().Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach the cella daemon: %w", err)
