@@ -54,76 +54,7 @@ type Layer struct {
 // Mount creates the writable layer and the overlay for one sandbox. The
 // sandbox directory is created if needed. On error nothing stays mounted.
 func Mount(templateRootFS, sandboxDir string, diskBytes int64) (*Layer, error) {
-	if diskBytes < MinDiskBytes {
-		return nil, fmt.Errorf("mount rootfs: disk size %d below the minimum %d", diskBytes, MinDiskBytes)
-	}
-	tpl, err := filepath.Abs(templateRootFS)
-	if err != nil {
-		return nil, fmt.Errorf("mount rootfs: %w", err)
-	}
-	if st, err := os.Stat(tpl); err != nil {
-		return nil, fmt.Errorf("mount rootfs: template: %w", err)
-	} else if !st.IsDir() {
-		return nil, fmt.Errorf("mount rootfs: template %s is not a directory", tpl)
-	}
-	dir, err := filepath.Abs(sandboxDir)
-	if err != nil {
-		return nil, fmt.Errorf("mount rootfs: %w", err)
-	}
-	// Overlay options are comma-separated and ':' separates lower dirs.
-	for _, p := range []string{tpl, dir} {
-		if strings.ContainsAny(p, ",:\\\n") {
-			return nil, fmt.Errorf("mount rootfs: path %q contains a character overlayfs options cannot carry", p)
-		}
-	}
-	l := &Layer{
-		Root:     filepath.Join(dir, RootFSDir),
-		layer:    filepath.Join(dir, LayerDir),
-		template: tpl,
-	}
-	l.Upper = filepath.Join(l.layer, "upper")
-	for _, d := range []string{l.layer, l.Root} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, fmt.Errorf("mount rootfs: %w", err)
-		}
-	}
-	// The tmpfs root is 0700 so nothing but root on the host can reach into
-	// the upper layer; the sandbox sees it only through the overlay.
-	// nr_inodes bounds inode use too (tmpfs's default is half the RAM pages).
-	inodes := max(diskBytes/4096, 16384)
-	data := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0700", diskBytes, inodes)
-	if err := unix.Mount("cella-layer", l.layer, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {
-		return nil, fmt.Errorf("mount rootfs: tmpfs at %s: %w", l.layer, err)
-	}
-	ok := false
-	defer func() {
-		if !ok {
-			_ = detach(l.Root)
-			_ = detach(l.layer)
-		}
-	}()
-	work := filepath.Join(l.layer, "work")
-	for _, d := range []string{l.Upper, work} {
-		if err := os.Mkdir(d, 0o755); err != nil {
-			return nil, fmt.Errorf("mount rootfs: %w", err)
-		}
-	}
-	// The upper dir's root becomes the merged root's inode: give it the
-	// template root's owner and mode, or "/" would turn 0755 root:root
-	// whatever the template says.
-	if err := copyOwnerMode(tpl, l.Upper); err != nil {
-		return nil, fmt.Errorf("mount rootfs: %w", err)
-	}
-	// index=off and xino=off: the upper is thrown away with the sandbox and
-	// never reused with another lower, and the kernel has no index support.
-	// redirect_dir/metacopy stay at their (off) defaults: both would let a
-	// crafted upper point into other lower files.
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off,xino=off", tpl, l.Upper, work)
-	if err := unix.Mount("cella-rootfs", l.Root, "overlay", unix.MS_NODEV, opts); err != nil {
-		return nil, fmt.Errorf("mount rootfs: overlay at %s: %w", l.Root, err)
-	}
-	ok = true
-	return l, nil
+	return MountStack([]string{templateRootFS}, sandboxDir, diskBytes)
 }
 
 // Open returns the Layer of a sandbox directory whose rootfs is already

@@ -10,7 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// MountStack is Mount with more than one read-only layer: lowers are
+// MountStack is Mount with any number of read-only layers: lowers are
 // stacked top first (e.g. a snapshot's frozen layer, then the layers it was
 // itself stacked on, then the template), under a fresh tmpfs upper. Nothing
 // is copied: every sandbox mounted on the same lowers shares their files
@@ -18,9 +18,6 @@ import (
 func MountStack(lowers []string, sandboxDir string, diskBytes int64) (*Layer, error) {
 	if len(lowers) == 0 {
 		return nil, fmt.Errorf("mount rootfs: no lower layer")
-	}
-	if len(lowers) == 1 {
-		return Mount(lowers[0], sandboxDir, diskBytes)
 	}
 	if diskBytes < MinDiskBytes {
 		return nil, fmt.Errorf("mount rootfs: disk size %d below the minimum %d", diskBytes, MinDiskBytes)
@@ -58,6 +55,9 @@ func MountStack(lowers []string, sandboxDir string, diskBytes int64) (*Layer, er
 			return nil, fmt.Errorf("mount rootfs: %w", err)
 		}
 	}
+	// The tmpfs root is 0700 so nothing but root on the host can reach into
+	// the upper layer; the sandbox sees it only through the overlay.
+	// nr_inodes bounds inode use too (tmpfs's default is half the RAM pages).
 	inodes := max(diskBytes/4096, 16384)
 	data := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0700", diskBytes, inodes)
 	if err := unix.Mount("cella-layer", l.layer, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {
@@ -76,10 +76,16 @@ func MountStack(lowers []string, sandboxDir string, diskBytes int64) (*Layer, er
 			return nil, fmt.Errorf("mount rootfs: %w", err)
 		}
 	}
-	// The merged root takes the top layer's owner and mode.
+	// The upper dir's root becomes the merged root's inode: give it the top
+	// layer's owner and mode, or "/" would turn 0755 root:root whatever the
+	// template says.
 	if err := copyOwnerMode(abs[0], l.Upper); err != nil {
 		return nil, fmt.Errorf("mount rootfs: %w", err)
 	}
+	// index=off and xino=off: the upper is thrown away with the sandbox and
+	// never reused with another lower, and the kernel has no index support.
+	// redirect_dir/metacopy stay at their (off) defaults: both would let a
+	// crafted upper point into other lower files.
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off,xino=off", strings.Join(abs, ":"), l.Upper, work)
 	if err := unix.Mount("cella-rootfs", l.Root, "overlay", unix.MS_NODEV, opts); err != nil {
 		return nil, fmt.Errorf("mount rootfs: overlay at %s: %w", l.Root, err)
