@@ -2,9 +2,6 @@ package crun
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -25,7 +22,7 @@ const ProbeTimeout = 20 * time.Second
 // included) in a rootfs of read-only binds of the host's /usr and /etc
 // under scratchDir, and removes everything afterwards.
 func (r *Runtime) Probe(ctx context.Context, scratchDir string) (time.Duration, error) {
-	id := r.ProbePrefix() + randomHex(4)
+	id := runtime.NewProbeID(r.ProbePrefix())
 	dir := filepath.Join(scratchDir, id)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return 0, fmt.Errorf("crun probe: %w", err)
@@ -93,16 +90,5 @@ func (r *Runtime) Probe(ctx context.Context, scratchDir string) (time.Duration, 
 	return took, nil
 }
 
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// ProbePrefix starts the ID of every probe container of this runtime. It
-// carries a hash of the runtime's state dir, so that daemons (and tests) on
-// one host can tell their probes from each other's.
-func (r *Runtime) ProbePrefix() string {
-	sum := sha256.Sum256([]byte(r.cfg.RootDir))
-	return "cella-probe-crun-" + hex.EncodeToString(sum[:4]) + "-"
-}
+// ProbePrefix starts the ID of every probe container of this runtime.
+func (r *Runtime) ProbePrefix() string { return runtime.ProbePrefix("crun", r.cfg.RootDir) }

@@ -2,9 +2,6 @@ package gvisor
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -30,7 +27,7 @@ func (r *Runtime) Probe(ctx context.Context, scratchDir string) (time.Duration, 
 	if _, err := os.Stat("/usr/bin/true"); err != nil {
 		return 0, fmt.Errorf("gvisor probe: host has no /usr/bin/true for the trial container: %w", err)
 	}
-	id := r.ProbePrefix() + randomHex(4)
+	id := runtime.NewProbeID(r.ProbePrefix())
 	dir := filepath.Join(scratchDir, id)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return 0, fmt.Errorf("gvisor probe: %w", err)
@@ -103,16 +100,5 @@ func (r *Runtime) Probe(ctx context.Context, scratchDir string) (time.Duration, 
 	return took, nil
 }
 
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// ProbePrefix starts the ID of every probe container of this runtime. It
-// carries a hash of the runtime's state dir, so that daemons (and tests) on
-// one host can tell their probes from each other's.
-func (r *Runtime) ProbePrefix() string {
-	sum := sha256.Sum256([]byte(r.cfg.RootDir))
-	return "cella-probe-gvisor-" + hex.EncodeToString(sum[:4]) + "-"
-}
+// ProbePrefix starts the ID of every probe container of this runtime.
+func (r *Runtime) ProbePrefix() string { return runtime.ProbePrefix("gvisor", r.cfg.RootDir) }
