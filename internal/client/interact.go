@@ -4,12 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/cella-sandbox/cella/internal/agent"
 	"io"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/coder/websocket"
 )
@@ -41,27 +41,12 @@ func (c *Client) Wait(ctx context.Context, id string, req WaitRequest) (WaitResu
 	return out, err
 }
 
-// LogLine is one retained line of a process's output.
-type LogLine struct {
-	Time    time.Time `json:"time"`
-	Stream  string    `json:"stream"`
-	Line    string    `json:"line"`
-	Partial bool      `json:"partial,omitempty"`
-}
-
-// ProcessLogs is GET /sandboxes/{id}/processes/{pid}/logs.
-type ProcessLogs struct {
-	PID          int        `json:"pid"`
-	Cmd          string     `json:"cmd"`
-	Running      bool       `json:"running"`
-	ExitCode     *int32     `json:"exitCode,omitempty"`
-	Status       string     `json:"status,omitempty"`
-	StartedAt    time.Time  `json:"startedAt"`
-	EndedAt      *time.Time `json:"endedAt,omitempty"`
-	DroppedBytes int64      `json:"droppedBytes"`
-	MaxBytes     int        `json:"maxBytes"`
-	Lines        []LogLine  `json:"lines"`
-}
+// LogLine is one retained line of a process's output; ProcessLogs is
+// GET /sandboxes/{id}/processes/{pid}/logs. Both are the agent's wire types.
+type (
+	LogLine     = agent.LogEntry
+	ProcessLogs = agent.ProcessLogs
+)
 
 // ProcessLogs reads the retained output of a process started in the sandbox.
 func (c *Client) ProcessLogs(ctx context.Context, id string, pid int) (ProcessLogs, error) {
