@@ -421,6 +421,16 @@ func TestInteract(t *testing.T) {
 		if string(rest) != "chunk1\nchunk2\n" || time.Since(start) < 2*time.Second {
 			t.Fatalf("rest %q after %v", rest, time.Since(start))
 		}
+
+		// A POST answered as soon as its body is read, with the answer
+		// streaming on: the proxy must not cut the stream short. (net/http
+		// used to close the request body under the transport when the
+		// response header went out, which killed about one answer in 200.)
+		for i := range 400 {
+			if err := postStreamRaw(daemonAddr, e2.URL, fmt.Sprintf("req%d", i)); err != nil {
+				t.Fatalf("POST %d through the proxy: %v", i, err)
+			}
+		}
 	})
 
 	t.Run("TrafficToken", func(t *testing.T) {
@@ -534,6 +544,47 @@ class H(http.server.BaseHTTPRequestHandler):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(d), d)); self.wfile.flush()
             if i < 2: time.sleep(1)
         self.wfile.write(b"0\r\n\r\n"); self.wfile.flush()
+    def do_POST(self):
+        # Answers the moment the body is read and keeps streaming after it:
+        # the shape of the code interpreter's /execute.
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for i in range(3):
+            d = b"%s-%d\n" % (body, i)
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(d), d)); self.wfile.flush()
+            time.sleep(0.002)
+        self.wfile.write(b"0\r\n\r\n"); self.wfile.flush()
     def log_message(self, *a): pass
 http.server.ThreadingHTTPServer(("0.0.0.0", 8766), H).serve_forever()
 `
+
+// postStreamRaw sends a POST the way Node's fetch does (the header in one
+// write, the body in the next) and checks the whole streamed answer arrived.
+func postStreamRaw(daemonAddr, url, payload string) error {
+	c, err := net.Dial("tcp", daemonAddr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	host := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/")
+	if _, err := fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n", host, len(payload)); err != nil {
+		return err
+	}
+	time.Sleep(500 * time.Microsecond)
+	if _, err := io.WriteString(c, payload); err != nil {
+		return err
+	}
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return err
+	}
+	got, err := io.ReadAll(resp.Body)
+	want := fmt.Sprintf("%[1]s-0\n%[1]s-1\n%[1]s-2\n", payload)
+	if err != nil || resp.StatusCode != 200 || string(got) != want {
+		return fmt.Errorf("status %d, body %q (want %q), err %v", resp.StatusCode, got, want, err)
+	}
+	return nil
+}

@@ -137,6 +137,14 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target) {
 			writeBadGateway(w, t.id, fmt.Sprintf("port %d of sandbox %s is not reachable: nothing is listening on it inside the sandbox (%v)", t.port, t.id, err))
 		},
 	}
+	// Full duplex: by default net/http discards and closes the rest of the
+	// request body as soon as the response header is written, and when the
+	// sandbox answers before the transport has seen the body's EOF the
+	// transport's next read hits "invalid Read on closed Body" and it tears
+	// the connection down mid-response (a code-interpreter cell's NDJSON
+	// answer then ended after its first line). The transport must own the
+	// body until it is done with it.
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	rp.ServeHTTP(w, r)
 }
 
