@@ -27,7 +27,7 @@ type execFlags struct {
 // register adds the flags; withEnv is false for run, whose --env (from
 // create) already reaches every command.
 func (f *execFlags) register(fs *pflag.FlagSet, withEnv bool) {
-	fs.BoolVar(&f.asJSON, "json", false, `print {"exit_code","stdout","stderr","error"} when done instead of streaming`)
+	fs.BoolVar(&f.asJSON, "json", false, `print {"exit_code","stdout","stderr","error","sandbox_events"} when done instead of streaming`)
 	fs.DurationVar(&f.timeout, "timeout", 55*time.Second, "command timeout (0 = none)")
 	fs.StringVar(&f.user, "user", "", "user to run as: user or root (default: the template's user)")
 	fs.StringVar(&f.cwd, "cwd", "", "working directory (default: the user's home)")
@@ -106,6 +106,9 @@ func runExec(ctx context.Context, c *client.Client, id string, argv []string, f 
 			return err
 		}
 		return exitCodeOf(res, false)
+	}
+	for _, e := range res.SandboxEvents {
+		fmt.Fprintln(os.Stderr, "cella: "+e)
 	}
 	return exitCodeOf(res, true)
 }

@@ -11,6 +11,7 @@ import (
 func newKeyCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "key", Short: "Manage API keys (with the admin key)"}
 	var budget int64
+	var egressAllow []string
 	create := &cobra.Command{
 		Use:   "create NAME",
 		Short: "Create an API key and print it (it is shown only once)",
@@ -20,7 +21,7 @@ func newKeyCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			k, err := c.CreateKey(cmd.Context(), args[0], budget)
+			k, err := c.CreateKey(cmd.Context(), args[0], budget, egressAllow...)
 			if err != nil {
 				return err
 			}
@@ -30,6 +31,7 @@ func newKeyCmd() *cobra.Command {
 		},
 	}
 	create.Flags().Int64Var(&budget, "mcp-max-calls", 0, "tool calls each MCP session with this key may make (0 = the daemon's default)")
+	create.Flags().StringSliceVar(&egressAllow, "egress-allow", nil, "the key's own egress ceiling, within the daemon's (repeatable; default: the daemon's ceiling)")
 	ls := &cobra.Command{
 		Use: "ls", Short: "List API keys", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -38,7 +38,11 @@ the admin key file). The daemon also serves the same tools at /mcp.`,
 					maxCalls = k.MCPMaxCalls
 				}
 			}
-			s := mcpserver.New(mcpserver.Config{Client: c, DaemonURL: cfg.URL, MaxCalls: maxCalls})
+			network := ""
+			if k, err := c.SelfKey(cmd.Context()); err == nil {
+				network = k.Egress
+			}
+			s := mcpserver.New(mcpserver.Config{Client: c, DaemonURL: cfg.URL, MaxCalls: maxCalls, Network: network})
 			return s.Run(cmd.Context(), &mcp.StdioTransport{})
 		},
 	}

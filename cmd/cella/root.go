@@ -36,6 +36,7 @@ func newRootCmd() *cobra.Command {
 		newBenchCmd(),
 		newMCPCmd(),
 		newKeyCmd(),
+		newSecretCmd(), // secret.go
 		newAgentCmd(),
 		newAgentExecCmd(),
 	)

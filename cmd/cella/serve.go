@@ -59,6 +59,7 @@ func newServeCmd() *cobra.Command {
 	if err := registerLifecycleDefaults(f, &c.Lifecycle); err != nil { // lifecycleflags.go
 		fmt.Fprintln(os.Stderr, "cella serve:", err)
 	}
+	registerNetworkFlags(f, &c.Network) // netflags.go
 	f.StringVar(&c.LogLevel, "log-level", envOr("CELLA_LOG_LEVEL", "info"), "debug, info, warn or error [CELLA_LOG_LEVEL]")
 	return cmd
 }

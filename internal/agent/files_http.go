@@ -315,12 +315,15 @@ func (s *Server) writeUpload(target string, data io.Reader, u *sandboxUser, meta
 	if err := f.Chown(int(u.UID), int(u.GID)); err != nil {
 		return fileEntry{}, http.StatusInternalServerError, fmt.Errorf("error changing file ownership: %w", err)
 	}
-	if _, err := io.Copy(f, data); err != nil {
+	n, err := io.Copy(f, data)
+	if err != nil {
+		s.audit.emit(AuditEvent{Kind: "file.write", Path: p, Size: n, User: u.Name, Error: err.Error()})
 		return fileEntry{}, statusFor(err), fmt.Errorf("error writing file: %w", err)
 	}
 	if err := f.Close(); err != nil {
 		return fileEntry{}, statusFor(err), fmt.Errorf("error writing file: %w", err)
 	}
+	s.audit.emit(AuditEvent{Kind: "file.write", Path: p, Size: n, User: u.Name})
 	e := fileEntry{Path: p, Name: filepath.Base(p), Type: "file"}
 	if len(meta) > 0 {
 		for k, v := range meta {

@@ -77,6 +77,7 @@ func (fsvc filesystemService) MakeDir(ctx context.Context, req *connect.Request[
 	if err := ensureDirs(p, u); err != nil {
 		return nil, fsError(err)
 	}
+	fsvc.s.audit.emit(AuditEvent{Kind: "file.mkdir", Path: p, User: u.Name})
 	e, err := fsvc.s.entryInfo(p, fsvc.s.users.idNames())
 	if err != nil {
 		return nil, err
@@ -102,6 +103,7 @@ func (fsvc filesystemService) Move(ctx context.Context, req *connect.Request[fil
 	if err := os.Rename(src, dst); err != nil {
 		return nil, fsError(fmt.Errorf("rename %s to %s: %w", src, dst, err))
 	}
+	fsvc.s.audit.emit(AuditEvent{Kind: "file.move", Path: src + " -> " + dst, User: u.Name})
 	e, err := fsvc.s.entryInfo(dst, fsvc.s.users.idNames())
 	if err != nil {
 		return nil, err
@@ -161,13 +163,14 @@ func (fsvc filesystemService) ListDir(ctx context.Context, req *connect.Request[
 }
 
 func (fsvc filesystemService) Remove(ctx context.Context, req *connect.Request[filesystem.RemoveRequest]) (*connect.Response[filesystem.RemoveResponse], error) {
-	_, p, err := fsvc.userAndPath(req.Header(), req.Msg.GetPath())
+	u, p, err := fsvc.userAndPath(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}
 	if err := os.RemoveAll(p); err != nil {
 		return nil, fsError(err)
 	}
+	fsvc.s.audit.emit(AuditEvent{Kind: "file.remove", Path: p, User: u.Name})
 	return connect.NewResponse(&filesystem.RemoveResponse{}), nil
 }
 

@@ -52,7 +52,8 @@ type Server struct {
 	procs    procTable
 	watchers watcherTable
 	watchdog watchdog
-	logs     logStore // per-process output logs (proclog.go)
+	logs     logStore  // per-process output logs (proclog.go)
+	audit    auditFeed // what the daemon's audit log follows (audit.go)
 	done     chan struct{}
 	closeMu  sync.Once
 
@@ -220,6 +221,10 @@ func (s *Server) handler(trusted bool) http.Handler {
 	mux.HandleFunc("GET /cella/tar", s.handleTarGet)
 	mux.HandleFunc("POST /cella/tar", s.handleTarPut)
 	s.registerCellaExtras(mux)
+	if trusted {
+		// Only the daemon follows the audit feed.
+		mux.HandleFunc("GET /cella/events", s.handleEvents)
+	}
 	return s.withAuth(mux)
 }
 

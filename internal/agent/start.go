@@ -204,6 +204,7 @@ func (s *Server) startProcess(spec *startSpec) (*proc, *subscriber, error) {
 	}
 	adjustOOM(pid)
 	slog.Info("process started", "pid", pid, "cmd", spec.config.GetCmd(), "user", spec.user.Name, "cwd", spec.cwd)
+	s.audit.emit(AuditEvent{Kind: "process.start", PID: pid, Cmd: auditCmd(append([]string{spec.config.GetCmd()}, spec.config.GetArgs()...)), User: spec.user.Name, Cwd: spec.cwd})
 
 	var readWG sync.WaitGroup
 	for _, r := range readers {
@@ -266,6 +267,8 @@ func (s *Server) waitProcess(p *proc, waitCh <-chan unix.WaitStatus, readWG *syn
 	p.mu.Unlock()
 	s.watchdog.track(p.pid)
 	slog.Info("process ended", "pid", p.pid, "status", end.Status, "error", end.GetError())
+	code := end.ExitCode
+	s.audit.emit(AuditEvent{Kind: "process.exit", PID: p.pid, ExitCode: &code, Status: end.Status, Error: end.GetError()})
 
 	time.AfterFunc(endRetention, func() { s.procs.forget(p) })
 }

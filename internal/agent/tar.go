@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -159,6 +160,7 @@ func (s *Server) handleTarPut(w http.ResponseWriter, r *http.Request) {
 		jsonError(w, code, err)
 		return
 	}
+	s.audit.emit(AuditEvent{Kind: "file.write", Path: dir + " (tar, " + strconv.Itoa(n) + " entries)", User: u.Name})
 	writeJSON(w, http.StatusOK, map[string]any{"path": dir, "entries": n})
 }
 

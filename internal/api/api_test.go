@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/client"
+	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
 	"github.com/cella-sandbox/cella/internal/runtime"
 )
@@ -88,7 +89,7 @@ func sandboxDirs(t *testing.T, env *daemontest.Env) []string {
 }
 
 func TestAPI(t *testing.T) {
-	env := daemontest.Start(t, runtime.GVisor, daemontest.Options{})
+	env := daemontest.Start(t, runtime.GVisor, daemontest.Options{Network: daemon.NetworkConfig{Allow: []string{"1.1.1.1/32", "*.test"}}})
 	a := apiT{env: env}
 	key := env.APIKey
 	parent := t
@@ -131,8 +132,7 @@ func TestAPI(t *testing.T) {
 		st, _, body := a.do(t, "GET", "/nope", key, nil, nil)
 		a.wantError(t, 404, st, body, "")
 		for _, r := range [][2]string{
-			{"PUT", "/sandboxes/x/network"}, {"GET", "/sandboxes/x/metrics"}, {"GET", "/sandboxes/x/logs"},
-			{"POST", "/v3/templates"},
+			{"GET", "/sandboxes/x/metrics"}, {"POST", "/v3/templates"},
 		} {
 			st, _, body := a.do(t, r[0], r[1], key, "{}", nil)
 			a.wantError(t, 501, st, body, "not implemented")
@@ -165,7 +165,7 @@ func TestAPI(t *testing.T) {
 	t.Run("CreateV2", func(t *testing.T) {
 		st, _, body := a.do(t, "POST", "/v2/sandboxes", key, map[string]any{
 			"templateID": "base", "timeout": 120, "metadata": map[string]string{"user": "a b", "k&": "v=1"},
-			"envVars": map[string]string{"FOO": "bar"}, "network": map[string]any{"allowOut": []string{"1.1.1.1"}},
+			"envVars": map[string]string{"FOO": "bar"}, "network": map[string]any{"allowOut": []string{"1.1.1.1"}, "denyOut": []string{"0.0.0.0/0"}},
 			"autoPause": false, "someFutureField": 1,
 		}, nil)
 		if st != 201 {
@@ -186,7 +186,7 @@ func TestAPI(t *testing.T) {
 				t.Fatalf("detail lacks %q: %s", f, body)
 			}
 		}
-		if d["state"] != "running" || d["allowInternetAccess"] != false {
+		if d["state"] != "running" || d["allowInternetAccess"] != true {
 			t.Fatalf("detail: %s", body)
 		}
 		start, _ := time.Parse(time.RFC3339, d["startedAt"].(string))
@@ -194,9 +194,26 @@ func TestAPI(t *testing.T) {
 		if got := end.Sub(start); got < 119*time.Second || got > 121*time.Second {
 			t.Fatalf("endAt-startedAt = %v, want 120s", got)
 		}
-		if !strings.Contains(string(body), "no egress") {
-			t.Fatalf("detail does not report the effective network: %s", body)
+		// E2B's fields echo the request; cella adds what is enforced.
+		var net struct {
+			AllowOut  []string `json:"allowOut"`
+			DenyOut   []string `json:"denyOut"`
+			Effective struct {
+				AllowOut []string `json:"allowOut"`
+			} `json:"effective"`
+			Summary string `json:"summary"`
 		}
+		b, _ := json.Marshal(d["network"])
+		json.Unmarshal(b, &net)
+		if fmt.Sprint(net.AllowOut) != "[1.1.1.1]" || fmt.Sprint(net.DenyOut) != "[0.0.0.0/0]" ||
+			fmt.Sprint(net.Effective.AllowOut) != "[1.1.1.1]" || !strings.Contains(net.Summary, "1.1.1.1") {
+			t.Fatalf("detail does not report the requested and effective network: %s", b)
+		}
+		// An allowOut entry beyond the operator's ceiling is refused with
+		// the ceiling and how to raise it, and creates nothing.
+		st, _, body = a.do(t, "POST", "/v2/sandboxes", key, map[string]any{"templateID": "base", "network": map[string]any{"allowOut": []string{"example.com"}}}, nil)
+		a.wantError(t, 403, st, body, "outside this sandbox's egress ceiling (allowed: 1.1.1.1/32, *.test)")
+		a.wantError(t, 403, st, body, "--egress-allow")
 		st, _, body = a.do(t, "GET", "/sandboxes/doesnotexist", key, nil, nil)
 		a.wantError(t, 404, st, body, "not found")
 	})

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"net/http"
 	"regexp"
+	"strings"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/store"
 )
@@ -18,10 +20,29 @@ type keyInfo struct {
 	Key         string    `json:"key,omitempty"`
 	MCPMaxCalls int64     `json:"mcpMaxCalls"`
 	CreatedAt   time.Time `json:"createdAt"`
+	// EgressAllow is the key's own egress ceiling (empty: the daemon's).
+	EgressAllow []string `json:"egressAllow"`
+	// Egress says in words what this key's sandboxes may reach at most.
+	Egress string `json:"egress"`
 }
 
-func keyBody(k store.APIKey) keyInfo {
-	return keyInfo{ID: k.ID, Name: k.Name, MCPMaxCalls: k.MCPMaxCalls, CreatedAt: k.CreatedAt.UTC()}
+func (s *Server) keyBody(k store.APIKey) keyInfo {
+	return keyInfo{ID: k.ID, Name: k.Name, MCPMaxCalls: k.MCPMaxCalls, CreatedAt: k.CreatedAt.UTC(),
+		EgressAllow: nonNil(k.EgressAllow), Egress: s.egressText(k)}
+}
+
+// egressText describes a key's ceiling for people and agents (MCP tool
+// descriptions are built from it).
+func (s *Server) egressText(k store.APIKey) string {
+	c, err := s.egressCeiling(k)
+	switch {
+	case s.cfg.EgressCeiling == nil:
+		return "none: sandboxes have no network at all on this daemon"
+	case err != nil || c == nil || len(c.AllowOut) == 0:
+		return "none: no egress is allowed (an operator can allow hosts with cella serve --egress-allow)"
+	}
+	return "only through cella's egress proxy, to at most " + strings.Join(c.AllowOut, ", ") +
+		"; everything else is blocked and each block is reported in sandbox_events; a sandbox can narrow this with network.allowOut/denyOut"
 }
 
 var keyNameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -39,8 +60,9 @@ func (s *Server) adminOnly(h http.HandlerFunc) http.HandlerFunc {
 
 func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
 	var req struct {
-		Name        string `json:"name"`
-		MCPMaxCalls int64  `json:"mcpMaxCalls"`
+		Name        string   `json:"name"`
+		MCPMaxCalls int64    `json:"mcpMaxCalls"`
+		EgressAllow []string `json:"egressAllow"`
 	}
 	if err := decodeBody(r, &req); err != nil {
 		s.writeErr(w, r, err)
@@ -54,12 +76,29 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, errdefs.InvalidArgument("mcpMaxCalls must not be negative (got %d)", req.MCPMaxCalls))
 		return
 	}
+	if len(req.EgressAllow) > 0 {
+		if s.cfg.EgressCeiling == nil {
+			s.writeErr(w, r, errdefs.InvalidArgument("egressAllow: this daemon gives sandboxes no network at all"))
+			return
+		}
+		if _, err := (egress.Policy{AllowOut: req.EgressAllow}).Narrow(*s.cfg.EgressCeiling); err != nil {
+			s.writeErr(w, r, errdefs.Forbidden("egressAllow: %v; %s", err, ceilingHint))
+			return
+		}
+	}
 	k, key, err := s.cfg.Store.CreateAPIKey(r.Context(), req.Name, req.MCPMaxCalls)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
-	body := keyBody(k)
+	if len(req.EgressAllow) > 0 {
+		if err := s.cfg.Store.SetKeyEgress(r.Context(), k.ID, req.EgressAllow); err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		k.EgressAllow = req.EgressAllow
+	}
+	body := s.keyBody(k)
 	body.Key = key
 	writeJSON(w, http.StatusCreated, body)
 }
@@ -72,13 +111,13 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) {
 	}
 	out := []keyInfo{}
 	for _, k := range keys {
-		out = append(out, keyBody(k))
+		out = append(out, s.keyBody(k))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) selfKey(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, keyBody(apiKeyFrom(r.Context())))
+	writeJSON(w, http.StatusOK, s.keyBody(apiKeyFrom(r.Context())))
 }
 
 func (s *Server) deleteKey(w http.ResponseWriter, r *http.Request) {

@@ -12,6 +12,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/agent"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/sandbox"
+	"github.com/cella-sandbox/cella/internal/store"
 )
 
 // newSandboxRequest is E2B's NewSandbox / NewSandboxV2 plus cella's limit
@@ -82,6 +83,18 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		opts.AutoResume = req.AutoResume.Enabled
 	}
 	opts.TrafficAccessToken = trafficTokenFor(req.Network) // traffic.go
+	if s.cfg.EgressCeiling != nil {
+		key := apiKeyFrom(r.Context())
+		ceiling, err := s.egressCeiling(key) // network.go
+		if err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		if opts.Egress, err = effectiveEgress(req.AllowInternetAccess, req.Network, *ceiling, key.ID == store.AdminKeyID); err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+	}
 	if req.Timeout != nil {
 		if *req.Timeout < 0 {
 			s.writeErr(w, r, errdefs.InvalidArgument("timeout must not be negative (got %d)", *req.Timeout))
@@ -119,7 +132,7 @@ type sandboxDetail struct {
 	CPUCount            float64           `json:"cpuCount"`
 	MemoryMB            int64             `json:"memoryMB"`
 	DiskSizeMB          int64             `json:"diskSizeMB"`
-	Network             networkDetail     `json:"network"`
+	Network             networkInfo       `json:"network"`
 	Lifecycle           lifecycleDetail   `json:"lifecycle"`
 	VolumeMounts        []any             `json:"volumeMounts"`
 
@@ -138,36 +151,25 @@ type sandboxDetail struct {
 	NextTransition *transitionDetail `json:"nextTransition"`
 }
 
-type networkDetail struct {
-	AllowOut []string `json:"allowOut"`
-	DenyOut  []string `json:"denyOut"`
-	// Effective is what is enforced now, whatever was requested.
-	Effective string          `json:"effective"`
-	Requested json.RawMessage `json:"requested,omitempty"`
-}
-
 func (s *Server) detail(in sandbox.Info) sandboxDetail {
 	md := in.Options.Metadata
 	if md == nil {
 		md = map[string]string{}
 	}
-	var requested json.RawMessage
-	if in.Options.Network != nil || in.Options.AllowInternetAccess != nil {
-		requested, _ = json.Marshal(map[string]any{"network": in.Options.Network, "allow_internet_access": in.Options.AllowInternetAccess})
+	allowInternet := in.Options.Egress != nil && len(in.Options.Egress.AllowOut) > 0
+	if in.Options.AllowInternetAccess != nil {
+		allowInternet = *in.Options.AllowInternetAccess
 	}
 	return sandboxDetail{
 		sandboxResponse: s.sandboxBody(in),
 		Metadata:        md,
 		StartedAt:       in.StartedAt, EndAt: in.EndAt, State: in.State,
 		CPUCount: in.Options.CPUs, MemoryMB: in.Options.MemoryMB, DiskSizeMB: in.Options.DiskMB,
-		Network: networkDetail{
-			AllowOut: []string{}, DenyOut: []string{"0.0.0.0/0", "::/0"},
-			Effective: "no egress: this version of cella gives sandboxes no network route at all, whatever the request asks",
-			Requested: requested,
-		},
-		Lifecycle:    lifecycleOf(in),
-		VolumeMounts: volumeMountsOf(in),
-		Runtime:      in.Runtime, PidsLimit: in.Options.Pids, OutputLimitMB: in.Options.OutputMB, DiskUsedBytes: in.DiskUsedBytes, Error: in.Error,
+		AllowInternetAccess: allowInternet,
+		Network:             networkInfoOf(in.Options.Network, in.Options.Egress, s.cfg.EgressCeiling != nil), // network.go
+		Lifecycle:           lifecycleOf(in),
+		VolumeMounts:        volumeMountsOf(in),
+		Runtime:             in.Runtime, PidsLimit: in.Options.Pids, OutputLimitMB: in.Options.OutputMB, DiskUsedBytes: in.DiskUsedBytes, Error: in.Error,
 		PauseMode: in.PauseMode, NextTransition: nextTransitionOf(in),
 	}
 }

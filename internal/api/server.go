@@ -9,9 +9,12 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/cella-sandbox/cella/internal/audit"
+	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/mcpserver"
 	"github.com/cella-sandbox/cella/internal/sandbox"
+	"github.com/cella-sandbox/cella/internal/secrets"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/template"
 	"github.com/cella-sandbox/cella/internal/ui"
@@ -30,6 +33,13 @@ type Config struct {
 	Log         *slog.Logger
 	// Volumes serves /volumes (volumes.go).
 	Volumes *volume.Manager
+	// Secrets serves /secrets (secrets.go); nil answers 501.
+	Secrets *secrets.Manager
+	// Audit serves /sandboxes/{id}/logs (audit.go); nil answers 501.
+	Audit *audit.Log
+	// EgressCeiling is the operator's egress ceiling (network.go); nil
+	// means sandboxes run with no network at all.
+	EgressCeiling *egress.Policy
 }
 
 // Server serves the REST API and the sandbox proxy on one listener.
@@ -70,11 +80,14 @@ func (s *Server) routes() {
 	m.Handle("POST /v2/sandboxes/{id}/connect", auth(s.connectSandbox))
 	m.Handle("POST /sandboxes/{id}/pause", auth(s.pauseSandbox))
 	m.Handle("POST /sandboxes/{id}/resume", auth(s.resumeSandbox))
+	m.Handle("PUT /sandboxes/{id}/network", auth(s.updateNetwork)) // network.go
 	m.Handle("GET /templates", auth(s.listTemplates))
 	s.snapshotRoutes(auth) // snapshots.go
 	s.volumeRoutes(auth)   // volumes.go
+	s.secretRoutes(auth)   // secrets.go
+	s.auditRoutes(auth)    // audit.go
 	s.interactRoutes(auth) // pty.go, wait.go: PTY WebSocket, readiness waits, process logs
-	m.Handle("/mcp", auth(mcpserver.HTTPHandler(s.mcpBudget, "").ServeHTTP))
+	m.Handle("/mcp", auth(mcpserver.HTTPHandler(s.mcpBudget, func(r *http.Request) string { return s.egressText(apiKeyFrom(r.Context())) }, "").ServeHTTP))
 	m.Handle("POST /keys", auth(s.adminOnly(s.createKey)))
 	m.Handle("GET /keys", auth(s.adminOnly(s.listKeys)))
 	m.Handle("GET /keys/self", auth(s.selfKey))
@@ -82,11 +95,8 @@ func (s *Server) routes() {
 
 	// Later work answers 501 naming the feature, so clients fail clearly.
 	for pattern, feature := range map[string]string{
-		"PUT /sandboxes/{id}/network": "runtime network update",
 		"GET /sandboxes/{id}/metrics": "sandbox metrics",
 		"GET /sandboxes/metrics":      "sandbox metrics",
-		"GET /sandboxes/{id}/logs":    "sandbox logs",
-		"GET /v2/sandboxes/{id}/logs": "sandbox logs",
 		"POST /v3/templates":          "template builds over the API (use: cella template build)",
 	} {
 		m.Handle(pattern, auth(notImplemented(feature)))

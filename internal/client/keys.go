@@ -14,12 +14,15 @@ type Key struct {
 	Key         string    `json:"key,omitempty"`
 	MCPMaxCalls int64     `json:"mcpMaxCalls"`
 	CreatedAt   time.Time `json:"createdAt"`
+	EgressAllow []string  `json:"egressAllow"`
+	// Egress describes what the key's sandboxes may reach at most.
+	Egress string `json:"egress"`
 }
 
 // CreateKey makes an API key (admin key only).
-func (c *Client) CreateKey(ctx context.Context, name string, mcpMaxCalls int64) (Key, error) {
+func (c *Client) CreateKey(ctx context.Context, name string, mcpMaxCalls int64, egressAllow ...string) (Key, error) {
 	var k Key
-	_, err := c.do(ctx, http.MethodPost, "/keys", map[string]any{"name": name, "mcpMaxCalls": mcpMaxCalls}, &k)
+	_, err := c.do(ctx, http.MethodPost, "/keys", map[string]any{"name": name, "mcpMaxCalls": mcpMaxCalls, "egressAllow": egressAllow}, &k)
 	return k, err
 }
 

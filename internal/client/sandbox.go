@@ -106,6 +106,9 @@ type ExecResult struct {
 	Stdout   string `json:"stdout"`
 	Stderr   string `json:"stderr"`
 	Error    string `json:"error"`
+	// SandboxEvents are what the sandbox's network policy blocked while
+	// the command ran, each explained.
+	SandboxEvents []string `json:"sandbox_events"`
 }
 
 func userHeader(user string) string {
@@ -115,6 +118,23 @@ func userHeader(user string) string {
 // Exec runs argv through bash -l -c like E2B's commands.run, streaming
 // output to the writers as it arrives.
 func (s *SandboxConn) Exec(ctx context.Context, cmd string, o ExecOptions) (ExecResult, error) {
+	// Clocks of client and daemon may differ a little: look a second back.
+	started := time.Now().Add(-time.Second)
+	res, err := s.exec(ctx, cmd, o)
+	if err != nil {
+		return res, err
+	}
+	res.SandboxEvents = []string{}
+	// Best effort: a daemon without an audit log just has nothing to add.
+	if evs, err := s.c.BlockedSince(context.WithoutCancel(ctx), s.ID, started); err == nil {
+		for _, e := range evs {
+			res.SandboxEvents = append(res.SandboxEvents, e.String())
+		}
+	}
+	return res, nil
+}
+
+func (s *SandboxConn) exec(ctx context.Context, cmd string, o ExecOptions) (ExecResult, error) {
 	req := &process.StartRequest{
 		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", cmd}, Envs: o.Env},
 	}

@@ -18,10 +18,13 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/api"
+	"github.com/cella-sandbox/cella/internal/audit"
+	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/runtime/crun"
 	"github.com/cella-sandbox/cella/internal/runtime/gvisor"
 	"github.com/cella-sandbox/cella/internal/sandbox"
+	"github.com/cella-sandbox/cella/internal/secrets"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/template"
 	"github.com/cella-sandbox/cella/internal/volume"
@@ -45,6 +48,8 @@ type Config struct {
 	BuildProgress io.Writer
 	// Lifecycle is the default idle/archive/delete policy of new sandboxes.
 	Lifecycle sandbox.Lifecycle
+	// Network is the egress configuration (network.go).
+	Network NetworkConfig
 }
 
 // Validate checks the config.
@@ -81,6 +86,10 @@ type Daemon struct {
 	Templates *template.Store
 	Volumes   *volume.Manager
 	Runtime   runtime.Runtime
+	Secrets   *secrets.Manager
+	Audit     *audit.Log
+	// Ceiling is the operator's egress ceiling (empty: no egress).
+	Ceiling   egress.Policy
 	Reconcile sandbox.ReconcileReport
 	// AdminKeyPath is where the admin key was written on first start.
 	AdminKeyPath string
@@ -146,9 +155,40 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	}
 	d.Volumes = vols
 	d.add(func() { vols.Close() })
+
+	box, err := secrets.OpenBox(c.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	sm, err := secrets.NewManager(ctx, st, box)
+	if err != nil {
+		return nil, err
+	}
+	d.Secrets = sm
+	al, err := audit.New(filepath.Join(c.DataDir, "audit"), audit.Options{Redact: sm.Redact, Log: log})
+	if err != nil {
+		return nil, err
+	}
+	d.Audit = al
+	d.add(func() { al.Close() })
+
+	var sbNet *sandbox.Network
+	if !c.Network.Disabled {
+		if d.Ceiling, err = c.Network.Ceiling(); err != nil {
+			return nil, err
+		}
+		n, closeNet, err := newNetwork(c, log, al, sm)
+		if err != nil {
+			return nil, err
+		}
+		sbNet = n
+		d.add(closeNet)
+	}
+
 	mgr, err := sandbox.NewManager(sandbox.Config{
 		DataDir: c.DataDir, Runtime: rt, Templates: tpls, Store: st, AgentBinary: c.AgentBinary, Log: log,
 		BuildProgress: c.BuildProgress, Volumes: vols, Lifecycle: c.Lifecycle,
+		AgentAudit: agentAudit{al}, Network: sbNet,
 	})
 	if err != nil {
 		return nil, err
@@ -163,7 +203,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		return nil, fmt.Errorf("reconcile after start: %w", err)
 	}
 	d.Handler = api.New(api.Config{Manager: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
-		Volumes: vols})
+		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling)})
 	return d, nil
 }
 
@@ -252,4 +292,13 @@ func (w logWriter) Write(p []byte) (int, error) {
 	}
 	w.log.Info("template build", "line", string(p))
 	return len(p), nil
+}
+
+// ceilingPtr is the ceiling the API applies; nil when sandboxes get no
+// network at all.
+func ceilingPtr(c Config, p egress.Policy) *egress.Policy {
+	if c.Network.Disabled {
+		return nil
+	}
+	return &p
 }

@@ -13,7 +13,7 @@ import (
 // tools act with the API key of the request that opened it, against the
 // daemon that received it; the caller authenticates every request.
 // budget gives the tool-call budget of the session a request opens.
-func HTTPHandler(budget func(*http.Request) int64, version string) http.Handler {
+func HTTPHandler(budget func(*http.Request) int64, network func(*http.Request) string, version string) http.Handler {
 	return mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server {
 		key := r.Header.Get("X-API-Key")
 		if key == "" {
@@ -28,6 +28,6 @@ func HTTPHandler(budget func(*http.Request) int64, version string) http.Handler 
 		if err != nil {
 			return nil
 		}
-		return New(Config{Client: c, DaemonURL: self, MaxCalls: budget(r), Version: version})
+		return New(Config{Client: c, DaemonURL: self, MaxCalls: budget(r), Network: network(r), Version: version})
 	}, nil)
 }

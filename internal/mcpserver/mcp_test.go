@@ -69,7 +69,7 @@ func exercise(t *testing.T, cs *mcp.ClientSession) {
 		"sandbox_list_files": true, "sandbox_run_code": true, "sandbox_expose_port": true, "sandbox_kill": true, "sandbox_list": true}
 	for _, tool := range tools.Tools {
 		delete(want, tool.Name)
-		if tool.Name == "sandbox_exec" && !strings.Contains(tool.Description, "Network: none") {
+		if tool.Name == "sandbox_exec" && !strings.Contains(tool.Description, "Network egress: none: no egress is allowed") {
 			t.Fatalf("sandbox_exec does not tell the agent its network policy: %q", tool.Description)
 		}
 	}

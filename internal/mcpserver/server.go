@@ -29,13 +29,23 @@ type Config struct {
 	MaxCalls int64
 	// Version is reported to clients.
 	Version string
+	// Network says what the caller's sandboxes may reach (the key's egress
+	// ceiling, from GET /keys/self); empty is "unknown: assume none".
+	Network string
 }
 
 // policy is what tool descriptions tell agents about the sandbox they get,
 // because agents plan from them.
-const policy = `Sandboxes are disposable Linux machines (Debian bookworm with bash, python3, nodejs, npm, git, curl) isolated by gVisor. ` +
-	`Network: none — a sandbox has no route to the internet, the host or other sandboxes in this version of cella; package installs from the network fail. ` +
-	`Defaults: 1 CPU, 512 MiB memory, 256 processes, 1 GiB disk, 10 MiB output per command, 60 s per command, sandbox lifetime 5 min; ` +
+func policyText(network string) string {
+	if network == "" {
+		network = "none known: assume a sandbox cannot reach the network"
+	}
+	return `Sandboxes are disposable Linux machines (Debian bookworm with bash, python3, pip, nodejs, npm, git, curl) isolated by gVisor. ` +
+		`Network egress: ` + network + `. A sandbox never reaches the host or other sandboxes; a blocked connection fails fast (plain HTTP gets a 403 that explains it) and sandbox_events names it. ` +
+		policyLimits
+}
+
+const policyLimits = `Defaults: 1 CPU, 512 MiB memory, 256 processes, 1 GiB disk, 10 MiB output per command, 60 s per command, sandbox lifetime 5 min; ` +
 	`a command over a limit is killed and the result names the limit and how to raise it (sandbox_create takes memory_mb, cpus, disk_mb, pids and timeout_seconds; sandbox_exec takes timeout_seconds).`
 
 // New builds the MCP server with cella's tools.
@@ -43,6 +53,7 @@ func New(cfg Config) *mcp.Server {
 	if cfg.Version == "" {
 		cfg.Version = "dev"
 	}
+	policy := policyText(cfg.Network)
 	s := mcp.NewServer(&mcp.Implementation{Name: "cella", Version: cfg.Version}, &mcp.ServerOptions{
 		Instructions: "cella runs untrusted code in isolated sandboxes. Create a sandbox, run commands or code in it, move files in and out, and kill it when done. " + policy,
 	})
@@ -140,7 +151,7 @@ func (t *tools) exec(ctx context.Context, in execIn) (execOut, error) {
 	if err != nil {
 		return execOut{}, err
 	}
-	return execOut{ExitCode: res.ExitCode, Stdout: res.Stdout, Stderr: res.Stderr, Error: res.Error, SandboxEvents: []string{}}, nil
+	return execOut{ExitCode: res.ExitCode, Stdout: res.Stdout, Stderr: res.Stderr, Error: res.Error, SandboxEvents: res.SandboxEvents}, nil
 }
 
 type writeIn struct {

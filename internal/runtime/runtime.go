@@ -69,6 +69,10 @@ type Spec struct {
 	Mounts   []Mount
 	// LogPath receives the container's own stdout/stderr (the agent's log).
 	LogPath string
+	// NetNSPath is a network namespace prepared by cella (internal/network)
+	// that the container joins; its eth0 is its only way out. Empty means a
+	// new namespace with loopback only: no network at all.
+	NetNSPath string
 }
 
 // AgentGuestPath is where the agent binary appears inside every container.

@@ -178,6 +178,9 @@ func (m *Manager) fromSnapshot(ctx context.Context, opts Options, row store.Snap
 	if err := agent.WriteConfig(runDir, m.agentConfig(sb, tpl)); err != nil {
 		return fail(err)
 	}
+	if _, err := m.attachNetwork(ctx, sb); err != nil { // network.go
+		return fail(err)
+	}
 	spec := m.spec(sb)
 	if memory {
 		err = snap.RestoreFrom(ctx, spec, m.memoryDir(row.ID))

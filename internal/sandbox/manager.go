@@ -42,6 +42,11 @@ type Config struct {
 	// Lifecycle the daemon's default policy (lifecycle.go).
 	Volumes   *volume.Manager
 	Lifecycle Lifecycle
+	// AgentAudit receives the agents' audit feeds (nil: not followed).
+	AgentAudit AgentAudit
+	// Network gives sandboxes egress through the proxy (network.go); nil
+	// runs them with no network at all.
+	Network *Network
 }
 
 // Validate checks the config.
@@ -224,6 +229,12 @@ func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template
 	}
 	sb.listener = ln
 
+	if err := m.prepareGuestNetwork(sb, layer.Root); err != nil { // network.go
+		return err
+	}
+	if _, err := m.attachNetwork(ctx, sb); err != nil {
+		return err
+	}
 	if err := agent.WriteConfig(runDir, m.agentConfig(sb, tpl)); err != nil {
 		return err
 	}
@@ -257,6 +268,7 @@ func (m *Manager) spec(sb *Sandbox) runtime.Spec {
 		Limits:      m.ceilings(sb.Options),
 		LogPath:     filepath.Join(sb.Dir, "agent.log"),
 		Mounts:      m.volumeMounts(sb), // volumes.go
+		NetNSPath:   sb.netNSPath(),
 	}
 }
 
@@ -264,6 +276,11 @@ func (m *Manager) agentConfig(sb *Sandbox, tpl *template.Template) agent.Config 
 	env := map[string]string{}
 	for _, kv := range tpl.Env {
 		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	if m.cfg.Network != nil && len(m.cfg.Network.CAPEM) > 0 {
+		for k, v := range caEnv() { // network.go
 			env[k] = v
 		}
 	}
@@ -338,6 +355,7 @@ func (m *Manager) supervise(sb *Sandbox, gen uint64) {
 			return
 		}
 		if conn != nil {
+			go m.followAgent(sb, conn)
 			<-conn.Closed()
 		}
 		if !m.isTracked(sb) || !sb.supervisedBy(gen) {
@@ -540,6 +558,7 @@ func (m *Manager) releaseHost(ctx context.Context, sb *Sandbox) {
 	if ln != nil {
 		ln.Close()
 	}
+	m.detachNetwork(sb) // after the container: it still sits in the slot
 	if sb.layer != nil {
 		if err := sb.layer.Unmount(); err != nil {
 			m.log.Error("unmount rootfs", "id", sb.ID, "err", err)

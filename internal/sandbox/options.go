@@ -3,6 +3,7 @@ package sandbox
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/cella-sandbox/cella/internal/egress"
 	"regexp"
 	"time"
 
@@ -37,7 +38,11 @@ type Options struct {
 
 	AllowInternetAccess *bool           `json:"allow_internet_access,omitempty"`
 	Network             json.RawMessage `json:"network,omitempty"`
-	AutoPause           bool            `json:"auto_pause,omitempty"`
+	// Egress is the policy in force: the request narrowed by the operator's
+	// ceiling (api), replaced by PUT /sandboxes/{id}/network. nil is no
+	// egress at all.
+	Egress    *egress.Policy `json:"egress,omitempty"`
+	AutoPause bool           `json:"auto_pause,omitempty"`
 	// AutoPauseMemory is E2B's autoPauseMemory: false makes the timeout
 	// pause keep only the filesystem; nil means true.
 	AutoPauseMemory *bool           `json:"auto_pause_memory,omitempty"`

@@ -81,6 +81,9 @@ func (m *Manager) Pause(ctx context.Context, id string, keepMemory bool) error {
 	if conn != nil {
 		conn.Close()
 	}
+	if mode != PauseFrozen {
+		m.detachNetwork(sb) // network.go: the container is gone
+	}
 	if ln != nil {
 		ln.Close()
 	}
@@ -167,6 +170,14 @@ func (m *Manager) Resume(ctx context.Context, id string, keepMemory bool) (resum
 	if err != nil {
 		return false, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
+	if mode != PauseFrozen {
+		// A restored or rebooted container needs a fresh slot: gVisor
+		// consumed the old one's addresses (and gave it back at pause).
+		if _, err := m.attachNetwork(ctx, sb); err != nil {
+			ln.Close()
+			return false, fmt.Errorf("resume sandbox %s: %w", id, err)
+		}
+	}
 	spec := m.spec(sb)
 	switch mode {
 	case PauseCheckpoint:
@@ -178,6 +189,9 @@ func (m *Manager) Resume(ctx context.Context, id string, keepMemory bool) (resum
 	}
 	if err != nil {
 		ln.Close()
+		if mode != PauseFrozen {
+			m.detachNetwork(sb)
+		}
 		return false, fmt.Errorf("resume sandbox %s (%s): %w", id, mode, err)
 	}
 	actx, cancel := context.WithTimeout(ctx, m.cfg.AgentTimeout)

@@ -57,6 +57,9 @@ type Sandbox struct {
 	gen uint64
 
 	lc lifecycleState // idle clock, pausedAt, archived (lifecycle.go)
+
+	follow agentFollow // position in the agent's audit feed (agentaudit.go)
+	net    *sandboxNet // its network slot while it runs (network.go); guarded by mu
 }
 
 // How a paused sandbox keeps its state.

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -16,7 +17,37 @@ func migrateKeys(db *sql.DB) error {
 	if err != nil && !strings.Contains(err.Error(), "duplicate column") {
 		return fmt.Errorf("add api_keys.mcp_max_calls: %w", err)
 	}
+	_, err = db.Exec(`ALTER TABLE api_keys ADD COLUMN egress_allow TEXT NOT NULL DEFAULT ''`)
+	if err != nil && !strings.Contains(err.Error(), "duplicate column") {
+		return fmt.Errorf("add api_keys.egress_allow: %w", err)
+	}
 	return nil
+}
+
+// SetKeyEgress sets a key's own egress ceiling (nil: the daemon's).
+func (s *Store) SetKeyEgress(ctx context.Context, id string, allow []string) error {
+	v := ""
+	if len(allow) > 0 {
+		b, _ := json.Marshal(allow)
+		v = string(b)
+	}
+	res, err := s.db.ExecContext(ctx, `UPDATE api_keys SET egress_allow=? WHERE id=?`, v, id)
+	if err != nil {
+		return fmt.Errorf("set egress ceiling of key %s: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+func parseEgressAllow(v string) []string {
+	if v == "" {
+		return nil
+	}
+	var out []string
+	_ = json.Unmarshal([]byte(v), &out)
+	return out
 }
 
 // AdminKeyID is the ID of the key made on first start.
@@ -44,7 +75,7 @@ func (s *Store) CreateAPIKey(ctx context.Context, name string, mcpMaxCalls int64
 
 // ListAPIKeys returns every key's public part.
 func (s *Store) ListAPIKeys(ctx context.Context) ([]APIKey, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id,name,created_at,mcp_max_calls FROM api_keys ORDER BY created_at, id`)
+	rows, err := s.db.QueryContext(ctx, `SELECT id,name,created_at,mcp_max_calls,egress_allow FROM api_keys ORDER BY created_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("list api keys: %w", err)
 	}
@@ -53,9 +84,11 @@ func (s *Store) ListAPIKeys(ctx context.Context) ([]APIKey, error) {
 	for rows.Next() {
 		var k APIKey
 		var created int64
-		if err := rows.Scan(&k.ID, &k.Name, &created, &k.MCPMaxCalls); err != nil {
+		var egressAllow string
+		if err := rows.Scan(&k.ID, &k.Name, &created, &k.MCPMaxCalls, &egressAllow); err != nil {
 			return nil, err
 		}
+		k.EgressAllow = parseEgressAllow(egressAllow)
 		k.CreatedAt = time.Unix(created, 0)
 		out = append(out, k)
 	}

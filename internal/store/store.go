@@ -82,6 +82,9 @@ type APIKey struct {
 	// MCPMaxCalls is the tool-call budget of each MCP session opened with
 	// this key (0 = the daemon's default).
 	MCPMaxCalls int64
+	// EgressAllow is the key's own egress ceiling, within the daemon's
+	// (nil: the daemon's ceiling).
+	EgressAllow []string
 }
 
 // AddAPIKey stores the hash of key under name.
@@ -105,8 +108,10 @@ func (s *Store) CountAPIKeys(ctx context.Context) (int, error) {
 func (s *Store) LookupAPIKey(ctx context.Context, key string) (APIKey, error) {
 	var k APIKey
 	var created int64
-	err := s.db.QueryRowContext(ctx, `SELECT id,name,created_at,mcp_max_calls FROM api_keys WHERE hash=?`, HashKey(key)).
-		Scan(&k.ID, &k.Name, &created, &k.MCPMaxCalls)
+	var egressAllow string
+	err := s.db.QueryRowContext(ctx, `SELECT id,name,created_at,mcp_max_calls,egress_allow FROM api_keys WHERE hash=?`, HashKey(key)).
+		Scan(&k.ID, &k.Name, &created, &k.MCPMaxCalls, &egressAllow)
+	k.EgressAllow = parseEgressAllow(egressAllow)
 	if errors.Is(err, sql.ErrNoRows) {
 		return k, ErrNotFound
 	}

@@ -76,7 +76,7 @@ var BaseRecipe = Recipe{
 	Suite: "bookworm",
 	Packages: []string{
 		"bash", "coreutils", "procps", "python3", "nodejs", "npm",
-		"git", "curl", "ca-certificates",
+		"git", "curl", "ca-certificates", "python3-pip", "python3-venv",
 	},
 }
 
@@ -322,7 +322,13 @@ func (s *Store) EnsureNamed(ctx context.Context, name string, progress io.Writer
 		return nil, fmt.Errorf("template %q is not a builtin (builtins: %s): %w", name, strings.Join(slices.Sorted(maps.Keys(Builtins)), ", "), ErrNotFound)
 	}
 	if t, err := s.Get(name); err == nil {
-		return t, nil
+		// A name still built from an older recipe of the builtin is rebuilt
+		// (cella's base gained packages); an imported image under a builtin
+		// name is the operator's choice and stays.
+		if t.Recipe == nil || t.Image == b.Recipe.Key() {
+			return t, nil
+		}
+		fmt.Fprintf(progress, "template %s: image %s is from an older recipe; building %s\n", name, t.Image, b.Recipe.Key())
 	} else if !errors.Is(err, ErrNotFound) {
 		return nil, err
 	}
@@ -592,6 +598,9 @@ func cleanImage(root string) error {
 	for _, glob := range []string{
 		"var/lib/apt/lists/*", "var/cache/apt/*.bin", "var/cache/debconf/*-old",
 		"var/log/*.log", "var/log/apt/*", "tmp/*", "root/.cache",
+		// A sandbox is the environment: `pip install` should just work in
+		// it, as in E2B's images, instead of refusing under PEP 668.
+		"usr/lib/python3*/EXTERNALLY-MANAGED",
 	} {
 		matches, _ := filepath.Glob(filepath.Join(root, glob))
 		for _, m := range matches {

@@ -102,6 +102,9 @@ func EnsureBase(t testing.TB) {
 type Options struct {
 	DataDir string // reuse a data dir (restart tests); default: a new temp dir
 	Log     io.Writer
+	// Network is the daemon's egress configuration (default: networking on,
+	// an empty ceiling: no egress).
+	Network daemon.NetworkConfig
 }
 
 // Start runs a daemon with the given runtime until the test ends.
@@ -128,7 +131,7 @@ func Start(t testing.TB, runtimeName string, o Options) *Env {
 	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	d, err := daemon.New(context.Background(), daemon.Config{
 		DataDir: dataDir, CacheDir: CacheDir(), Runtime: runtimeName, Domain: "cella.test",
-		RunscPath: runsc, AgentBinary: cella, Log: log,
+		RunscPath: runsc, AgentBinary: cella, Log: log, Network: o.Network,
 	})
 	if err != nil {
 		t.Fatalf("start daemon: %v", err)

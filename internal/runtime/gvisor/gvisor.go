@@ -229,7 +229,12 @@ func (r *Runtime) launch(ctx context.Context, spec *runtime.Spec, what string, v
 	runscLog := filepath.Join(spec.BundleDir, "runsc.log")
 
 	start := time.Now()
-	args := append([]string{"--log=" + runscLog, "--log-format=json"}, verb...)
+	args := []string{"--log=" + runscLog, "--log-format=json"}
+	if spec.NetNSPath != "" {
+		// The netstack takes over the slot's eth0 (overrides --network=none).
+		args = append(args, "--network=sandbox")
+	}
+	args = append(args, verb...)
 	args = append(args, "--detach", "--bundle="+spec.BundleDir, "--pid-file="+filepath.Join(spec.BundleDir, "pid"), id)
 	cmd := r.command(ctx, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf

@@ -212,7 +212,7 @@ func Build(s *runtime.Spec, o Options) (*specs.Spec, error) {
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace},
 				{Type: specs.MountNamespace},
-				{Type: specs.NetworkNamespace}, // no path: a new, empty netns (loopback only)
+				{Type: specs.NetworkNamespace, Path: s.NetNSPath}, // no path: a new, empty netns (loopback only)
 				{Type: specs.IPCNamespace},
 				{Type: specs.UTSNamespace},
 			},

@@ -1,0 +1,130 @@
+package agent
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// AuditEvent is one thing the agent did on the API's behalf that the
+// daemon's audit log keeps: a process started or ended, a file written,
+// made, moved or removed. The daemon follows them with GET /cella/events
+// and stores them outside the sandbox, so deleting anything inside does not
+// rewrite history.
+type AuditEvent struct {
+	Seq      uint64    `json:"seq"`
+	Time     time.Time `json:"time"`
+	Kind     string    `json:"kind"` // process.start, process.exit, file.write, file.mkdir, file.move, file.remove
+	PID      int       `json:"pid,omitempty"`
+	Cmd      string    `json:"cmd,omitempty"`
+	User     string    `json:"user,omitempty"`
+	Cwd      string    `json:"cwd,omitempty"`
+	ExitCode *int32    `json:"exitCode,omitempty"`
+	Status   string    `json:"status,omitempty"`
+	Path     string    `json:"path,omitempty"`
+	Size     int64     `json:"size,omitempty"`
+	Error    string    `json:"error,omitempty"`
+}
+
+// auditKeep bounds the events held for a daemon that is not following
+// (restarting): older ones are dropped and the gap shows in the sequence.
+const auditKeep = 4096
+
+// auditFeed holds the newest events and wakes followers.
+type auditFeed struct {
+	mu     sync.Mutex
+	events []AuditEvent // oldest first, at most auditKeep
+	next   uint64       // Seq of the next event
+	wake   chan struct{}
+}
+
+func (f *auditFeed) emit(e AuditEvent) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.wake == nil {
+		f.wake = make(chan struct{})
+	}
+	f.next++
+	e.Seq = f.next
+	if e.Time.IsZero() {
+		e.Time = time.Now().UTC()
+	}
+	if len(f.events) == auditKeep {
+		copy(f.events, f.events[1:])
+		f.events = f.events[:auditKeep-1]
+	}
+	f.events = append(f.events, e)
+	close(f.wake)
+	f.wake = make(chan struct{})
+}
+
+// since returns the events after seq and a channel closed by the next emit.
+func (f *auditFeed) since(seq uint64) ([]AuditEvent, <-chan struct{}) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.wake == nil {
+		f.wake = make(chan struct{})
+	}
+	var out []AuditEvent
+	for _, e := range f.events {
+		if e.Seq > seq {
+			out = append(out, e)
+		}
+	}
+	return out, f.wake
+}
+
+// auditKeepalive keeps an idle follow stream visibly alive.
+const auditKeepalive = 15 * time.Second
+
+// handleEvents streams audit events after ?after=SEQ as NDJSON until the
+// client goes away; {"kind":"keepalive"} lines fill idle periods.
+func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
+	after, _ := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	enc := json.NewEncoder(w)
+	tick := time.NewTicker(auditKeepalive)
+	defer tick.Stop()
+	for {
+		evs, wake := s.audit.since(after)
+		for _, e := range evs {
+			if err := enc.Encode(e); err != nil {
+				return
+			}
+			after = e.Seq
+		}
+		if err := rc.Flush(); err != nil {
+			return
+		}
+		select {
+		case <-wake:
+		case <-tick.C:
+			if err := enc.Encode(AuditEvent{Kind: "keepalive", Seq: after}); err != nil {
+				return
+			}
+		case <-r.Context().Done():
+			return
+		case <-s.done:
+			return
+		}
+	}
+}
+
+// auditCmd renders argv for the log: the command and its arguments, quoted
+// where a space would make it ambiguous.
+func auditCmd(argv []string) string {
+	parts := make([]string, len(argv))
+	for i, a := range argv {
+		if a == "" || strings.ContainsAny(a, " \t\n\"'") {
+			a = strconv.Quote(a)
+		}
+		parts[i] = a
+	}
+	return strings.Join(parts, " ")
+}

@@ -1,0 +1,105 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/cella-sandbox/cella/internal/envd/filesystem"
+)
+
+// The audit feed carries every process start and exit and every file
+// written through the API, in order, and a follower that comes back with
+// ?after= gets only what it has not seen.
+func TestAuditFeed(t *testing.T) {
+	e := newTestEnv(t)
+	ctx := ctxT(t, 30*time.Second)
+	e.run(ctx, bashReq("exit 3"))
+	target := filepath.Join(e.home, "audited.txt")
+	req, _ := http.NewRequest("POST", e.ts.URL+"/files?username=user&path="+url.QueryEscape(target), strings.NewReader("12345"))
+	req.Header.Set("Content-Type", "application/octet-stream")
+	if resp, b := do(t, req); resp.StatusCode != 200 {
+		t.Fatalf("upload: %d %s", resp.StatusCode, b)
+	}
+	if _, err := e.fs.Remove(ctx, connect.NewRequest(&filesystem.RemoveRequest{Path: target})); err != nil {
+		t.Fatal(err)
+	}
+
+	evs := follow(t, e, 0, 4)
+	kinds := []string{}
+	for _, ev := range evs {
+		kinds = append(kinds, ev.Kind)
+	}
+	if strings.Join(kinds, ",") != "process.start,process.exit,file.write,file.remove" {
+		t.Fatalf("kinds %v", kinds)
+	}
+	if !strings.Contains(evs[0].Cmd, "exit 3") || evs[0].PID == 0 || evs[1].PID != evs[0].PID {
+		t.Fatalf("process events %+v %+v", evs[0], evs[1])
+	}
+	if evs[1].ExitCode == nil || *evs[1].ExitCode != 3 {
+		t.Fatalf("exit event %+v", evs[1])
+	}
+	if evs[2].Path != target || evs[2].Size != 5 {
+		t.Fatalf("file event %+v", evs[2])
+	}
+	// Resuming after the second event gives the third and fourth only.
+	again := follow(t, e, evs[1].Seq, 2)
+	if again[0].Seq != evs[2].Seq || again[1].Seq != evs[3].Seq {
+		t.Fatalf("resume after %d: %+v", evs[1].Seq, again)
+	}
+	// Programs inside the sandbox (the local handler) cannot read it.
+	ts := httptestServer(t, e.srv.LocalHandler())
+	resp, err := http.Get(ts + "/cella/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("local /cella/events: %d", resp.StatusCode)
+	}
+}
+
+// follow reads n audit events (skipping keepalives) after seq.
+func follow(t *testing.T, e *testEnv, seq uint64, n int) []AuditEvent {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", e.ts.URL+"/cella/events?after="+strings.TrimSpace(jsonNum(seq)), nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out []AuditEvent
+	sc := bufio.NewScanner(resp.Body)
+	for len(out) < n && sc.Scan() {
+		var ev AuditEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		if ev.Kind != "keepalive" {
+			out = append(out, ev)
+		}
+	}
+	if len(out) < n {
+		t.Fatalf("got %d events, want %d: %+v (%v)", len(out), n, out, sc.Err())
+	}
+	return out
+}
+
+func jsonNum(n uint64) string { b, _ := json.Marshal(n); return string(b) }
+
+func httptestServer(t *testing.T, h http.Handler) string {
+	ts := httptest.NewServer(h)
+	t.Cleanup(ts.Close)
+	return ts.URL
+}

@@ -1,0 +1,192 @@
+package api
+
+import (
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/audit"
+	"github.com/cella-sandbox/cella/internal/errdefs"
+)
+
+// maxLogLimit bounds one answer of the logs routes.
+const maxLogLimit = 10000
+
+func (s *Server) auditRoutes(auth func(http.HandlerFunc) http.Handler) {
+	m := s.mux
+	m.Handle("GET /sandboxes/{id}/logs", auth(s.sandboxLogsV1))
+	m.Handle("GET /v2/sandboxes/{id}/logs", auth(s.sandboxLogsV2))
+}
+
+// sandboxLog is an item of E2B's v1 "logs": a plain line.
+type sandboxLog struct {
+	Timestamp time.Time `json:"timestamp"`
+	Line      string    `json:"line"`
+}
+
+// sandboxLogEntry is E2B's structured log item (v1 "logEntries", v2 "logs").
+type sandboxLogEntry struct {
+	Timestamp time.Time         `json:"timestamp"`
+	Level     string            `json:"level"`
+	Message   string            `json:"message"`
+	Fields    map[string]string `json:"fields"`
+}
+
+// sandboxLogsV1 is E2B's SandboxLogs plus cella's entries.
+type sandboxLogsV1 struct {
+	Logs       []sandboxLog      `json:"logs"`
+	LogEntries []sandboxLogEntry `json:"logEntries"`
+	Entries    []audit.Entry     `json:"entries"`
+}
+
+// sandboxLogsV2 is E2B's SandboxLogsV2Response (whose "logs" are the
+// structured items, not lines) plus cella's entries.
+type sandboxLogsV2 struct {
+	Logs    []sandboxLogEntry `json:"logs"`
+	Entries []audit.Entry     `json:"entries"`
+}
+
+func logEntry(e audit.Entry) sandboxLogEntry {
+	level := "info"
+	if e.Blocked() {
+		level = "warn"
+	}
+	return sandboxLogEntry{Timestamp: e.Time.UTC(), Level: level, Message: e.Line(), Fields: e.Fields()}
+}
+
+// GET /sandboxes/{id}/logs?since=&kind=&decision=&limit= (E2B's start= too).
+func (s *Server) sandboxLogsV1(w http.ResponseWriter, r *http.Request) {
+	entries, ok := s.auditEntries(w, r, false)
+	if !ok {
+		return
+	}
+	out := sandboxLogsV1{Logs: make([]sandboxLog, 0, len(entries)), LogEntries: make([]sandboxLogEntry, 0, len(entries)), Entries: entries}
+	for _, e := range entries {
+		le := logEntry(e)
+		out.Logs = append(out.Logs, sandboxLog{Timestamp: le.Timestamp, Line: le.Message})
+		out.LogEntries = append(out.LogEntries, le)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// GET /v2/sandboxes/{id}/logs: the same filters, plus E2B's cursor= and
+// direction=forward|backward (backward: entries up to the cursor, newest
+// first).
+func (s *Server) sandboxLogsV2(w http.ResponseWriter, r *http.Request) {
+	entries, ok := s.auditEntries(w, r, true)
+	if !ok {
+		return
+	}
+	out := sandboxLogsV2{Logs: make([]sandboxLogEntry, 0, len(entries)), Entries: entries}
+	for _, e := range entries {
+		out.Logs = append(out.Logs, logEntry(e))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// auditEntries answers the error itself and reports false when there is
+// nothing to serve.
+func (s *Server) auditEntries(w http.ResponseWriter, r *http.Request, v2 bool) ([]audit.Entry, bool) {
+	if s.cfg.Audit == nil {
+		s.writeErr(w, r, errdefs.NotImplemented("the audit log is not configured on this daemon"))
+		return nil, false
+	}
+	q, backward, err := parseLogQuery(r, v2)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return nil, false
+	}
+	id := r.PathValue("id")
+	// A killed sandbox's log stays readable for as long as its file exists.
+	if !s.sandboxKnown(id) && !s.cfg.Audit.Exists(id) {
+		s.writeErr(w, r, errdefs.NotFound("sandbox %q not found", id))
+		return nil, false
+	}
+	entries, err := s.cfg.Audit.Read(id, q)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return nil, false
+	}
+	if backward {
+		slices.Reverse(entries)
+	}
+	return entries, true
+}
+
+func (s *Server) sandboxKnown(id string) bool {
+	if s.cfg.Manager == nil {
+		return false
+	}
+	_, err := s.cfg.Manager.Get(id)
+	return err == nil
+}
+
+func parseLogQuery(r *http.Request, v2 bool) (audit.Query, bool, error) {
+	v := r.URL.Query()
+	q := audit.Query{Decision: v.Get("decision")}
+	var timeParams []string
+	for _, p := range []string{"since", "start", "cursor"} {
+		if v.Has(p) {
+			timeParams = append(timeParams, p)
+		}
+	}
+	if len(timeParams) > 1 {
+		return q, false, errdefs.InvalidArgument("give one of since, start and cursor (got %s)", strings.Join(timeParams, ", "))
+	}
+	var at time.Time
+	if len(timeParams) == 1 {
+		var err error
+		if at, err = parseLogTime(timeParams[0], v.Get(timeParams[0])); err != nil {
+			return q, false, err
+		}
+	}
+	backward := false
+	switch d := v.Get("direction"); {
+	case d == "" || d == "forward":
+	case d == "backward" && v2:
+		backward = true
+	default:
+		return q, false, errdefs.InvalidArgument("direction must be forward or backward (got %q; only /v2 reads backward)", d)
+	}
+	if backward {
+		q.Until = at
+	} else {
+		q.Since = at
+	}
+	if k := v.Get("kind"); k != "" {
+		for _, kind := range strings.Split(k, ",") {
+			kind = strings.TrimSpace(kind)
+			if !slices.Contains(audit.Kinds, kind) {
+				return q, false, errdefs.InvalidArgument("unknown kind %q (use a comma-separated list of %s)", kind, strings.Join(audit.Kinds, ", "))
+			}
+			q.Kind = append(q.Kind, kind)
+		}
+	}
+	if q.Decision != "" && q.Decision != audit.DecisionAllowed && q.Decision != audit.DecisionBlocked {
+		return q, false, errdefs.InvalidArgument("decision must be %s or %s (got %q)", audit.DecisionAllowed, audit.DecisionBlocked, q.Decision)
+	}
+	q.Limit = audit.DefaultLimit
+	if l := v.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > maxLogLimit {
+			return q, false, errdefs.InvalidArgument("limit must be an integer from 1 to %d (got %q)", maxLogLimit, l)
+		}
+		q.Limit = n
+	}
+	return q, backward, nil
+}
+
+// parseLogTime reads RFC 3339 or Unix milliseconds (what E2B's start and
+// cursor carry).
+func parseLogTime(param, v string) (time.Time, error) {
+	if ms, err := strconv.ParseInt(v, 10, 64); err == nil {
+		return time.UnixMilli(ms), nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, errdefs.InvalidArgument("%s must be an RFC 3339 time or Unix milliseconds (got %q)", param, v)
+	}
+	return t, nil
+}

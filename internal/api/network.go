@@ -1,0 +1,266 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/cella-sandbox/cella/internal/egress"
+	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/secrets"
+	"github.com/cella-sandbox/cella/internal/store"
+)
+
+// ceilingHint is how an operator raises the ceiling, for 403 answers.
+const ceilingHint = "an operator can raise it with `cella serve --egress-allow HOST` (the daemon's ceiling) or `cella key create --egress-allow HOST` (a key's own ceiling)"
+
+// egressCeiling is what the caller's key may reach at most: the daemon's
+// ceiling, narrowed by the key's own list when it has one. nil means the
+// daemon runs sandboxes with no network at all.
+func (s *Server) egressCeiling(k store.APIKey) (*egress.Policy, error) {
+	if s.cfg.EgressCeiling == nil {
+		return nil, nil
+	}
+	c := *s.cfg.EgressCeiling
+	if len(k.EgressAllow) == 0 {
+		return &c, nil
+	}
+	narrowed, err := egress.Policy{AllowOut: k.EgressAllow}.Narrow(c)
+	if err != nil {
+		// The key's list was checked when it was made; the daemon's
+		// ceiling shrank since: the key gets only what both allow.
+		var allow []string
+		for _, e := range k.EgressAllow {
+			if _, err := (egress.Policy{AllowOut: []string{e}}).Narrow(c); err == nil {
+				allow = append(allow, e)
+			}
+		}
+		return &egress.Policy{AllowOut: allow, DenyOut: c.DenyOut}, nil
+	}
+	narrowed.DenyOut = c.DenyOut
+	return &narrowed, nil
+}
+
+// effectiveEgress turns E2B's request fields into the policy the proxy
+// enforces, under ceiling. E2B's rules: allowOut entries are exceptions to
+// denyOut, and allow_internet_access false is denyOut ["0.0.0.0/0"]. With
+// no catch-all deny, the sandbox gets the whole ceiling minus its denyOut;
+// with one, exactly its allowOut. A request can never reach past the
+// ceiling: an explicit allowOut entry outside it is a 403.
+func effectiveEgress(allowInternet *bool, network json.RawMessage, ceiling egress.Policy, mayUseSecrets bool) (*egress.Policy, error) {
+	req, err := egress.ParsePolicy(network)
+	if err != nil {
+		return nil, errdefs.InvalidArgument("network: %v", err)
+	}
+	if len(req.AllowOut) > 0 {
+		if _, err := (egress.Policy{AllowOut: req.AllowOut}).Narrow(ceiling); err != nil {
+			var oc *egress.OutsideCeilingError
+			if errors.As(err, &oc) {
+				return nil, errdefs.Forbidden("network.allowOut entry %q is outside this sandbox's egress ceiling (%s); %s",
+					oc.Entry, ceilingText(oc.Ceiling), ceilingHint)
+			}
+			return nil, errdefs.InvalidArgument("network.allowOut: %v", err)
+		}
+	}
+	if !mayUseSecrets {
+		for host, rules := range req.Rules {
+			for _, r := range rules {
+				if r.Transform == nil {
+					continue
+				}
+				for h, v := range r.Transform.Headers {
+					if strings.Contains(v, "${e2b.secrets.") || strings.Contains(v, "${secret:") {
+						return nil, errdefs.Forbidden("network.rules[%q] header %q uses a secret: only admin keys may attach secrets to requests", host, h)
+					}
+				}
+			}
+		}
+	}
+	catchAll := allowInternet != nil && !*allowInternet
+	var deny []string
+	for _, d := range req.DenyOut {
+		switch d {
+		case "0.0.0.0/0", "::/0", "*":
+			catchAll = true
+		default:
+			deny = append(deny, d)
+		}
+	}
+	out := &egress.Policy{Rules: req.Rules}
+	if catchAll {
+		out.AllowOut = slices.Clone(req.AllowOut)
+		out.DenyOut = slices.Clone(ceiling.DenyOut)
+	} else {
+		out.AllowOut = slices.Clone(ceiling.AllowOut)
+		out.DenyOut = append(slices.Clone(ceiling.DenyOut), deny...)
+	}
+	if err := out.Validate(); err != nil {
+		return nil, errdefs.InvalidArgument("network: %v", err)
+	}
+	return out, nil
+}
+
+func ceilingText(entries []string) string {
+	if len(entries) == 0 {
+		return "no egress at all"
+	}
+	return "allowed: " + strings.Join(entries, ", ")
+}
+
+// networkUpdate is E2B's SandboxNetworkUpdateConfig: the egress fields of
+// network plus allow_internet_access; an omitted field is cleared.
+type networkUpdate struct {
+	AllowOut            []string                 `json:"allowOut,omitempty"`
+	DenyOut             []string                 `json:"denyOut,omitempty"`
+	Rules               map[string][]egress.Rule `json:"rules,omitempty"`
+	AllowInternetAccess *bool                    `json:"allow_internet_access,omitempty"`
+}
+
+// updateNetwork is PUT /sandboxes/{id}/network: the new policy holds for
+// every connection and DNS query that starts after the 204.
+func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	sb, err := s.cfg.Manager.Get(id)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	var req networkUpdate
+	if err := decodeBody(r, &req); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	if s.cfg.EgressCeiling == nil {
+		s.writeErr(w, r, errdefs.Forbidden("this daemon gives sandboxes no network at all (cella serve --network=false), so there is no egress policy to update"))
+		return
+	}
+	key := apiKeyFrom(r.Context())
+	ceiling, err := s.egressCeiling(key)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	raw, _ := json.Marshal(struct {
+		AllowOut []string                 `json:"allowOut,omitempty"`
+		DenyOut  []string                 `json:"denyOut,omitempty"`
+		Rules    map[string][]egress.Rule `json:"rules,omitempty"`
+	}{req.AllowOut, req.DenyOut, req.Rules})
+	// Fields of the original request other than egress (allowPublicTraffic
+	// and friends) stay as they were.
+	merged := mergeNetwork(sb.Options.Network, raw)
+	p, err := effectiveEgress(req.AllowInternetAccess, raw, *ceiling, key.ID == store.AdminKeyID)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	if err := s.cfg.Manager.SetNetwork(r.Context(), id, p, merged, req.AllowInternetAccess); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// mergeNetwork replaces the egress fields of a stored network object.
+func mergeNetwork(stored, egressFields json.RawMessage) json.RawMessage {
+	m := map[string]json.RawMessage{}
+	_ = json.Unmarshal(stored, &m)
+	for _, k := range []string{"allowOut", "denyOut", "rules"} {
+		delete(m, k)
+	}
+	var e map[string]json.RawMessage
+	_ = json.Unmarshal(egressFields, &e)
+	for k, v := range e {
+		m[k] = v
+	}
+	if len(m) == 0 {
+		return nil
+	}
+	b, _ := json.Marshal(m)
+	return b
+}
+
+// networkInfo is E2B's SandboxNetworkInfo (what was asked) plus what cella
+// enforces.
+type networkInfo struct {
+	AllowOut           []string                 `json:"allowOut"`
+	DenyOut            []string                 `json:"denyOut"`
+	Rules              map[string][]egress.Rule `json:"rules,omitempty"`
+	AllowPublicTraffic *bool                    `json:"allowPublicTraffic,omitempty"`
+	MaskRequestHost    string                   `json:"maskRequestHost,omitempty"`
+	// Effective is the policy in force: the request within the operator's
+	// ceiling; Summary says it in words.
+	Effective *effectivePolicy `json:"effective"`
+	Summary   string           `json:"summary"`
+}
+
+type effectivePolicy struct {
+	AllowOut []string `json:"allowOut"`
+	DenyOut  []string `json:"denyOut"`
+}
+
+func networkInfoOf(raw json.RawMessage, p *egress.Policy, enabled bool) networkInfo {
+	var req struct {
+		AllowOut           []string                 `json:"allowOut"`
+		DenyOut            []string                 `json:"denyOut"`
+		Rules              map[string][]egress.Rule `json:"rules"`
+		AllowPublicTraffic *bool                    `json:"allowPublicTraffic"`
+		MaskRequestHost    string                   `json:"maskRequestHost"`
+	}
+	_ = json.Unmarshal(raw, &req)
+	ni := networkInfo{
+		AllowOut: nonNil(req.AllowOut), DenyOut: nonNil(req.DenyOut), Rules: redactRules(req.Rules),
+		AllowPublicTraffic: req.AllowPublicTraffic, MaskRequestHost: req.MaskRequestHost,
+		Effective: &effectivePolicy{AllowOut: []string{}, DenyOut: []string{}},
+	}
+	switch {
+	case !enabled:
+		ni.Summary = "no network at all: this daemon runs sandboxes without a network (cella serve --network=false)"
+	case p == nil || len(p.AllowOut) == 0:
+		ni.Summary = "no egress: nothing is allowed for this sandbox"
+	default:
+		ni.Effective = &effectivePolicy{AllowOut: nonNil(p.AllowOut), DenyOut: nonNil(p.DenyOut)}
+		ni.Summary = p.Summary()
+	}
+	return ni
+}
+
+// redactRules shows header rules without their values: a value may be a
+// literal credential.
+func redactRules(rules map[string][]egress.Rule) map[string][]egress.Rule {
+	if len(rules) == 0 {
+		return nil
+	}
+	out := make(map[string][]egress.Rule, len(rules))
+	for host, rs := range rules {
+		for _, r := range rs {
+			nr := egress.Rule{}
+			if r.Transform != nil {
+				h := map[string]string{}
+				for k, v := range r.Transform.Headers {
+					if names := secretNames(v); len(names) > 0 {
+						h[k] = "[secret:" + strings.Join(names, ",") + "]"
+					} else {
+						h[k] = "[redacted]"
+					}
+				}
+				nr.Transform = &egress.Transform{Headers: h}
+			}
+			out[host] = append(out[host], nr)
+		}
+	}
+	return out
+}
+
+func secretNames(v string) []string {
+	_, names, _ := secrets.Expand(v, func(string) (string, error) { return "", nil })
+	return names
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}

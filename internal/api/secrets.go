@@ -1,0 +1,174 @@
+package api
+
+import (
+	"encoding/base64"
+	"net/http"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/secrets"
+	"github.com/cella-sandbox/cella/internal/store"
+)
+
+// Secrets speak E2B's /secrets API (e2b SDK >= 2.51, class Secret):
+//
+//	POST   /secrets              {name, value, metadata?} → 201 Secret; 409 if the name exists
+//	POST   /secrets/{secretID}   {value, metadata?}       → 200 Secret, currentVersion + 1
+//	GET    /secrets/{secretID}                            → 200 Secret
+//	GET    /secrets?limit&nextToken                       → 200 [Secret], X-Next-Token when more remain
+//	DELETE /secrets/{secretID}                            → 204
+//
+// where {secretID} is a secret's ID or its name, and Secret is
+// {secretID, name, currentVersion, metadata, createdAt, updatedAt}.
+//
+// Secrets are operator-level: an ordinary key drives sandboxes, and a
+// sandbox's user must not be able to replace the token its egress rules
+// inject. So every route is for the admin key only, and no answer carries a
+// value: they go into traffic through the egress proxy, never back out.
+func (s *Server) secretRoutes(auth func(http.HandlerFunc) http.Handler) {
+	m := s.mux
+	m.Handle("POST /secrets", auth(s.secretsAdmin(s.createSecret)))
+	m.Handle("GET /secrets", auth(s.secretsAdmin(s.listSecrets)))
+	m.Handle("GET /secrets/{secretID}", auth(s.secretsAdmin(s.getSecret)))
+	m.Handle("POST /secrets/{secretID}", auth(s.secretsAdmin(s.updateSecret)))
+	m.Handle("DELETE /secrets/{secretID}", auth(s.secretsAdmin(s.deleteSecret)))
+}
+
+// secretInfo is E2B's Secret schema. Metadata is always an object, {} when
+// unset, as E2B documents it.
+type secretInfo struct {
+	SecretID       string            `json:"secretID"`
+	Name           string            `json:"name"`
+	CurrentVersion int64             `json:"currentVersion"`
+	Metadata       map[string]string `json:"metadata"`
+	CreatedAt      time.Time         `json:"createdAt"`
+	UpdatedAt      time.Time         `json:"updatedAt"`
+}
+
+func secretBody(i secrets.Info) secretInfo {
+	md := i.Metadata
+	if md == nil {
+		md = map[string]string{}
+	}
+	return secretInfo{
+		SecretID: i.ID, Name: i.Name, CurrentVersion: i.Version, Metadata: md,
+		CreatedAt: i.CreatedAt.UTC(), UpdatedAt: i.UpdatedAt.UTC(),
+	}
+}
+
+// secretsAdmin admits the admin key only, then needs a configured manager.
+func (s *Server) secretsAdmin(h func(http.ResponseWriter, *http.Request, *secrets.Manager)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if apiKeyFrom(r.Context()).ID != store.AdminKeyID {
+			s.writeErr(w, r, errdefs.Forbidden("only the admin key (<data-dir>/admin.key) may manage secrets"))
+			return
+		}
+		if s.cfg.Secrets == nil {
+			s.writeErr(w, r, errdefs.NotImplemented("secrets are not configured on this daemon"))
+			return
+		}
+		h(w, r, s.cfg.Secrets)
+	}
+}
+
+// createSecret is POST /secrets. It never replaces: E2B keeps create and
+// update apart, and a create that silently overwrote would let a typo or a
+// second script clobber a credential others rely on.
+func (s *Server) createSecret(w http.ResponseWriter, r *http.Request, sm *secrets.Manager) {
+	var req struct {
+		Name     string            `json:"name"`
+		Value    string            `json:"value"`
+		Metadata map[string]string `json:"metadata"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	info, err := sm.Create(r.Context(), req.Name, req.Value, req.Metadata)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, secretBody(info))
+}
+
+// updateSecret is POST /secrets/{secretID}: a new value, the next version.
+// Metadata, when sent, replaces the stored metadata ({} clears it); when
+// left out it is kept, as the SDK's update without opts.metadata expects.
+func (s *Server) updateSecret(w http.ResponseWriter, r *http.Request, sm *secrets.Manager) {
+	var req struct {
+		Value    string            `json:"value"`
+		Metadata map[string]string `json:"metadata"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	info, err := sm.Update(r.Context(), r.PathValue("secretID"), req.Value, req.Metadata)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, secretBody(info))
+}
+
+// maxSecretPage is the largest and default page, as for GET /v2/sandboxes.
+const maxSecretPage = 100
+
+// listSecrets is GET /secrets?limit=&nextToken=, by name. The token is the
+// last name of the page (base64url), so a page boundary stays put while
+// secrets are added or removed around it.
+func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request, sm *secrets.Manager) {
+	q := r.URL.Query()
+	limit := maxSecretPage
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > maxSecretPage {
+			s.writeErr(w, r, errdefs.InvalidArgument("limit must be an integer from 1 to %d (got %q)", maxSecretPage, l))
+			return
+		}
+		limit = n
+	}
+	all := sm.List()
+	start := 0
+	if tok := q.Get("nextToken"); tok != "" {
+		after, err := base64.RawURLEncoding.DecodeString(tok)
+		if err != nil || len(after) == 0 {
+			s.writeErr(w, r, errdefs.InvalidArgument("invalid nextToken %q: pass the X-Next-Token header of the previous page", tok))
+			return
+		}
+		start = sort.Search(len(all), func(i int) bool { return all[i].Name > string(after) })
+	}
+	page := all[start:]
+	if len(page) > limit {
+		page = page[:limit]
+		w.Header().Set("X-Next-Token", base64.RawURLEncoding.EncodeToString([]byte(page[len(page)-1].Name)))
+	}
+	out := make([]secretInfo, 0, len(page))
+	for _, i := range page {
+		out = append(out, secretBody(i))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// getSecret is GET /secrets/{secretID}, by ID or name.
+func (s *Server) getSecret(w http.ResponseWriter, r *http.Request, sm *secrets.Manager) {
+	info, err := sm.Info(r.PathValue("secretID"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, secretBody(info))
+}
+
+// deleteSecret is DELETE /secrets/{secretID}, by ID or name; a missing
+// secret is 404, which the SDK's Secret.destroy turns into false.
+func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request, sm *secrets.Manager) {
+	if err := sm.Delete(r.Context(), r.PathValue("secretID")); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

@@ -1,0 +1,163 @@
+package audit
+
+import (
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Kinds of entry.
+const (
+	KindConnect      = "connect"       // a sandbox's outbound connection (proxy)
+	KindDNS          = "dns"           // a name lookup (proxy)
+	KindProcessStart = "process.start" // a process started (agent)
+	KindProcessExit  = "process.exit"  // a process ended (agent)
+	KindFileWrite    = "file.write"    // a file written through the API
+	KindFileMkdir    = "file.mkdir"    // a directory made through the API
+	KindFileMove     = "file.move"     // a file moved through the API
+	KindFileRemove   = "file.remove"   // a file removed through the API
+	KindLifecycle    = "lifecycle"     // create, pause, resume, kill; and the log's own notes
+)
+
+// Kinds lists every kind, for validating filters.
+var Kinds = []string{KindConnect, KindDNS, KindProcessStart, KindProcessExit,
+	KindFileWrite, KindFileMkdir, KindFileMove, KindFileRemove, KindLifecycle}
+
+// Sources of entry.
+const (
+	SourceProxy  = "proxy"
+	SourceDaemon = "daemon"
+	SourceAgent  = "agent"
+)
+
+// Decisions of the egress proxy.
+const (
+	DecisionAllowed = "allowed"
+	DecisionBlocked = "blocked"
+)
+
+// Entry is one audit record: a flat struct whose optional fields are left
+// out of the JSON when empty, so each kind carries only what it has.
+type Entry struct {
+	Time      time.Time `json:"time"`
+	SandboxID string    `json:"sandboxId"`
+	Kind      string    `json:"kind"`
+	Source    string    `json:"source"`
+	// Seq is the source's own sequence number, if it numbers its events
+	// (the agent does), so a follower that restarts can resume after it.
+	Seq uint64 `json:"seq,omitempty"`
+
+	// Network (connect, dns).
+	Proto    string `json:"proto,omitempty"`    // http, tls, tcp or dns
+	Dst      string `json:"dst,omitempty"`      // ip:port the sandbox dialed
+	Host     string `json:"host,omitempty"`     // SNI, Host header or looked-up name
+	Upstream string `json:"upstream,omitempty"` // where the proxy actually connected
+	Decision string `json:"decision,omitempty"` // allowed | blocked
+	Rule     string `json:"rule,omitempty"`     // the rule that decided
+	Reason   string `json:"reason,omitempty"`   // why it was blocked or failed
+	BytesOut int64  `json:"bytesOut,omitempty"`
+	BytesIn  int64  `json:"bytesIn,omitempty"`
+
+	// Processes.
+	PID  int    `json:"pid,omitempty"`
+	Cmd  string `json:"cmd,omitempty"`
+	User string `json:"user,omitempty"`
+	Cwd  string `json:"cwd,omitempty"`
+	// ExitCode is a pointer because 0 is an exit code worth recording.
+	ExitCode *int   `json:"exitCode,omitempty"`
+	Status   string `json:"status,omitempty"` // how a process ended, e.g. "signal: killed"
+
+	// Files.
+	Path string `json:"path,omitempty"`
+	Size int64  `json:"size,omitempty"`
+
+	// Error is a failure of the recorded operation.
+	Error   string `json:"error,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+// Blocked reports whether the entry records something the proxy refused.
+func (e Entry) Blocked() bool { return e.Decision == DecisionBlocked }
+
+// Fields returns the entry as key/value strings, keyed by its JSON names,
+// with empty optional fields left out.
+func (e Entry) Fields() map[string]string {
+	f := map[string]string{
+		"time":      e.Time.UTC().Format(time.RFC3339Nano),
+		"sandboxId": e.SandboxID,
+		"kind":      e.Kind,
+		"source":    e.Source,
+	}
+	for _, kv := range e.optional() {
+		f[kv[0]] = kv[1]
+	}
+	return f
+}
+
+// optional lists the set optional fields in a fixed order (the order Line
+// prints them in).
+func (e Entry) optional() [][2]string {
+	var out [][2]string
+	add := func(k, v string) {
+		if v != "" {
+			out = append(out, [2]string{k, v})
+		}
+	}
+	addInt := func(k string, v int64) {
+		if v != 0 {
+			out = append(out, [2]string{k, strconv.FormatInt(v, 10)})
+		}
+	}
+	add("decision", e.Decision)
+	add("proto", e.Proto)
+	add("host", e.Host)
+	add("dst", e.Dst)
+	add("upstream", e.Upstream)
+	add("rule", e.Rule)
+	add("reason", e.Reason)
+	addInt("bytesOut", e.BytesOut)
+	addInt("bytesIn", e.BytesIn)
+	addInt("pid", int64(e.PID))
+	add("cmd", e.Cmd)
+	add("user", e.User)
+	add("cwd", e.Cwd)
+	if e.ExitCode != nil {
+		out = append(out, [2]string{"exitCode", strconv.Itoa(*e.ExitCode)})
+	}
+	add("status", e.Status)
+	add("path", e.Path)
+	addInt("size", e.Size)
+	add("error", e.Error)
+	if e.Seq != 0 {
+		out = append(out, [2]string{"seq", strconv.FormatUint(e.Seq, 10)})
+	}
+	add("message", e.Message)
+	return out
+}
+
+// Line renders the entry as one human-readable line, e.g.
+//
+//	connect blocked host=evil.example dst=203.0.113.9:443 rule=default reason="not in the allowlist"
+func (e Entry) Line() string {
+	var b strings.Builder
+	b.WriteString(e.Kind)
+	for _, kv := range e.optional() {
+		switch kv[0] {
+		case "decision":
+			b.WriteString(" " + kv[1])
+		case "message":
+			// Last and unquoted: it is prose.
+			b.WriteString(": " + kv[1])
+		default:
+			b.WriteString(" " + kv[0] + "=" + quote(kv[1]))
+		}
+	}
+	return b.String()
+}
+
+func quote(v string) string {
+	if v == "" || strings.ContainsAny(v, " \t\r\n\"=\\") || !strconv.CanBackquote(v) {
+		return strconv.Quote(v)
+	}
+	return v
+}

@@ -1,0 +1,445 @@
+// Package audit keeps a per-sandbox record of what a sandbox did and what
+// was decided about it: outbound connections and DNS lookups (the egress
+// proxy), processes (the agent), file writes and lifecycle events (the
+// daemon).
+//
+// Each sandbox has one JSON Lines file, <dir>/<sandbox-id>.jsonl, one Entry
+// per line, oldest first. Append never blocks its caller on the disk: it
+// queues the entry and one writer goroutine appends queued entries to their
+// files as soon as it wakes (well under 100 ms; Read and Close first wait
+// for the queue to drain).
+//
+// Bounds: a file that grows past MaxFileBytes (default 16 MiB) is cut to
+// its newest half in place, rather than rotated to a .1 file, so a reader
+// always has one file to read and the disk use per sandbox stays under the
+// cap. The cut is recorded as a lifecycle entry at the end of the file. If
+// the writer falls behind by more than 65536 entries, further entries are
+// dropped and the count is recorded in the sandbox's file once the writer
+// catches up. Entries are written but not fsynced: a host crash may lose
+// the last moments of a log, never corrupt earlier lines (a torn last line
+// is skipped on read).
+package audit
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/cella-sandbox/cella/internal/errdefs"
+)
+
+// DefaultMaxFileBytes is the per-sandbox file cap when Options leave it 0.
+const DefaultMaxFileBytes = 16 << 20
+
+// DefaultLimit is how many entries Read returns when Query.Limit is 0.
+const DefaultLimit = 1000
+
+// maxPending bounds the queue between Append and the writer: a stuck disk
+// must not grow the daemon's memory without limit.
+const maxPending = 1 << 16
+
+// maxFieldBytes bounds each string field, so one command line or message
+// cannot take a large share of a file's cap.
+const maxFieldBytes = 4096
+
+var idRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// validID keeps a sandbox ID usable as a file name inside the log dir.
+func validID(id string) bool { return idRe.MatchString(id) && id != "." && id != ".." }
+
+// Options tune a Log.
+type Options struct {
+	// Redact is applied to every free-text field (all string fields but
+	// SandboxID, Kind, Source and Decision) before an entry is written:
+	// the secrets manager's Redact, so secret values never reach disk.
+	Redact func(string) string
+	// MaxFileBytes caps each sandbox's file (0: DefaultMaxFileBytes).
+	MaxFileBytes int64
+	// Log receives the writer's own failures (nil: slog.Default()).
+	Log *slog.Logger
+}
+
+// Query selects entries for Read. Zero fields select everything.
+type Query struct {
+	Since    time.Time // entries at or after
+	Until    time.Time // entries at or before
+	Kind     []string  // any of these kinds
+	Decision string    // only this decision
+	Limit    int       // the newest Limit matches (0: DefaultLimit)
+}
+
+// Log is the audit log of every sandbox of one daemon.
+type Log struct {
+	dir     string
+	redact  func(string) string
+	maxFile int64
+	log     *slog.Logger
+
+	// fileMu is held by whoever changes files: the writer for a whole
+	// batch (taking it from the queue included), and Remove. So Remove
+	// sees every queued entry of its sandbox and none is written after it.
+	fileMu sync.Mutex
+
+	mu      sync.Mutex
+	pending []Entry
+	dropped map[string]int // per sandbox: entries refused since the last batch
+	closed  bool
+
+	invalid atomic.Int64 // entries with an unusable sandbox ID
+
+	wake      chan struct{}
+	flush     chan chan struct{}
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+// New opens the audit log kept in dir (created if missing) and starts its
+// writer.
+func New(dir string, o Options) (*Log, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create audit log dir: %w", err)
+	}
+	if o.MaxFileBytes <= 0 {
+		o.MaxFileBytes = DefaultMaxFileBytes
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.Redact == nil {
+		o.Redact = func(s string) string { return s }
+	}
+	l := &Log{
+		dir: dir, redact: o.Redact, maxFile: o.MaxFileBytes, log: o.Log,
+		dropped: map[string]int{},
+		wake:    make(chan struct{}, 1),
+		flush:   make(chan chan struct{}),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	go l.run()
+	return l, nil
+}
+
+func (l *Log) path(id string) string { return filepath.Join(l.dir, id+".jsonl") }
+
+// Append queues an entry; it never waits for the disk. A zero Time is set
+// to now. Entries after Close, or with a SandboxID that cannot name a file,
+// are dropped.
+func (l *Log) Append(e Entry) {
+	if !validID(e.SandboxID) {
+		l.invalid.Add(1)
+		return
+	}
+	if e.Time.IsZero() {
+		e.Time = time.Now()
+	}
+	l.mu.Lock()
+	switch {
+	case l.closed:
+		l.mu.Unlock()
+		return
+	case len(l.pending) >= maxPending:
+		l.dropped[e.SandboxID]++
+		l.mu.Unlock()
+		return
+	}
+	l.pending = append(l.pending, e)
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default: // a wake-up is already due
+	}
+}
+
+// Flush waits until every entry appended before it is in its file.
+func (l *Log) Flush() {
+	ack := make(chan struct{})
+	select {
+	case l.flush <- ack:
+		<-ack
+	case <-l.done:
+	}
+}
+
+// Close writes what is queued and stops the writer. Later Appends are
+// dropped; Read and Remove keep working.
+func (l *Log) Close() error {
+	l.closeOnce.Do(func() {
+		l.mu.Lock()
+		l.closed = true
+		l.mu.Unlock()
+		close(l.stop)
+		<-l.done
+	})
+	return nil
+}
+
+func (l *Log) run() {
+	defer close(l.done)
+	for {
+		select {
+		case <-l.wake:
+			l.drain()
+		case ack := <-l.flush:
+			l.drain()
+			close(ack)
+		case <-l.stop:
+			l.drain()
+			return
+		}
+	}
+}
+
+// drain writes batches until the queue is empty.
+func (l *Log) drain() {
+	for l.writeBatch() {
+	}
+}
+
+// writeBatch writes what is queued now; false when there was nothing.
+func (l *Log) writeBatch() bool {
+	l.fileMu.Lock()
+	defer l.fileMu.Unlock()
+	l.mu.Lock()
+	batch, dropped := l.pending, l.dropped
+	l.pending, l.dropped = nil, map[string]int{}
+	l.mu.Unlock()
+	if len(batch) == 0 && len(dropped) == 0 {
+		return false
+	}
+	var order []string
+	bufs := map[string]*bytes.Buffer{}
+	buf := func(id string) *bytes.Buffer {
+		b, ok := bufs[id]
+		if !ok {
+			b = &bytes.Buffer{}
+			bufs[id] = b
+			order = append(order, id)
+		}
+		return b
+	}
+	for _, e := range batch {
+		l.encode(buf(e.SandboxID), e)
+	}
+	for id, n := range dropped {
+		l.encode(buf(id), Entry{Time: time.Now(), SandboxID: id, Kind: KindLifecycle, Source: SourceDaemon,
+			Message: fmt.Sprintf("audit log dropped %d entries: its writer fell behind", n)})
+	}
+	for _, id := range order {
+		if err := l.appendFile(id, bufs[id].Bytes()); err != nil {
+			l.log.Error("audit log write failed", "sandbox", id, "err", err)
+		}
+	}
+	return true
+}
+
+func (l *Log) encode(b *bytes.Buffer, e Entry) {
+	e.Time = e.Time.UTC()
+	for _, f := range []*string{&e.Proto, &e.Dst, &e.Host, &e.Upstream, &e.Rule, &e.Reason, &e.Cmd, &e.User, &e.Cwd, &e.Status, &e.Path, &e.Error, &e.Message} {
+		*f = truncate(l.redact(*f))
+	}
+	line, err := json.Marshal(e)
+	if err != nil {
+		// Entry has no field json cannot encode; keep the writer going.
+		l.log.Error("audit entry not encodable", "sandbox", e.SandboxID, "err", err)
+		return
+	}
+	b.Write(line)
+	b.WriteByte('\n')
+}
+
+// truncate cuts s to maxFieldBytes on a rune boundary. It runs after
+// redaction, so a cut never leaves part of a secret value behind.
+func truncate(s string) string {
+	if len(s) <= maxFieldBytes {
+		return s
+	}
+	const mark = "…[truncated]"
+	cut := maxFieldBytes - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
+}
+
+func (l *Log) appendFile(id string, data []byte) error {
+	p := l.path(id)
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", p, err)
+	}
+	_, werr := f.Write(data)
+	fi, serr := f.Stat()
+	cerr := f.Close()
+	if err := errors.Join(werr, serr, cerr); err != nil {
+		return fmt.Errorf("append to %s: %w", p, err)
+	}
+	if fi.Size() <= l.maxFile {
+		return nil
+	}
+	return l.compact(id)
+}
+
+// compact keeps the newest half of a file that outgrew the cap, cut at a
+// line boundary, and notes the cut at its end. The new content replaces the
+// file by rename, so a concurrent Read sees the old file or the new one.
+func (l *Log) compact(id string) error {
+	p := l.path(id)
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return fmt.Errorf("compact %s: %w", p, err)
+	}
+	start := max(0, len(data)-int(l.maxFile/2))
+	if i := bytes.IndexByte(data[start:], '\n'); start > 0 && i >= 0 {
+		start += i + 1
+	} else if start > 0 {
+		start = len(data)
+	}
+	var b bytes.Buffer
+	b.Write(data[start:])
+	l.encode(&b, Entry{Time: time.Now(), SandboxID: id, Kind: KindLifecycle, Source: SourceDaemon,
+		Message: fmt.Sprintf("audit log reached its %d-byte cap: the oldest %d entries (%d bytes) were dropped",
+			l.maxFile, bytes.Count(data[:start], []byte{'\n'}), start)})
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, b.Bytes(), 0o600); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("compact %s: %w", p, err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("compact %s: %w", p, err)
+	}
+	return nil
+}
+
+// Exists reports whether a sandbox has a log file (after writing what is
+// queued).
+func (l *Log) Exists(sandboxID string) bool {
+	if !validID(sandboxID) {
+		return false
+	}
+	l.Flush()
+	_, err := os.Stat(l.path(sandboxID))
+	return err == nil
+}
+
+// Read returns a sandbox's entries that match q, oldest first: the newest
+// q.Limit of them. A sandbox without a file has no entries.
+func (l *Log) Read(sandboxID string, q Query) ([]Entry, error) {
+	limit := q.Limit
+	if limit <= 0 {
+		limit = DefaultLimit
+	}
+	out := []Entry{}
+	err := l.scan(sandboxID, func(e Entry) {
+		if !q.match(e) {
+			return
+		}
+		out = append(out, e)
+		// Keep the newest matches without holding every one.
+		if len(out)/2 >= limit {
+			out = append(out[:0], out[len(out)-limit:]...)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(out) > limit {
+		out = out[len(out)-limit:]
+	}
+	return out, nil
+}
+
+// LastSeq returns the highest Seq among a sandbox's entries from source (0
+// when there are none), so a follower of a numbered feed that restarts can
+// skip what is already kept. It reads the whole file: call it once per
+// follow, not per entry.
+func (l *Log) LastSeq(sandboxID, source string) (uint64, error) {
+	var last uint64
+	err := l.scan(sandboxID, func(e Entry) {
+		if e.Source == source && e.Seq > last {
+			last = e.Seq
+		}
+	})
+	return last, err
+}
+
+// scan calls f with each entry of a sandbox's file, oldest first, after
+// writing what is queued.
+func (l *Log) scan(sandboxID string, f func(Entry)) error {
+	if !validID(sandboxID) {
+		return errdefs.InvalidArgument("invalid sandbox ID %q", sandboxID)
+	}
+	l.Flush()
+	file, err := os.Open(l.path(sandboxID))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read audit log of %s: %w", sandboxID, err)
+	}
+	defer file.Close()
+	r := bufio.NewReaderSize(file, 64<<10)
+	for {
+		line, err := r.ReadBytes('\n')
+		if err == io.EOF {
+			// A line without its newline is being written, or was torn by
+			// a crash: it is not an entry (yet).
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read audit log of %s: %w", sandboxID, err)
+		}
+		var e Entry
+		if json.Unmarshal(line, &e) == nil {
+			f(e)
+		}
+	}
+}
+
+func (q Query) match(e Entry) bool {
+	switch {
+	case !q.Since.IsZero() && e.Time.Before(q.Since):
+		return false
+	case !q.Until.IsZero() && e.Time.After(q.Until):
+		return false
+	case q.Decision != "" && e.Decision != q.Decision:
+		return false
+	case len(q.Kind) > 0 && !slices.Contains(q.Kind, e.Kind):
+		return false
+	}
+	return true
+}
+
+// Remove deletes a sandbox's log, entries still queued included.
+func (l *Log) Remove(sandboxID string) error {
+	if !validID(sandboxID) {
+		return errdefs.InvalidArgument("invalid sandbox ID %q", sandboxID)
+	}
+	l.fileMu.Lock()
+	defer l.fileMu.Unlock()
+	l.mu.Lock()
+	l.pending = slices.DeleteFunc(l.pending, func(e Entry) bool { return e.SandboxID == sandboxID })
+	delete(l.dropped, sandboxID)
+	l.mu.Unlock()
+	if err := os.Remove(l.path(sandboxID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove audit log of %s: %w", sandboxID, err)
+	}
+	return nil
+}
+
+// Invalid returns how many entries were dropped for an unusable SandboxID.
+func (l *Log) Invalid() int64 { return l.invalid.Load() }

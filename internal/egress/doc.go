@@ -1,0 +1,57 @@
+// Package egress decides, for every connection and DNS query a sandbox
+// makes, whether its network policy allows it, and then either proxies it
+// upstream or refuses it with an explanation. With no policy at all a
+// sandbox has no egress.
+//
+// The sandbox's network slot redirects every TCP connection to a listener
+// served by Proxy.Serve and every DNS query to a socket served by
+// Proxy.ServeDNS. The decision procedure:
+//
+// DNS. A query for a name the policy allows (AllowOut domain, wildcard or
+// "*", and no DenyOut domain entry) gets a fake IPv4 address from
+// 198.18.0.0/15, stable per (sandbox, name), which the proxy maps back to
+// the name when the sandbox connects to it. AAAA answers are empty
+// (sandboxes are IPv4-only); a name the policy does not allow gets
+// NXDOMAIN, even when the policy allows raw IPs. The sandbox never learns a
+// real address, so the name it asked for is the only thing it can connect
+// to through that address.
+//
+// Connections. The proxy peeks at the first bytes (a server-speaks-first
+// protocol that sends nothing within Config.PeekTimeout is raw TCP, and on
+// the well-known ports of such protocols there is no peek at all): a TLS
+// ClientHello gives the server name (SNI), an HTTP/1.x request its Host
+// header. The name of a connection is that name, or, without one, the name
+// the fake destination address was issued for.
+//
+//   - With a name: the policy must allow the name. When the destination is
+//     a fake address issued for another name, the connection is refused
+//     (the sandbox asked cella for one host and talks to another). When the
+//     destination is a real address, it must be one the proxy itself
+//     resolves for the name: a sandbox cannot pin an allowed name to an
+//     address of its choosing. The proxy resolves the name, drops
+//     hard-denied addresses and dials what is left on the original port.
+//   - Without a name (raw TCP, HTTP without Host, TLS without SNI, to a real
+//     address): the address must be allowed by an AllowOut IP or CIDR, not
+//     by a DenyOut one, and not be hard-denied; the proxy dials it.
+//
+// Hard-denied addresses are never dialed whatever the policy says:
+// 0.0.0.0/8, link-local (cloud metadata), multicast, reserved and
+// broadcast, the fake range, loopback (unless Config.PermitLoopback) and
+// Config.HardDeny (the daemon's sandbox range and host addresses).
+//
+// Deny wins over allow, with one exception taken from E2B: a catch-all
+// DenyOut entry ("0.0.0.0/0", "::/0", "*") only restates the default and
+// yields to explicit AllowOut entries, so the E2B idiom
+// denyOut: ["0.0.0.0/0"], allowOut: ["1.1.1.1"] lets 1.1.1.1 through.
+//
+// Allowed TLS is spliced byte for byte, unless the policy has a header rule
+// for the host: then the proxy terminates TLS with a leaf certificate from
+// its own CA, sets the rule's headers (secrets resolved per request and
+// never shown) and forwards each request over its own verified TLS
+// connection. Plain HTTP is proxied request by request, so every request on
+// a connection must name the host the connection was allowed for.
+//
+// Refusals: plain HTTP gets a 403 whose body starts with
+// "blocked by cella sandbox policy: "; TLS and raw TCP are closed. Every
+// decision is reported as an Event (see Event for when).
+package egress

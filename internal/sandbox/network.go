@@ -1,0 +1,277 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cella-sandbox/cella/internal/egress"
+	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/network"
+)
+
+// Network gives sandboxes a way out: a network slot each (its own
+// namespaces, internal/network) whose every connection and DNS query lands
+// on the egress proxy, which applies the sandbox's policy.
+type Network struct {
+	Slots *network.Manager
+	Proxy *egress.Proxy
+	// CAPEM is the proxy's CA certificate, added to each sandbox's trust
+	// store so that intercepted HTTPS (header injection) verifies.
+	CAPEM []byte
+	// Events receives every egress decision (the audit log).
+	Events func(egress.Event)
+	// Nameserver is the slots' host-side address, where the proxy's DNS
+	// answers.
+	Nameserver netip.Addr
+}
+
+// guestCAPath is the CA's own file inside a sandbox (NODE_EXTRA_CA_CERTS
+// wants only the extra CA); the system bundle gets a copy appended.
+const (
+	guestCAPath     = "/etc/cella/egress-ca.pem"
+	guestBundlePath = "/etc/ssl/certs/ca-certificates.crt"
+)
+
+// caEnv points the usual TLS stacks at the bundle that trusts the proxy's
+// CA (curl, git, OpenSSL and Python's requests read the system bundle;
+// pip and Node need telling).
+func caEnv() map[string]string {
+	return map[string]string{
+		"SSL_CERT_FILE":       guestBundlePath,
+		"REQUESTS_CA_BUNDLE":  guestBundlePath,
+		"PIP_CERT":            guestBundlePath,
+		"NODE_EXTRA_CA_CERTS": guestCAPath,
+		"GIT_SSL_CAINFO":      guestBundlePath,
+	}
+}
+
+// sandboxNet is a running sandbox's share of the network.
+type sandboxNet struct {
+	slot *network.Slot
+	eg   *egress.Sandbox
+}
+
+// attachNetwork gives sb a fresh slot with the proxy serving it, and
+// returns the namespace its container must join ("" without networking).
+func (m *Manager) attachNetwork(ctx context.Context, sb *Sandbox) (string, error) {
+	n := m.cfg.Network
+	if n == nil {
+		return "", nil
+	}
+	slot, err := n.Slots.Acquire(ctx)
+	if err != nil {
+		return "", fmt.Errorf("network slot for %s: %w", sb.ID, err)
+	}
+	eg := &egress.Sandbox{ID: sb.ID, Events: n.Events}
+	if err := eg.SetPolicy(sb.Options.Egress); err != nil {
+		_ = slot.Release()
+		return "", fmt.Errorf("egress policy of %s: %w", sb.ID, err)
+	}
+	go n.Proxy.Serve(slot.Listener, eg, network.OriginalDst)
+	go n.Proxy.ServeDNS(slot.DNS, eg)
+	sb.mu.Lock()
+	sb.net = &sandboxNet{slot: slot, eg: eg}
+	sb.mu.Unlock()
+	return slot.NetNSPath, nil
+}
+
+// netNSPath is the namespace the container joins ("" = none).
+func (s *Sandbox) netNSPath() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.net == nil {
+		return ""
+	}
+	return s.net.slot.NetNSPath
+}
+
+// detachNetwork releases sb's slot: its proxy loops end and the kernel
+// drops its namespaces once the container has let go of them.
+func (m *Manager) detachNetwork(sb *Sandbox) {
+	sb.mu.Lock()
+	sn := sb.net
+	sb.net = nil
+	sb.mu.Unlock()
+	if sn == nil {
+		return
+	}
+	if err := sn.slot.Release(); err != nil {
+		m.log.Warn("release network slot", "id", sb.ID, "err", err)
+	}
+}
+
+// prepareGuestNetwork writes what programs inside need to use the network:
+// the resolver (the slot's host side, answered by the proxy's DNS) and the
+// proxy's CA in the trust store. Written into the sandbox's own layer, so
+// the template is untouched and snapshots keep them.
+func (m *Manager) prepareGuestNetwork(sb *Sandbox, root string) error {
+	n := m.cfg.Network
+	if n == nil {
+		return nil
+	}
+	host := n.Nameserver
+	if err := writeGuestFile(root, "/etc/resolv.conf", []byte("nameserver "+host.String()+"\noptions timeout:2 attempts:2\n"), 0o644); err != nil {
+		return fmt.Errorf("resolver config for %s: %w", sb.ID, err)
+	}
+	if len(n.CAPEM) == 0 {
+		return nil
+	}
+	if err := writeGuestFile(root, guestCAPath, n.CAPEM, 0o644); err != nil {
+		return fmt.Errorf("egress CA for %s: %w", sb.ID, err)
+	}
+	bundle, err := readGuestFile(root, guestBundlePath)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("trust store of %s: %w", sb.ID, err)
+	}
+	if len(bundle) > 0 && bundle[len(bundle)-1] != '\n' {
+		bundle = append(bundle, '\n')
+	}
+	bundle = append(bundle, n.CAPEM...)
+	if err := writeGuestFile(root, guestBundlePath, bundle, 0o644); err != nil {
+		return fmt.Errorf("trust store of %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// writeGuestFile writes a file inside a sandbox root without following
+// symlinks the template may hold (a link out of the root must not make the
+// daemon write on the host): every path component is opened with
+// O_NOFOLLOW relative to the root.
+func writeGuestFile(root, guestPath string, data []byte, mode os.FileMode) error {
+	dir, name := filepath.Split(filepath.Clean(guestPath))
+	dfd, err := openGuestDir(root, dir, true)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	// A symlink or anything else in the way is replaced, not followed.
+	if err := unix.Unlinkat(dfd, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("replace %s: %w", guestPath, err)
+	}
+	fd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(mode.Perm()))
+	if err != nil {
+		return fmt.Errorf("create %s: %w", guestPath, err)
+	}
+	f := os.NewFile(uintptr(fd), guestPath)
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", guestPath, err)
+	}
+	return f.Close()
+}
+
+func readGuestFile(root, guestPath string) ([]byte, error) {
+	dir, name := filepath.Split(filepath.Clean(guestPath))
+	dfd, err := openGuestDir(root, dir, false)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(dfd)
+	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			return nil, fs.ErrNotExist // a symlinked bundle is replaced, not read through
+		}
+		return nil, &fs.PathError{Op: "open", Path: guestPath, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), guestPath)
+	defer f.Close()
+	return readAll(f)
+}
+
+func readAll(f *os.File) ([]byte, error) {
+	var out []byte
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := f.Read(buf)
+		out = append(out, buf[:n]...)
+		if err != nil {
+			if err.Error() == "EOF" {
+				return out, nil
+			}
+			return out, err
+		}
+		if n == 0 {
+			return out, nil
+		}
+	}
+}
+
+// openGuestDir opens dir (a guest path) under root component by component
+// without following symlinks, creating missing directories when asked.
+func openGuestDir(root, dir string, create bool) (int, error) {
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open root %s: %w", root, err)
+	}
+	for _, part := range strings.Split(strings.Trim(dir, "/"), "/") {
+		if part == "" {
+			continue
+		}
+		next, err := unix.Openat(fd, part, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.ENOENT) && create {
+			if err := unix.Mkdirat(fd, part, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
+				unix.Close(fd)
+				return -1, fmt.Errorf("create %s in %s: %w", part, dir, err)
+			}
+			next, err = unix.Openat(fd, part, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		}
+		unix.Close(fd)
+		if err != nil {
+			return -1, fmt.Errorf("open %s in the sandbox root: %w", dir, err)
+		}
+		fd = next
+	}
+	return fd, nil
+}
+
+// SetNetwork replaces a running sandbox's egress policy; connections and
+// queries that start afterwards see it (the proxy decides per connection,
+// so no restart and no rule rewrite is needed).
+func (m *Manager) SetNetwork(ctx context.Context, id string, p *egress.Policy, network json.RawMessage, allowInternet *bool) error {
+	sb, err := m.Get(id)
+	if err != nil {
+		return err
+	}
+	sb.opMu.Lock()
+	defer sb.opMu.Unlock()
+	sb.mu.Lock()
+	sn := sb.net
+	sb.Options.Egress = p
+	sb.Options.Network = network
+	sb.Options.AllowInternetAccess = allowInternet
+	sb.mu.Unlock()
+	if sn != nil {
+		if err := sn.eg.SetPolicy(p); err != nil {
+			return errdefs.InvalidArgument("network policy: %v", err)
+		}
+	}
+	if err := m.persist(ctx, sb); err != nil {
+		return fmt.Errorf("persist network policy of %s: %w", id, err)
+	}
+	m.log.Info("sandbox network policy updated", "id", id, "policy", egressSummary(p))
+	return nil
+}
+
+func egressSummary(p *egress.Policy) string {
+	if p == nil {
+		return "allowed: nothing (no egress)"
+	}
+	return p.Summary()
+}
+
+// EgressPolicy is the policy in force for a sandbox (nil: no egress).
+func (s *Sandbox) EgressPolicy() *egress.Policy {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.Options.Egress
+}
