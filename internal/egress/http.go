@@ -176,6 +176,10 @@ func (h *httpConn) serve(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+	// The transport must own the request body until it is done with it:
+	// otherwise net/http closes it when the answer's header goes out and a
+	// fast upstream loses its connection mid-answer (see api/proxy.go).
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	rp.ServeHTTP(w, r)
 }
 

@@ -290,15 +290,16 @@ func (p *Proxy) inject(s *session, host string, h http.Header, headers map[strin
 }
 
 var (
-	secretRefRe  = regexp.MustCompile(`\$\{secret:([A-Za-z0-9_.-]+)\}`)
-	secretOpenRe = regexp.MustCompile(`\$\{secret:`)
+	// E2B's placeholder and cella's short alias.
+	secretRefRe  = regexp.MustCompile(`\$\{(?:e2b\.secrets\.|secret:)([A-Za-z0-9_.-]+)\}`)
+	secretOpenRe = regexp.MustCompile(`\$\{(?:e2b\.secrets\.|secret:)`)
 )
 
 // secretRefs returns the secrets a header value template names.
 func secretRefs(tmpl string) ([]string, error) {
 	m := secretRefRe.FindAllStringSubmatch(tmpl, -1)
 	if len(m) != len(secretOpenRe.FindAllStringIndex(tmpl, -1)) {
-		return nil, errors.New("malformed ${secret:NAME} reference (NAME is letters, digits, '_', '.' and '-')")
+		return nil, errors.New("malformed ${e2b.secrets.NAME} reference (NAME is letters, digits, '_', '.' and '-')")
 	}
 	names := make([]string, 0, len(m))
 	for _, sm := range m {

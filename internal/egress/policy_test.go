@@ -23,7 +23,7 @@ func TestValidateNamesBadEntries(t *testing.T) {
 		{Policy{Rules: map[string][]Rule{"10.0.0.1": {{}}}}, `rules key "10.0.0.1": rules apply to host names`},
 		{Policy{Rules: map[string][]Rule{"api.test": {{Transform: &Transform{Headers: map[string]string{"Bad Name": "x"}}}}}}, `header "Bad Name": not a valid header name`},
 		{Policy{Rules: map[string][]Rule{"api.test": {{Transform: &Transform{Headers: map[string]string{"content-length": "1"}}}}}}, `cannot set a header that frames`},
-		{Policy{Rules: map[string][]Rule{"api.test": {{Transform: &Transform{Headers: map[string]string{"Authorization": "Bearer ${secret:TOK"}}}}}}, `malformed ${secret:NAME}`},
+		{Policy{Rules: map[string][]Rule{"api.test": {{Transform: &Transform{Headers: map[string]string{"Authorization": "Bearer ${secret:TOK"}}}}}}, `malformed ${e2b.secrets.NAME}`},
 		{Policy{Rules: map[string][]Rule{"api.test": {{Transform: &Transform{Headers: map[string]string{"X-A": "a\r\nX-B: b"}}}}}}, `characters not allowed`},
 	} {
 		err := tc.p.Validate()
