@@ -7,7 +7,7 @@
 import { describe, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import http from 'node:http'
-import { step, rejects, waitFor, sandboxJanitor } from './lib/harness.mjs'
+import { step, rejects, waitFor, sandboxJanitor, closeProxy } from './lib/harness.mjs'
 
 const VERSIONS = ['2.45.0', '2.51.0']
 const SDKS = await Promise.all(VERSIONS.map((v) => import(`e2b-${v}`)))
@@ -22,7 +22,7 @@ before(async () => {
   await new Promise((resolve) => upstream.listen(0, '127.0.0.1', resolve))
   upstreamPort = upstream.address().port
 })
-after(() => upstream.close())
+after(() => { upstream.closeAllConnections(); upstream.close() })
 
 // curl inside the sandbox: the body, or the failure with curl's reason.
 async function fetchIn (sbx, host) {
@@ -80,3 +80,7 @@ for (const [i, version] of VERSIONS.entries()) {
     })
   })
 }
+
+// Registered last so that it runs after every suite's own after(): the
+// logging proxy must outlive the janitors' kills.
+after(() => closeProxy())

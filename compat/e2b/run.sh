@@ -35,7 +35,11 @@ RUNSC=${CELLA_RUNSC:-$(dirname "$CELLA")/runsc}
 if [ -x "$RUNSC" ]; then cp "$RUNSC" "$DATA_DIR/bin/runsc"; fi
 PORT=$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')
 LOG=$DATA_DIR/daemon.log
-"$DATA_DIR/bin/cella" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA_DIR" --cache-dir "$CACHE_DIR" >"$LOG" 2>&1 &
+# The egress ceiling is every .test name, and they all resolve to this
+# host's loopback where network.test.mjs runs its upstream: no test traffic
+# ever leaves the machine.
+"$DATA_DIR/bin/cella" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA_DIR" --cache-dir "$CACHE_DIR" \
+  --egress-allow '*.test' --egress-resolve '*.test=127.0.0.1' >"$LOG" 2>&1 &
 DAEMON_PID=$!
 status=1
 
@@ -76,7 +80,7 @@ export CELLA_E2B_KEY
 echo "compat/e2b: daemon $CELLA_E2B_URL (pid $DAEMON_PID, data dir $DATA_DIR)"
 
 set +e
-node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" sdk.test.mjs code-interpreter.test.mjs secrets.test.mjs
+node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" sdk.test.mjs code-interpreter.test.mjs network.test.mjs secrets.test.mjs
 status=$?
 set -e
 exit "$status"
