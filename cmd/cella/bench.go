@@ -18,6 +18,7 @@ type benchFlags struct {
 	smoke    bool
 	density  int
 	burst    int
+	egress   int
 }
 
 // prepare fills in the binaries and runtimes; a smoke run keeps every
@@ -37,7 +38,7 @@ func (b *benchFlags) prepare() error {
 		b.cfg.Runtimes = strings.Split(b.runtimes, ",")
 	}
 	if b.smoke {
-		b.cfg.N, b.density, b.burst = 3, 5, 5
+		b.cfg.N, b.density, b.burst, b.egress = 3, 5, 5, 20
 	}
 	return nil
 }
@@ -77,6 +78,8 @@ func newBenchCmd() *cobra.Command {
 			func(ctx context.Context) ([]bench.Figure, error) { return bench.Density(ctx, b.cfg, b.density) }),
 		sub("files", "upload/download of 1 MB and 1 GB through the API, beside a local copy",
 			func(ctx context.Context) ([]bench.Figure, error) { return bench.Files(ctx, b.cfg, b.smoke) }),
+		sub("egress", "1000 small HTTP requests through the egress proxy, beside the same requests without it",
+			func(ctx context.Context) ([]bench.Figure, error) { return bench.Egress(ctx, b.cfg, b.egress) }),
 	}
 	all := sub("all", "every sub-benchmark in turn", func(ctx context.Context) ([]bench.Figure, error) {
 		var figs []bench.Figure
@@ -86,6 +89,7 @@ func newBenchCmd() *cobra.Command {
 			func(ctx context.Context) ([]bench.Figure, error) { return bench.Exec(ctx, b.cfg) },
 			func(ctx context.Context) ([]bench.Figure, error) { return bench.Density(ctx, b.cfg, b.density) },
 			func(ctx context.Context) ([]bench.Figure, error) { return bench.Files(ctx, b.cfg, b.smoke) },
+			func(ctx context.Context) ([]bench.Figure, error) { return bench.Egress(ctx, b.cfg, b.egress) },
 		} {
 			got, err := f(ctx)
 			if err != nil {
@@ -106,5 +110,6 @@ func newBenchCmd() *cobra.Command {
 	f.BoolVar(&b.smoke, "smoke", false, "a few seconds per sub-benchmark (checks that they run, not a measurement)")
 	f.IntVar(&b.density, "sandboxes", 200, "idle sandboxes for density")
 	f.IntVar(&b.burst, "concurrent", 50, "concurrent creates for burst")
+	f.IntVar(&b.egress, "requests", 1000, "HTTP requests for egress")
 	return cmd
 }

@@ -25,6 +25,11 @@ type local struct {
 }
 
 func startLocal(ctx context.Context, cfg Config, rt string) (*local, error) {
+	return startLocalNet(ctx, cfg, rt, daemon.NetworkConfig{})
+}
+
+// startLocalNet starts a daemon with an egress configuration.
+func startLocalNet(ctx context.Context, cfg Config, rt string, nc daemon.NetworkConfig) (*local, error) {
 	dataDir, err := os.MkdirTemp("", "cella-bench-")
 	if err != nil {
 		return nil, err
@@ -33,6 +38,7 @@ func startLocal(ctx context.Context, cfg Config, rt string) (*local, error) {
 	d, err := daemon.New(ctx, daemon.Config{
 		DataDir: dataDir, CacheDir: cfg.CacheDir, Runtime: rt, Domain: "bench.local",
 		RunscPath: cfg.RunscPath, AgentBinary: cfg.CellaBinary, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Network: nc,
 	})
 	if err != nil {
 		os.RemoveAll(dataDir)
