@@ -108,13 +108,19 @@ func testEgressPolicy(t *testing.T) {
 	hp := strconv.Itoa(up.httpPort)
 	tp := strconv.Itoa(up.tlsPort)
 
+	// A ceiling may not name link-local itself: the daemon refuses it.
+	if _, err := (daemon.NetworkConfig{Allow: []string{"169.254.0.0/16"}}).Ceiling(); err == nil || !strings.Contains(err.Error(), "which cella never allows") {
+		t.Fatalf("a ceiling of 169.254.0.0/16: want it refused, got %v", err)
+	}
+	// A wider CIDR around it is accepted, and link-local inside it stays
+	// hard-denied (LinkLocal below).
 	env := daemontest.Start(t, runtime.GVisor, daemontest.Options{Network: daemon.NetworkConfig{
-		Allow:          []string{"*.pkg.test", "allowed.test", "169.254.0.0/16", "api.test"},
+		Allow:          []string{"*.pkg.test", "allowed.test", "169.254.0.0/15", "api.test"},
 		Resolve:        []string{"*.test=127.0.0.1"},
 		UpstreamCAFile: caFile,
 	}})
 	a := apiT{env: env}
-	const ceilingList = "allowed: *.pkg.test, allowed.test, 169.254.0.0/16, api.test"
+	const ceilingList = "allowed: *.pkg.test, allowed.test, 169.254.0.0/15, api.test"
 
 	secretValue := randHex(t, 16)
 	if st, _, body := a.do(t, "POST", "/secrets", env.APIKey, map[string]any{"name": "TOKEN", "value": secretValue}, nil); st != 201 {
