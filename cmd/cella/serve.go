@@ -60,6 +60,8 @@ func newServeCmd() *cobra.Command {
 		fmt.Fprintln(os.Stderr, "cella serve:", err)
 	}
 	registerNetworkFlags(f, &c.Network) // netflags.go
+	c.AuditRetention, _ = parseLifeDuration(envOr("CELLA_AUDIT_RETENTION", "7d"))
+	f.Var(lifeDuration{&c.AuditRetention}, "audit-retention", "how long the audit log of a sandbox that is gone is kept, e.g. 7d or 12h [CELLA_AUDIT_RETENTION]")
 	f.StringVar(&c.LogLevel, "log-level", envOr("CELLA_LOG_LEVEL", "info"), "debug, info, warn or error [CELLA_LOG_LEVEL]")
 	return cmd
 }

@@ -327,3 +327,30 @@ func TestLastSeqAndAgentFields(t *testing.T) {
 		t.Fatalf("fields: %v", f)
 	}
 }
+
+// Prune removes old logs of sandboxes that are gone and nothing else.
+func TestPrune(t *testing.T) {
+	dir := t.TempDir()
+	l, err := audit.New(dir, audit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for _, id := range []string{"gone", "alive", "recent"} {
+		l.Append(audit.Entry{SandboxID: id, Kind: audit.KindLifecycle, Source: audit.SourceDaemon, Message: "x"})
+	}
+	l.Flush()
+	old := time.Now().Add(-48 * time.Hour)
+	for _, id := range []string{"gone", "alive"} {
+		if err := os.Chtimes(filepath.Join(dir, id+".jsonl"), old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := l.Prune(24*time.Hour, func(id string) bool { return id == "alive" })
+	if err != nil || n != 1 {
+		t.Fatalf("Prune = %d, %v; want 1", n, err)
+	}
+	if l.Exists("gone") || !l.Exists("alive") || !l.Exists("recent") {
+		t.Fatalf("after prune: gone=%v alive=%v recent=%v", l.Exists("gone"), l.Exists("alive"), l.Exists("recent"))
+	}
+}

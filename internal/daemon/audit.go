@@ -1,8 +1,12 @@
 package daemon
 
 import (
+	"log/slog"
+	"time"
+
 	"github.com/cella-sandbox/cella/internal/agent"
 	"github.com/cella-sandbox/cella/internal/audit"
+	"github.com/cella-sandbox/cella/internal/sandbox"
 )
 
 // agentAudit stores what agents report (sandbox.AgentAudit) in the audit log.
@@ -24,4 +28,35 @@ func (a agentAudit) AgentEvent(sandboxID string, ev agent.AuditEvent) {
 func (a agentAudit) LastAgentSeq(sandboxID string) uint64 {
 	seq, _ := a.log.LastSeq(sandboxID, audit.SourceAgent)
 	return seq
+}
+
+// pruneAuditLogs removes, at start and every few hours, the audit logs of
+// sandboxes that are gone and quiet for longer than retention.
+func pruneAuditLogs(al *audit.Log, mgr *sandbox.Manager, retention time.Duration, log *slog.Logger) (stop func()) {
+	if retention <= 0 {
+		retention = 7 * 24 * time.Hour
+	}
+	done := make(chan struct{})
+	keep := func(id string) bool { _, err := mgr.Get(id); return err == nil }
+	prune := func() {
+		if n, err := al.Prune(retention, keep); err != nil {
+			log.Warn("prune audit logs", "err", err)
+		} else if n > 0 {
+			log.Info("pruned audit logs of sandboxes gone", "count", n, "retention", retention)
+		}
+	}
+	go func() {
+		prune()
+		t := time.NewTicker(6 * time.Hour)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				prune()
+			}
+		}
+	}()
+	return func() { close(done) }
 }

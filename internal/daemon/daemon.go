@@ -50,6 +50,9 @@ type Config struct {
 	Lifecycle sandbox.Lifecycle
 	// Network is the egress configuration (network.go).
 	Network NetworkConfig
+	// AuditRetention is how long the audit log of a sandbox that no longer
+	// exists is kept (0: 7 days).
+	AuditRetention time.Duration
 }
 
 // Validate checks the config.
@@ -202,6 +205,8 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	if d.Reconcile, err = mgr.Reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("reconcile after start: %w", err)
 	}
+	stopPrune := pruneAuditLogs(al, mgr, c.AuditRetention, log) // audit.go
+	d.add(stopPrune)
 	d.Handler = api.New(api.Config{Manager: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
 		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling)})
 	return d, nil

@@ -181,6 +181,64 @@ function stateBadge(state, id) {
   return h('span', { class: `badge state-${state}`, id }, state);
 }
 
+// ---------- the audit log ----------
+
+const AUDIT_LIMIT = 500;
+const AUDIT_FILTERS = {
+  all: { label: 'All', q: {} },
+  network: { label: 'Network', q: { kind: 'connect,dns' } },
+  commands: { label: 'Commands', q: { kind: 'process.start,process.exit' } },
+  files: { label: 'Files', q: { kind: 'file.write,file.mkdir,file.move,file.remove' } },
+  blocked: { label: 'Blocked only', q: { decision: 'blocked' } },
+};
+
+// fmtClock is an audit entry's time: the time of day, the date too when it
+// is not today.
+function fmtClock(t) {
+  const d = new Date(t);
+  if (Number.isNaN(d.getTime())) return '—';
+  const time = d.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit', hour12: false });
+  return d.toDateString() === new Date().toDateString() ? time : `${d.toLocaleDateString()} ${time}`;
+}
+
+// auditRow is one audit entry as a table row; cmds maps pids to the command
+// lines of their process.start entries (process.exit carries only the pid).
+function auditRow(e, cmds) {
+  const kind = e.kind || '';
+  let what = [];
+  let result = '';
+  if (kind === 'connect' || kind === 'dns') {
+    what = [e.proto ? h('span', { class: 'muted' }, `${e.proto} `) : '', e.host || e.dst || '',
+      e.host && e.dst ? h('span', { class: 'muted' }, ` → ${e.dst}`) : ''];
+    result = e.decision || '';
+  } else if (kind === 'process.start' || kind === 'process.exit') {
+    const cmd = kind === 'process.start' ? e.cmd : (e.cmd || cmds.get(e.pid));
+    what = [e.pid ? h('span', { class: 'muted' }, `[${e.pid}] `) : '', cmd || ''];
+    if (kind === 'process.exit') {
+      result = e.exitCode !== undefined && e.exitCode !== null ? `exit ${e.exitCode}` : '';
+      if (e.status && !/^exit status \d+$/.test(e.status)) result = result ? `${result} (${e.status})` : e.status;
+    }
+  } else if (kind.startsWith('file.')) {
+    what = [e.path || '', kind === 'file.write' && e.size ? h('span', { class: 'muted' }, ` (${fmtBytes(e.size)})`) : ''];
+    result = e.error ? 'failed' : '';
+  } else {
+    what = [e.message || e.path || e.cmd || ''];
+  }
+  if (!result && e.error) result = 'failed';
+  const reason = [e.reason, e.rule && `rule: ${e.rule}`, e.error].filter(Boolean).join(' · ');
+  const failed = !!e.error || (kind === 'process.exit' && e.exitCode !== undefined && e.exitCode !== 0);
+  const cls = e.decision === 'blocked' ? 'blocked' : failed ? 'failed' : '';
+  const details = [e.user && `user ${e.user}`, e.cwd && `cwd ${e.cwd}`, e.upstream && `upstream ${e.upstream}`,
+    e.bytesOut && `${fmtBytes(e.bytesOut)} out`, e.bytesIn && `${fmtBytes(e.bytesIn)} in`, e.source && `from the ${e.source}`]
+    .filter(Boolean).join(', ');
+  return h('tr', { class: cls || undefined, dataset: { kind, decision: e.decision || '' } },
+    h('td', { class: 'time', title: e.time || '' }, fmtClock(e.time)),
+    h('td', { class: 'mono kind' }, kind),
+    h('td', { class: 'mono what', title: details || undefined }, what),
+    h('td', { class: 'result' }, result),
+    h('td', { class: 'reason' }, reason));
+}
+
 // ---------- views ----------
 
 function loginView() {
@@ -448,6 +506,56 @@ function sandboxView(id) {
     }
   }
 
+  // ----- audit log -----
+  // GET /sandboxes/{id}/logs: the daemon's per-sandbox record of what the
+  // sandbox did (egress proxy: connect/dns with allowed/blocked; agent:
+  // processes started and ended, files written through the API; lifecycle).
+  const auditFilter = h('select', { id: 'audit-filter', 'aria-label': 'Show' },
+    Object.entries(AUDIT_FILTERS).map(([v, f]) => h('option', { value: v }, f.label)));
+  const auditBody = h('tbody');
+  const auditTable = h('table', { id: 'audit', class: 'list' },
+    h('thead', {}, h('tr', {}, ['Time', 'Kind', 'What', 'Result', 'Reason'].map((t) => h('th', {}, t)))), auditBody);
+  const auditScroll = h('div', { class: 'audit-scroll' }, auditTable);
+  const auditStatus = h('p', { id: 'audit-status', class: 'muted' }, 'Loading…');
+  const auditCmds = new Map(); // pid → command line, from the process.start entries seen
+  let auditSig = null; // what the table shows, to leave it alone when nothing changed
+  let auditReq = 0;
+
+  async function loadAudit() {
+    const req = ++auditReq;
+    const filter = AUDIT_FILTERS[auditFilter.value] || AUDIT_FILTERS.all;
+    const q = new URLSearchParams({ limit: String(AUDIT_LIMIT), ...filter.q });
+    let r;
+    try {
+      r = await api('GET', `/sandboxes/${encodeURIComponent(id)}/logs?${q}`);
+    } catch (e) {
+      if (req !== auditReq) return;
+      auditStatus.textContent = e.status === 404 ? 'No audit log: the sandbox is gone.'
+        : e.status === 501 ? 'This daemon keeps no audit log.' : e.message;
+      auditStatus.className = e.status === 404 || e.status === 501 ? 'muted' : 'error';
+      return;
+    }
+    if (req !== auditReq) return; // a newer load (filter change, Refresh) is under way
+    const entries = (r && r.entries) || [];
+    for (const e of entries) if (e.kind === 'process.start' && e.pid) auditCmds.set(e.pid, e.cmd || '');
+    const blocked = entries.filter((e) => e.decision === 'blocked').length;
+    auditStatus.className = 'muted';
+    auditStatus.textContent = entries.length === 0
+      ? (auditFilter.value === 'all' ? 'Nothing recorded yet.' : 'No entries match this filter.')
+      : `${entries.length === AUDIT_LIMIT ? `The newest ${AUDIT_LIMIT}` : entries.length} entr${entries.length === 1 ? 'y' : 'ies'}, newest last`
+        + (blocked ? `; ${blocked} blocked` : '') + '.';
+    const sig = auditFilter.value + '\n' + JSON.stringify(entries);
+    if (sig === auditSig) return;
+    const first = auditSig === null || !auditSig.startsWith(auditFilter.value + '\n');
+    auditSig = sig;
+    // Keep following the newest entries unless the user scrolled up.
+    const atBottom = auditScroll.scrollTop + auditScroll.clientHeight >= auditScroll.scrollHeight - 24;
+    auditBody.replaceChildren(...entries.map((e) => auditRow(e, auditCmds)));
+    auditTable.hidden = entries.length === 0;
+    if (first || atBottom) auditScroll.scrollTop = auditScroll.scrollHeight;
+  }
+  auditFilter.addEventListener('change', () => { auditSig = null; auditBody.replaceChildren(); auditStatus.textContent = 'Loading…'; loadAudit(); });
+
   // ----- terminal -----
   function startTerminal() {
     const t = new Terminal({
@@ -611,13 +719,22 @@ function sandboxView(id) {
         h('div', { class: 'section-head' }, h('h3', {}, 'Activity'), h('span', { class: 'grow' }),
           h('button', { class: 'small', id: 'activity-refresh', onclick: () => { load(); loadProcesses(); } }, 'Refresh')),
         h('p', { class: 'muted note' }, 'The sandbox\'s lifecycle record and the output of the processes started in it. '
-          + 'This is not a network audit log: this version of cella records no per-connection network events (sandboxes have no network route).'),
+          + 'Every connection, command and file write is in the audit log below.'),
         h('h4', {}, 'Lifecycle'), lifecycle,
-        h('h4', {}, 'Processes'), procTable, procStatus, logTitle, logPre))));
+        h('h4', {}, 'Processes'), procTable, procStatus, logTitle, logPre),
+      h('section', { class: 'card wide', id: 'audit-log' },
+        h('div', { class: 'section-head' }, h('h3', {}, 'Audit log'), h('span', { class: 'grow' }),
+          h('label', { class: 'muted small-label', for: 'audit-filter' }, 'Show'), auditFilter,
+          h('button', { class: 'small', id: 'audit-refresh', onclick: () => loadAudit() }, 'Refresh')),
+        h('p', { class: 'muted note' }, 'What the sandbox did, as the daemon recorded it: outbound connections and DNS lookups '
+          + '(allowed or blocked by the egress policy), every command started through the agent and how it ended, '
+          + 'files written, moved and removed through the API, and lifecycle changes.'),
+        auditScroll, auditStatus))));
   showFlash(fl);
   flashMsg = null;
   leaveView.push(() => { if (term) term.dispose(); });
   every(REFRESH_MS, load);
+  every(REFRESH_MS, loadAudit);
 }
 
 // ---------- routing ----------
