@@ -1,6 +1,7 @@
 // The web console end to end in Debian's headless Chromium (playwright-core):
-// log in, create a sandbox, type in its terminal, upload a file, pause and
-// resume it, kill it. A screenshot of each step goes to CELLA_UI_SHOTS.
+// log in, create a sandbox, type in its terminal, upload a file, read its
+// audit log, pause and resume it, kill it. A screenshot of each step goes to
+// CELLA_UI_SHOTS.
 // run.sh starts the daemon and sets CELLA_UI_URL, CELLA_UI_KEY, CELLA_UI_SHOTS.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -20,10 +21,12 @@ let browser, page, profile, sandboxID;
 let step = 0;
 const errors = [];
 
-async function shot(name) {
+// shot saves the whole page, or only `of` (a locator) when given.
+async function shot(name, of) {
   step++;
   const file = join(SHOTS, `${String(step).padStart(2, '0')}-${name}.png`);
-  await page.screenshot({ path: file, fullPage: true });
+  if (of) await of.screenshot({ path: file });
+  else await page.screenshot({ path: file, fullPage: true });
   return file;
 }
 
@@ -35,6 +38,23 @@ const termText = () => page.evaluate(() => {
   for (let i = 0; i < b.length; i++) out.push(b.getLine(i)?.translateToString(true) ?? '');
   return out.join('\n');
 });
+
+// waitForTermLine waits for a line of the terminal that matches re.
+const waitForTermLine = (re, timeout = 30000) => page.waitForFunction((src) => {
+  const r = new RegExp(src);
+  const b = window.cellaTerm.buffer.active;
+  for (let i = 0; i < b.length; i++) if (r.test(b.getLine(i).translateToString(true).trim())) return true;
+  return false;
+}, re.source, { timeout });
+
+// auditRows is what the audit log table shows: kind, class and text per row.
+const auditRows = () => page.locator('#audit tbody tr').evaluateAll((trs) => trs.map((tr) => ({
+  kind: tr.dataset.kind, decision: tr.dataset.decision, blocked: tr.classList.contains('blocked'),
+  time: tr.querySelector('td.time').title, text: tr.innerText,
+})));
+
+// The /logs requests the console makes (the audit log's polling).
+let auditRequests = 0;
 
 async function typeInTerminal(text) {
   await page.locator('#terminal .xterm').click();
@@ -59,6 +79,7 @@ before(async () => {
   page.on('pageerror', (e) => errors.push(`page error: ${e.message}`));
   page.on('console', (m) => { if (m.type() === 'error') errors.push(`console: ${m.text()}`); });
   page.on('dialog', (d) => d.accept());
+  page.on('request', (r) => { if (/\/sandboxes\/[^/]+\/logs\b/.test(new URL(r.url()).pathname)) auditRequests++; });
 });
 
 after(async () => {
@@ -157,6 +178,56 @@ test('the activity panel shows the lifecycle and the shell process with its outp
   await shot('activity');
 });
 
+test('the audit log panel shows the shell, the upload and a blocked lookup, and filters them', async () => {
+  const panel = page.locator('#audit-log');
+  await panel.scrollIntoViewIfNeeded();
+  await page.locator('#audit-filter').selectOption('all');
+  // Something the egress policy refuses: run.sh's daemon has no egress
+  // ceiling, so the proxy blocks every lookup and connection.
+  await typeInTerminal('curl -sS -m 5 http://blocked-by-policy.example/ ; echo curl-rc=$?');
+  await waitForTermLine(/^curl-rc=[1-9]\d*$/);
+  // The panel refreshes itself (every 3 s): the blocked lookup shows up
+  // without a click, marked as blocked.
+  const blocked = page.locator('#audit tbody tr.blocked').filter({ hasText: 'blocked-by-policy.example' }).first();
+  await blocked.waitFor({ timeout: 15000 });
+  assert.equal((await blocked.locator('td.result').textContent()).trim(), 'blocked');
+  assert.match(await blocked.locator('td.reason').textContent(), /not allowed/);
+  const red = await blocked.locator('td.what').evaluate((td) => getComputedStyle(td).color);
+  assert.equal(red, 'rgb(201, 55, 44)'); // --danger
+  // Refresh: the shell the terminal started (where `echo hello` ran) and
+  // the uploaded file are there.
+  await page.locator('#audit-refresh').click();
+  const shell = page.locator('#audit tbody tr[data-kind="process.start"]').filter({ hasText: /echo hello|\/bin\/(ba)?sh/ }).first();
+  await shell.waitFor();
+  const upload = page.locator('#audit tbody tr[data-kind="file.write"]').filter({ hasText: '/home/user/hello-from-the-console.txt' }).first();
+  await upload.waitFor();
+  assert.equal(await upload.evaluate((tr) => tr.classList.contains('blocked')), false);
+  const rows = await auditRows();
+  const times = rows.map((r) => Date.parse(r.time));
+  assert.ok(times.every((t, i) => i === 0 || t >= times[i - 1]), 'the newest entry comes last');
+  assert.ok(rows.every((r) => r.blocked === (r.decision === 'blocked')), 'exactly the blocked rows are marked');
+  await shot('audit-log', panel);
+  await shot('audit-log-page');
+
+  // The filter asks the daemon for one kind of entry at a time.
+  const only = async (value, pred, what) => {
+    await page.locator('#audit-filter').selectOption(value);
+    await page.waitForFunction(() => !/Loading/.test(document.getElementById('audit-status').textContent));
+    const rs = await auditRows();
+    assert.ok(rs.length > 0, `${value}: no rows`);
+    assert.ok(rs.every(pred), `${value}: only ${what}, got ${rs.map((r) => r.kind).join(', ')}`);
+    return rs;
+  };
+  await only('commands', (r) => r.kind.startsWith('process.'), 'process.* rows');
+  const files = await only('files', (r) => r.kind.startsWith('file.'), 'file.* rows');
+  assert.ok(files.some((r) => r.text.includes('hello-from-the-console.txt')));
+  await only('network', (r) => r.kind === 'connect' || r.kind === 'dns', 'connect/dns rows');
+  await only('blocked', (r) => r.blocked && r.decision === 'blocked', 'blocked rows');
+  await shot('audit-log-blocked-only', panel);
+  await page.locator('#audit-filter').selectOption('all');
+  await shell.waitFor();
+});
+
 test('pause and resume from the console', async () => {
   await page.locator('#pause-btn').click();
   await page.locator('#sandbox-state').filter({ hasText: 'paused' }).waitFor({ timeout: 120000 });
@@ -201,6 +272,10 @@ test('kill the sandbox and see it gone from the list', async () => {
   assert.equal(r.status, 404);
   sandboxID = undefined;
   await shot('killed');
+  // Leaving the sandbox page stops the audit log's polling.
+  const n = auditRequests;
+  await page.waitForTimeout(4000);
+  assert.equal(auditRequests, n, 'the audit log kept polling after the page was left');
 });
 
 test('log out forgets the key', async () => {

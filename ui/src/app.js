@@ -208,8 +208,10 @@ function auditRow(e, cmds) {
   let what = [];
   let result = '';
   if (kind === 'connect' || kind === 'dns') {
-    what = [e.proto ? h('span', { class: 'muted' }, `${e.proto} `) : '', e.host || e.dst || '',
-      e.host && e.dst ? h('span', { class: 'muted' }, ` → ${e.dst}`) : ''];
+    // A lookup's dst is only the resolver's side: the name is what counts.
+    const dst = kind === 'connect' ? e.dst : '';
+    what = [e.proto && e.proto !== kind ? h('span', { class: 'muted' }, `${e.proto} `) : '', e.host || dst || '',
+      e.host && dst ? h('span', { class: 'muted' }, ` → ${dst}`) : ''];
     result = e.decision || '';
   } else if (kind === 'process.start' || kind === 'process.exit') {
     const cmd = kind === 'process.start' ? e.cmd : (e.cmd || cmds.get(e.pid));
@@ -228,7 +230,7 @@ function auditRow(e, cmds) {
   const reason = [e.reason, e.rule && `rule: ${e.rule}`, e.error].filter(Boolean).join(' · ');
   const failed = !!e.error || (kind === 'process.exit' && e.exitCode !== undefined && e.exitCode !== 0);
   const cls = e.decision === 'blocked' ? 'blocked' : failed ? 'failed' : '';
-  const details = [e.user && `user ${e.user}`, e.cwd && `cwd ${e.cwd}`, e.upstream && `upstream ${e.upstream}`,
+  const details = [kind === 'dns' && e.dst && `resolver ${e.dst}`, e.user && `user ${e.user}`, e.cwd && `cwd ${e.cwd}`, e.upstream && `upstream ${e.upstream}`,
     e.bytesOut && `${fmtBytes(e.bytesOut)} out`, e.bytesIn && `${fmtBytes(e.bytesIn)} in`, e.source && `from the ${e.source}`]
     .filter(Boolean).join(', ');
   return h('tr', { class: cls || undefined, dataset: { kind, decision: e.decision || '' } },
