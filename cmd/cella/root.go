@@ -37,6 +37,7 @@ func newRootCmd() *cobra.Command {
 		newMCPCmd(),
 		newKeyCmd(),
 		newSecretCmd(), // secret.go
+		newPoolCmd(),   // pool.go
 		newAgentCmd(),
 		newAgentExecCmd(),
 	)

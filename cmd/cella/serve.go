@@ -60,6 +60,10 @@ func newServeCmd() *cobra.Command {
 		fmt.Fprintln(os.Stderr, "cella serve:", err)
 	}
 	registerNetworkFlags(f, &c.Network) // netflags.go
+	// --pool TEMPLATE=N: warm pools (pool.go)
+	if err := registerPoolFlag(f, &c.Pools); err != nil {
+		fmt.Fprintln(os.Stderr, "cella serve:", err)
+	}
 	c.AuditRetention, _ = parseLifeDuration(envOr("CELLA_AUDIT_RETENTION", "7d"))
 	f.Var(lifeDuration{&c.AuditRetention}, "audit-retention", "how long the audit log of a sandbox that is gone is kept, e.g. 7d or 12h [CELLA_AUDIT_RETENTION]")
 	f.StringVar(&c.LogLevel, "log-level", envOr("CELLA_LOG_LEVEL", "info"), "debug, info, warn or error [CELLA_LOG_LEVEL]")
@@ -110,6 +114,7 @@ func serve(ctx context.Context, c serveConfig) error {
 		return err
 	}
 	defer d.Close()
+	d.Serving(ln.Addr())
 
 	srv := &http.Server{Handler: d.Handler, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 640 * time.Second}
 	log.Info("cella daemon serving", "listen", ln.Addr().String(), "runtime", c.Runtime, "domain", c.Domain, "data_dir", c.DataDir)

@@ -17,6 +17,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"log"
 	"math/big"
 	"net"
 	"net/http"
@@ -182,6 +183,26 @@ func testEgressPolicy(t *testing.T) {
 		}
 		a.wantBlocked(t, idA, since, res, blockedWant{kind: "connect", proto: "http", host: "other.test", dst: "10.1.2.3:" + hp, rule: "no-match", reason: ceilingList})
 
+		// A connection to a second Host on an allowed connection is
+		// refused (host-mismatch)...
+		since = time.Now()
+		res = sh(t, sbA, "", fmt.Sprintf("curl -sS -m 10 http://allowed.test:%s/ -: -H 'Host: other.test' http://allowed.test:%s/", hp, hp))
+		if !strings.HasPrefix(res.Stdout, "hello from upstream to allowed.test\nblocked by cella sandbox policy: ") {
+			t.Fatalf("second Host on an allowed connection: exit %d stdout %q stderr %q", res.ExitCode, res.Stdout, res.Stderr)
+		}
+		a.wantBlocked(t, idA, since, res, blockedWant{kind: "connect", proto: "http", host: "other.test"})
+		// ...but only HTTP the proxy recognizes is checked: a request
+		// whose method is not in its list (or whose first bytes trickle
+		// in slower than the peek timeout) is raw TCP, decided by the
+		// fake address's name alone, and any Host goes through to the
+		// allowed name's address. Reported, not asserted.
+		res = sh(t, sbA, "", fmt.Sprintf(`python3 -c '
+import socket
+s = socket.create_connection(("allowed.test", %s), 5)
+s.sendall(b"FOO / HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n")
+print(s.recv(1000).decode().splitlines()[-1])'`, hp))
+		t.Logf("KNOWN LIMITATION: raw-TCP request with Host other.test over allowed.test's address: %q %q", res.Stdout, res.Stderr)
+
 		// A fake address cella never answered: refused before any byte
 		// is read, so there is no HTTP answer, only a closed connection.
 		since = time.Now()
@@ -217,6 +238,7 @@ func testEgressPolicy(t *testing.T) {
 			t.Fatalf("127.0.0.1:%s in the sandbox: want connection refused (7), got %d %q %q", lp, res.ExitCode, res.Stdout, res.Stderr)
 		}
 		if hostSrv != nil {
+			t.Logf("the host's own address: %s", hostIP)
 			hostPort := strconv.Itoa(hostSrv.port)
 			since := time.Now()
 			res = sh(t, sbA, "", "curl -sS -m 5 http://"+net.JoinHostPort(hostIP, hostPort)+"/")
@@ -272,17 +294,37 @@ func testEgressPolicy(t *testing.T) {
 			strings.Join(strings.Fields(res.Stdout), " ") != "rc=7 rc=7 rc=28" {
 			t.Fatalf("A probing B's addresses: want refused, refused, timeout; got stdout %q stderr %q", res.Stdout, res.Stderr)
 		}
-		// The daemon's sandbox proxy: with --egress-resolve mapping a name
-		// to 127.0.0.1 (this test's setup) an allowed name reaches every
-		// port of the host's loopback, the daemon's API included. Whether
-		// A can use that to reach B is reported, not asserted.
+		// The daemon's own API: with --egress-resolve mapping a name to
+		// 127.0.0.1 (this test's setup) an allowed name reaches the host's
+		// loopback, but never the port the daemon serves on — neither by
+		// HTTP nor by raw bytes that dodge the Host check (a G, a pause
+		// past the peek timeout, then the rest of a request to B's port).
 		_, dport, _ := net.SplitHostPort(strings.TrimPrefix(env.URL, "http://"))
-		res = sh(t, sbA, "", fmt.Sprintf("curl -sS -m 5 -H 'E2b-Sandbox-Id: %s' -H 'E2b-Sandbox-Port: 8000' http://allowed.test:%s/marker.txt", idB, dport))
-		if strings.Contains(res.Stdout, marker) {
-			t.Logf("NOTE: A read B's marker through the daemon's own sandbox proxy at allowed.test:%s (allowed.test resolves to 127.0.0.1 in this test's config): %q", dport, res.Stdout)
-		} else {
-			t.Logf("A through the daemon's sandbox proxy: exit %d stdout %q stderr %q", res.ExitCode, res.Stdout, res.Stderr)
+		res = sh(t, sbA, "", fmt.Sprintf("curl -sS -m 5 http://allowed.test:%s/health", dport))
+		if strings.Contains(res.Stdout, marker) || !strings.Contains(res.Stdout, "the cella daemon's own API") {
+			t.Fatalf("A through the daemon's sandbox proxy by HTTP: exit %d stdout %q stderr %q", res.ExitCode, res.Stdout, res.Stderr)
 		}
+		raw := fmt.Sprintf(`python3 - <<'EOF'
+import socket, time
+s = socket.create_connection(("allowed.test", %s), timeout=10)
+s.sendall(b"G"); time.sleep(5.5)
+s.sendall(b"ET /marker.txt HTTP/1.1\r\nHost: 8000-%s.cella.test\r\nConnection: close\r\n\r\n")
+data = b""
+try:
+    while True:
+        c = s.recv(65536)
+        if not c: break
+        data += c
+except Exception as e:
+    print("recv:", e)
+print(repr(data))
+EOF`, dport, idB)
+		since := time.Now()
+		res = sh(t, sbA, "", raw)
+		if strings.Contains(res.Stdout, marker) {
+			t.Fatalf("A read B's marker through the daemon's API with raw bytes: %q", res.Stdout)
+		}
+		a.wantBlocked(t, idA, since, res, blockedWant{kind: "connect", rule: "hard-deny", reason: "the cella daemon's own API"})
 	})
 
 	t.Run("LinkLocal", func(t *testing.T) {
@@ -372,7 +414,7 @@ except OSError as e:
 		if res.ExitCode != 6 {
 			t.Fatalf("C before the update, a.pkg.test: want exit 6, got %d %q %q", res.ExitCode, res.Stdout, res.Stderr)
 		}
-		a.wantBlocked(t, idC, since, res, blockedWant{kind: "dns", proto: "dns", host: "a.pkg.test", rule: "0.0.0.0/0", reason: "allowed: allowed.test"})
+		a.wantBlocked(t, idC, since, res, blockedWant{kind: "dns", proto: "dns", host: "a.pkg.test", rule: "no-match", reason: "(allowed: allowed.test)"})
 
 		// A loop inside C tries a.pkg.test every 20 ms and prints the
 		// sandbox clock when it first gets through (gVisor's clock is
@@ -438,7 +480,7 @@ until curl -s -o /tmp/out -m 1 http://a.pkg.test:%s/; do sleep 0.02; done; date 
 		if res.ExitCode != 6 {
 			t.Fatalf("allowed.test after the update: want exit 6, got %d %q %q", res.ExitCode, res.Stdout, res.Stderr)
 		}
-		a.wantBlocked(t, idC, since, res, blockedWant{kind: "dns", proto: "dns", host: "allowed.test", rule: "0.0.0.0/0", reason: "allowed: a.pkg.test"})
+		a.wantBlocked(t, idC, since, res, blockedWant{kind: "dns", proto: "dns", host: "allowed.test", rule: "no-match", reason: "(allowed: a.pkg.test)"})
 		st, _, body = a.do(t, "GET", "/sandboxes/"+idC, env.APIKey, nil, nil)
 		var d struct {
 			Network struct {
@@ -498,7 +540,9 @@ sleep 0.5`, cMask)
 			t.Fatalf("filesystem search: want only the control file, got %q (stderr %q)", res.Stdout, res.Stderr)
 		}
 		t0 = time.Now()
-		res = sh(t, sbD, "root", fmt.Sprintf("python3 /tmp/scanmem.py %s %s", sMask, cMask))
+		// gVisor applies Yama ptrace_scope 1 and root here lacks
+		// CAP_SYS_PTRACE: scope 0 lets root read every root process.
+		res = sh(t, sbD, "root", fmt.Sprintf("old=$(cat /proc/sys/kernel/yama/ptrace_scope); echo 0 > /proc/sys/kernel/yama/ptrace_scope && python3 /tmp/scanmem.py %s %s; rc=$?; echo $old > /proc/sys/kernel/yama/ptrace_scope; exit $rc", sMask, cMask))
 		t.Logf("memory scan took %v: %s", time.Since(t0).Round(time.Millisecond), res.Stdout)
 		if res.ExitCode != 0 {
 			t.Fatalf("memory scan: %+v", res)
@@ -517,10 +561,16 @@ sleep 0.5`, cMask)
 		if hitsSecret != 0 {
 			t.Fatalf("the secret is in the sandbox:\n%s", res.Stdout)
 		}
+		if !strings.Contains(res.Stdout, ", 0 unreadable") || !strings.Contains(res.Stdout, "read pid=1 /.cella/cella agent") {
+			t.Fatalf("the memory scan could not read every process:\n%s", res.Stdout)
+		}
 		if ctrlEnv == 0 || ctrlMem == 0 {
 			t.Fatalf("the memory scan did not find the control marker (environ %d, mem %d): it proves nothing\n%s%s", ctrlEnv, ctrlMem, res.Stdout, res.Stderr)
 		}
-		// Nor in what the API shows.
+		// Nor in what the API shows; the detail names the secret only.
+		if st, _, body := a.do(t, "GET", "/sandboxes/"+idD, env.APIKey, nil, nil); st != 200 || !bytes.Contains(body, []byte(`"Authorization":"[secret:TOKEN]"`)) {
+			t.Fatalf("detail of D: %d %s", st, body)
+		}
 		for _, p := range []string{"/sandboxes/" + idD, "/sandboxes/" + idD + "/logs", "/v2/sandboxes/" + idD + "/logs", "/v2/sandboxes", "/sandboxes/" + idD + "/logs?decision=blocked&kind=connect,dns"} {
 			st, _, body := a.do(t, "GET", p, env.APIKey, nil, nil)
 			if st != 200 || bytes.Contains(body, []byte(secretValue)) {
@@ -579,6 +629,7 @@ for d in os.listdir("/proc"):
         print("cannot read pid %d (%s): %s" % (pid, cmd, e))
         continue
     pids += 1
+    print("read pid=%d %s" % (pid, cmd))
     found = set()
     for line in maps:
         f = line.split()
@@ -810,6 +861,9 @@ func newUpstreams(t *testing.T, ca *testCA, extra func(map[string]http.Handler))
 	if ca != nil {
 		ts := httptest.NewUnstartedServer(handler("hello over TLS"))
 		ts.TLS = &tls.Config{Certificates: []tls.Certificate{ca.leaf(t, "allowed.test", "api.test")}}
+		// curl's refusal of a certificate ends in "bad record MAC" on a
+		// Go server, direct or through cella alike: not worth a log line.
+		ts.Config.ErrorLog = log.New(io.Discard, "", 0)
 		ts.StartTLS()
 		t.Cleanup(ts.Close)
 		u.tlsPort = ts.Listener.Addr().(*net.TCPAddr).Port
@@ -1046,8 +1100,17 @@ func newLinkLocalServer(t *testing.T, addr string) *countingServer {
 			if err := h.LinkSetUp(lo); err != nil {
 				return err
 			}
-			d := &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: "ll0"}}
+			// A veth pair with both ends in the namespace (this kernel has
+			// no dummy driver).
+			d := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "ll0"}, PeerName: "ll1"}
 			if err := h.LinkAdd(d); err != nil {
+				return fmt.Errorf("add veth: %w", err)
+			}
+			peer, err := h.LinkByName("ll1")
+			if err != nil {
+				return err
+			}
+			if err := h.LinkSetUp(peer); err != nil {
 				return err
 			}
 			if err := h.AddrAdd(d, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(addr), Mask: net.CIDRMask(16, 32)}}); err != nil {

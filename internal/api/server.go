@@ -87,6 +87,7 @@ func (s *Server) routes() {
 	s.secretRoutes(auth)   // secrets.go
 	s.auditRoutes(auth)    // audit.go
 	s.interactRoutes(auth) // pty.go, wait.go: PTY WebSocket, readiness waits, process logs
+	s.poolRoutes(auth)     // pools.go: warm pools
 	m.Handle("/mcp", auth(mcpserver.HTTPHandler(s.mcpBudget, func(r *http.Request) string { return s.egressText(apiKeyFrom(r.Context())) }, "").ServeHTTP))
 	m.Handle("POST /keys", auth(s.adminOnly(s.createKey)))
 	m.Handle("GET /keys", auth(s.adminOnly(s.listKeys)))

@@ -51,6 +51,7 @@ func startLocalNet(ctx context.Context, cfg Config, rt string, nc daemon.Network
 		return nil, err
 	}
 	l.srv = &http.Server{Handler: d.Handler}
+	d.Serving(ln.Addr())
 	go l.srv.Serve(ln)
 	l.URL = "http://" + ln.Addr().String()
 	key, err := os.ReadFile(d.AdminKeyPath)

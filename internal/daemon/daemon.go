@@ -12,9 +12,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/api"
@@ -50,6 +53,9 @@ type Config struct {
 	Lifecycle sandbox.Lifecycle
 	// Network is the egress configuration (network.go).
 	Network NetworkConfig
+	// Pools are the warm pools' sizes by template (--pool); sizes set
+	// through the API, kept in SQLite, override them (sandbox/pool.go).
+	Pools map[string]int
 	// AuditRetention is how long the audit log of a sandbox that no longer
 	// exists is kept (0: 7 days).
 	AuditRetention time.Duration
@@ -98,6 +104,26 @@ type Daemon struct {
 	AdminKeyPath string
 
 	closers []func()
+
+	// servingPorts are the ports the API is served on (Serving): the egress
+	// proxy never dials them on loopback, where a name an operator mapped
+	// there would otherwise reach the daemon's own API.
+	servingPorts sync.Map // uint16 → struct{}
+}
+
+// Serving tells the daemon an address its Handler is served on.
+func (d *Daemon) Serving(addr net.Addr) {
+	if ta, ok := addr.(*net.TCPAddr); ok {
+		d.servingPorts.Store(uint16(ta.Port), struct{}{})
+	}
+}
+
+// selfUpstream is the egress proxy's DenyUpstream: the daemon's own API.
+func (d *Daemon) selfUpstream(ap netip.AddrPort) (string, bool) {
+	if _, ok := d.servingPorts.Load(ap.Port()); ok && ap.Addr().IsLoopback() {
+		return "the cella daemon's own API", true
+	}
+	return "", false
 }
 
 // New builds and starts a daemon: on failure everything made so far is
@@ -107,10 +133,13 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		return nil, err
 	}
 	log := c.Log
-	d = &Daemon{}
+	// `return nil, err` clears d before deferred calls run: release what was
+	// built through a variable of its own.
+	built := &Daemon{}
+	d = built
 	defer func() {
 		if err != nil {
-			d.Close()
+			built.Close()
 		}
 	}()
 	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
@@ -180,7 +209,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		if d.Ceiling, err = c.Network.Ceiling(); err != nil {
 			return nil, err
 		}
-		n, closeNet, err := newNetwork(c, log, al, sm)
+		n, closeNet, err := newNetwork(c, log, al, sm, d.selfUpstream)
 		if err != nil {
 			return nil, err
 		}
@@ -204,6 +233,9 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	})
 	if d.Reconcile, err = mgr.Reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("reconcile after start: %w", err)
+	}
+	if err := mgr.StartPools(ctx, c.Pools); err != nil { // after Reconcile: pooled sandboxes have no record
+		return nil, fmt.Errorf("warm pools: %w", err)
 	}
 	stopPrune := pruneAuditLogs(al, mgr, c.AuditRetention, log) // audit.go
 	d.add(stopPrune)

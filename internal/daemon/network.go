@@ -49,7 +49,7 @@ func (n NetworkConfig) Ceiling() (egress.Policy, error) {
 }
 
 // newNetwork builds the slot manager and the egress proxy for sandboxes.
-func newNetwork(c Config, log *slog.Logger, al *audit.Log, sm *secrets.Manager) (*sandbox.Network, func(), error) {
+func newNetwork(c Config, log *slog.Logger, al *audit.Log, sm *secrets.Manager, denyUpstream func(netip.AddrPort) (string, bool)) (*sandbox.Network, func(), error) {
 	nc := c.Network
 	cfg := network.DefaultConfig()
 	cfg.RunDir = filepath.Join(c.DataDir, "net")
@@ -113,6 +113,7 @@ func newNetwork(c Config, log *slog.Logger, al *audit.Log, sm *secrets.Manager) 
 		},
 		OperatorHint:   "cella serve --egress-allow " + "<host>" + " (the daemon's ceiling), then the sandbox's network.allowOut or PUT /sandboxes/{id}/network",
 		PermitLoopback: loopback,
+		DenyUpstream:   denyUpstream,
 	})
 	events := func(e egress.Event) {
 		entry := audit.Entry{

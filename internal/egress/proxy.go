@@ -62,6 +62,10 @@ type Config struct {
 	// Otherwise loopback is hard-denied: a name resolving to it would reach
 	// the daemon host's own services.
 	PermitLoopback bool
+	// DenyUpstream reports upstreams never dialed whatever the policy, with
+	// why: the daemon's own API, which a name mapped to loopback would
+	// otherwise reach (and through it other sandboxes).
+	DenyUpstream func(netip.AddrPort) (string, bool)
 }
 
 // Event is one decision. A blocked connection, HTTP request or DNS query
@@ -543,7 +547,7 @@ func (p *Proxy) decide(ctx context.Context, s *session, name, via string) (targe
 				"%s is allowed, but the connection was opened to %s, which is not an address of %s: a sandbox cannot pin an allowed name to another address (look the name up through the sandbox's resolver)",
 				name, s.dst.Addr(), name))
 		}
-		if why, denied := p.hardDenied(s.dst.Addr()); denied {
+		if why, denied := p.deniedUpstream(s.dst); denied {
 			return target{name: name}, policyRefusal("hard-deny", fmt.Sprintf("%s resolves to %s, which is %s: cella never connects there", name, s.dst.Addr(), why))
 		}
 		return target{name: name, rule: rule, addrs: []netip.AddrPort{s.dst}}, nil
@@ -551,13 +555,14 @@ func (p *Proxy) decide(ctx context.Context, s *session, name, via string) (targe
 	var usable []netip.AddrPort
 	denied := ""
 	for _, a := range addrs {
-		if why, bad := p.hardDenied(a); bad {
+		ap := netip.AddrPortFrom(a, s.dst.Port())
+		if why, bad := p.deniedUpstream(ap); bad {
 			if denied == "" {
-				denied = fmt.Sprintf("%s is %s", a, why)
+				denied = fmt.Sprintf("%s is %s", ap, why)
 			}
 			continue
 		}
-		usable = append(usable, netip.AddrPortFrom(a, s.dst.Port()))
+		usable = append(usable, ap)
 	}
 	if len(usable) == 0 {
 		return target{name: name}, policyRefusal("hard-deny", fmt.Sprintf("%s resolves only to addresses cella never connects to (%s)", name, denied))
@@ -567,7 +572,7 @@ func (p *Proxy) decide(ctx context.Context, s *session, name, via string) (targe
 
 func (p *Proxy) decideAddr(s *session) (target, *refusal) {
 	a := s.dst.Addr()
-	if why, denied := p.hardDenied(a); denied {
+	if why, denied := p.deniedUpstream(s.dst); denied {
 		return target{}, policyRefusal("hard-deny", fmt.Sprintf("%s is %s: cella never connects there", a, why))
 	}
 	ok, rule := s.pol.allowsAddr(a)
@@ -579,6 +584,17 @@ func (p *Proxy) decideAddr(s *session) (target, *refusal) {
 
 func (p *Proxy) notAllowed(s *session, host, rule string) *refusal {
 	return policyRefusal(rule, fmt.Sprintf("%s is not allowed for this sandbox (%s); an operator can allow it with %s", host, s.pol.summary, p.cfg.OperatorHint))
+}
+
+// deniedUpstream describes why ap is never dialed, if it is not.
+func (p *Proxy) deniedUpstream(ap netip.AddrPort) (string, bool) {
+	if why, bad := p.hardDenied(ap.Addr()); bad {
+		return why, true
+	}
+	if p.cfg.DenyUpstream != nil {
+		return p.cfg.DenyUpstream(netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()))
+	}
+	return "", false
 }
 
 // hardDenied describes why a is never dialed, if it is not.

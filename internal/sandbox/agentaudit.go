@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -20,6 +21,16 @@ type AgentAudit interface {
 	// LastAgentSeq is the newest agent sequence number already kept for a
 	// sandbox, so a daemon that restarts does not log events twice.
 	LastAgentSeq(sandboxID string) uint64
+	// Lifecycle records what the daemon did to a sandbox (created, paused,
+	// resumed, policy changed, killed, died).
+	Lifecycle(sandboxID, message string)
+}
+
+// lifecycleEvent writes a lifecycle line into the sandbox's audit log.
+func (m *Manager) lifecycleEvent(id, format string, args ...any) {
+	if m.cfg.AgentAudit != nil {
+		m.cfg.AgentAudit.Lifecycle(id, fmt.Sprintf(format, args...))
+	}
 }
 
 // agentFollow is a sandbox's position in its agent's audit feed.

@@ -215,6 +215,7 @@ func (m *Manager) fromSnapshot(ctx context.Context, opts Options, row store.Snap
 	m.mu.Unlock()
 	go m.supervise(sb, sb.gen)
 	m.log.Info("sandbox created from snapshot", "id", sb.ID, "snapshot", row.ID, "memory", memory, "opts", opts.String())
+	m.lifecycleEvent(sb.ID, "created from snapshot %s (memory %v): %s; egress %s", row.ID, memory, opts.String(), egressSummary(opts.Egress))
 	return sb, nil
 }
 

@@ -88,6 +88,8 @@ type Manager struct {
 
 	reaperStop chan struct{}
 	reaperDone chan struct{}
+
+	pools poolSet // warm pools (pool.go)
 }
 
 // NewManager makes a manager; call Reconcile before serving.
@@ -142,8 +144,12 @@ func (m *Manager) Create(ctx context.Context, opts Options) (*Sandbox, error) {
 	if closed {
 		return nil, errdefs.Unavailable("daemon is shutting down")
 	}
+	defer m.pools.creating()() // pool.go: refills wait while creates run
 	if row, rec, ok := m.lookupSnapshot(ctx, opts.TemplateID); ok {
 		return m.createFromSnapshot(ctx, opts, row, rec) // fork.go
+	}
+	if sb, ok := m.fromPool(ctx, opts); ok { // pool.go: a warm sandbox, else cold below
+		return sb, nil
 	}
 	tpl, err := m.template(ctx, opts.TemplateID)
 	if err != nil {
@@ -181,6 +187,7 @@ func (m *Manager) Create(ctx context.Context, opts Options) (*Sandbox, error) {
 	m.mu.Unlock()
 	go m.supervise(sb, sb.gen)
 	m.log.Info("sandbox created", "id", sb.ID, "opts", opts.String(), "runtime", sb.Runtime)
+	m.lifecycleEvent(sb.ID, "created on %s: %s; egress %s", sb.Runtime, opts.String(), egressSummary(opts.Egress))
 	return sb, nil
 }
 
@@ -212,12 +219,15 @@ func (m *Manager) template(ctx context.Context, name string) (*template.Template
 func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template) error {
 	runDir := filepath.Join(sb.Dir, "run")
 	bundleDir := filepath.Join(sb.Dir, "bundle")
+	st := newStepTimer()
+	defer func() { m.log.Debug("create steps", append([]any{"id", sb.ID}, st.attrs()...)...) }()
 	for _, d := range []string{sb.Dir, runDir, bundleDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return fmt.Errorf("create dirs for %s: %w", sb.ID, err)
 		}
 	}
 	layer, err := rootfs.Mount(tpl.RootFS, sb.Dir, mib(sb.Options.DiskMB))
+	st.step("rootfs")
 	if err != nil {
 		return fmt.Errorf("create rootfs for %s: %w", sb.ID, err)
 	}
@@ -235,6 +245,7 @@ func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template
 	if _, err := m.attachNetwork(ctx, sb); err != nil {
 		return err
 	}
+	st.step("network")
 	if err := agent.WriteConfig(runDir, m.agentConfig(sb, tpl)); err != nil {
 		return err
 	}
@@ -242,6 +253,7 @@ func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template
 	if err := m.cfg.Runtime.Start(ctx, spec); err != nil {
 		return fmt.Errorf("start %s container for %s: %w", m.cfg.Runtime.Name(), sb.ID, err)
 	}
+	st.step("runtime_start")
 	actx, cancel := context.WithTimeout(ctx, m.cfg.AgentTimeout)
 	defer cancel()
 	conn, _, err := ln.Accept(actx, sb.channelToken)
@@ -249,9 +261,27 @@ func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template
 		return fmt.Errorf("sandbox %s: agent did not answer within %v (%w); agent log: %s",
 			sb.ID, m.cfg.AgentTimeout, err, tail(spec.LogPath, 800))
 	}
+	st.step("agent_hello")
 	sb.conn = conn
 	return nil
 }
+
+// stepTimer records how long each step of a create took, for the debug log
+// (docs/ARCHITECTURE.md "where create's time goes").
+type stepTimer struct {
+	last  time.Time
+	steps []any
+}
+
+func newStepTimer() *stepTimer { return &stepTimer{last: time.Now()} }
+
+func (t *stepTimer) step(name string) {
+	now := time.Now()
+	t.steps = append(t.steps, name, now.Sub(t.last).Round(10*time.Microsecond))
+	t.last = now
+}
+
+func (t *stepTimer) attrs() []any { return t.steps }
 
 // spec is the container of a sandbox whose layer is mounted: the same for
 // its first start, a cold boot after a pause without memory, and a restore.
@@ -430,6 +460,7 @@ func (m *Manager) markDead(sb *Sandbox, gen uint64, reason string) {
 	sb.err = reason
 	sb.mu.Unlock()
 	m.log.Warn("sandbox died", "id", sb.ID, "reason", reason)
+	m.lifecycleEvent(sb.ID, "died: %s", reason)
 	ctx := context.Background()
 	m.releaseHost(ctx, sb)
 	if err := m.persist(ctx, sb); err != nil {
@@ -481,6 +512,7 @@ func (m *Manager) Kill(ctx context.Context, id string) error {
 	defer sb.opMu.Unlock()
 	m.cleanup(ctx, sb)
 	m.log.Info("sandbox killed", "id", id)
+	m.lifecycleEvent(id, "killed")
 	go m.gcSnapshots(context.WithoutCancel(ctx)) // its snapshot layers may be unused now
 	return nil
 }
@@ -600,6 +632,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	m.mu.Unlock()
 	close(m.reaperStop)
 	<-m.reaperDone
+	m.stopPools(ctx) // pool.go: pooled sandboxes go too
 	var wg sync.WaitGroup
 	var kept atomic.Int64
 	sem := make(chan struct{}, 8)

@@ -259,6 +259,7 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, p *egress.Policy, n
 		return fmt.Errorf("persist network policy of %s: %w", id, err)
 	}
 	m.log.Info("sandbox network policy updated", "id", id, "policy", egressSummary(p))
+	m.lifecycleEvent(id, "egress policy updated: %s", egressSummary(p))
 	return nil
 }
 

@@ -97,6 +97,7 @@ func (m *Manager) Pause(ctx context.Context, id string, keepMemory bool) error {
 		return err
 	}
 	m.log.Info("sandbox paused", "id", id, "mode", mode, "took", time.Since(start).Round(time.Millisecond))
+	m.lifecycleEvent(id, "paused (%s)", mode)
 	return nil
 }
 
@@ -227,6 +228,7 @@ func (m *Manager) Resume(ctx context.Context, id string, keepMemory bool) (resum
 		return true, err
 	}
 	m.log.Info("sandbox resumed", "id", id, "mode", mode, "took", time.Since(start).Round(time.Millisecond))
+	m.lifecycleEvent(id, "resumed (%s)", mode)
 	return true, nil
 }
 

@@ -137,6 +137,7 @@ func Start(t testing.TB, runtimeName string, o Options) *Env {
 		t.Fatalf("start daemon: %v", err)
 	}
 	srv := httptest.NewServer(d.Handler)
+	d.Serving(srv.Listener.Addr())
 	key, err := os.ReadFile(d.AdminKeyPath)
 	if err != nil {
 		t.Fatal(err)
