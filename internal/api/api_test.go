@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -226,6 +227,36 @@ func TestAPI(t *testing.T) {
 		if err != nil || res.Stdout != "bar\n" {
 			t.Fatalf("envVars: %v %+v", err, res)
 		}
+	})
+	t.Run("SecretEnvVars", func(t *testing.T) {
+		// The weaker option, asked for by name: the value reaches the
+		// environment, the record keeps only the name.
+		value := "sv-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-x"
+		if st, _, body := a.do(t, "POST", "/secrets", key, map[string]any{"name": "ENV_SECRET", "value": value}, nil); st != 201 {
+			t.Fatalf("create secret: %d %s", st, body)
+		}
+		st, _, body := a.do(t, "POST", "/v2/sandboxes", key, map[string]any{"templateID": "base", "secretEnvVars": map[string]string{"TOKEN": "ENV_SECRET"}}, nil)
+		if st != 201 {
+			t.Fatalf("create with secretEnvVars: %d %s", st, body)
+		}
+		var sbr struct{ SandboxID string }
+		json.Unmarshal(body, &sbr)
+		defer env.Client.Kill(context.Background(), sbr.SandboxID)
+		sb, _ := env.Client.Sandbox(context.Background(), sbr.SandboxID)
+		if res, err := sb.Exec(context.Background(), "echo $TOKEN", client.ExecOptions{}); err != nil || res.Stdout != value+"\n" {
+			t.Fatalf("secret env: %v %+v", err, res)
+		}
+		if _, _, body := a.do(t, "GET", "/sandboxes/"+sbr.SandboxID, key, nil, nil); strings.Contains(string(body), value) {
+			t.Fatalf("the detail shows the secret: %s", body)
+		}
+		st, _, body = a.do(t, "POST", "/v2/sandboxes", key, map[string]any{"templateID": "base", "secretEnvVars": map[string]string{"TOKEN": "NO_SUCH"}}, nil)
+		a.wantError(t, 400, st, body, "does not exist")
+		other, err := env.Client.CreateKey(context.Background(), "no-secrets", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, _, body = a.do(t, "POST", "/v2/sandboxes", other.Key, map[string]any{"templateID": "base", "secretEnvVars": map[string]string{"TOKEN": "ENV_SECRET"}}, nil)
+		a.wantError(t, 403, st, body, "only admin keys")
 	})
 	t.Run("List", func(t *testing.T) {
 		st, _, body := a.do(t, "GET", "/sandboxes", key, nil, nil)

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -263,4 +264,25 @@ func nonNil(s []string) []string {
 		return []string{}
 	}
 	return s
+}
+
+// checkSecretEnv vets a request's secretEnvVars: admin keys only (a secret
+// in the environment is readable by everything in the sandbox), and every
+// named secret must exist.
+func (s *Server) checkSecretEnv(ctx context.Context, env map[string]string) error {
+	if apiKeyFrom(ctx).ID != store.AdminKeyID {
+		return errdefs.Forbidden("secretEnvVars: only admin keys may put secrets in a sandbox's environment")
+	}
+	if s.cfg.Secrets == nil {
+		return errdefs.InvalidArgument("secretEnvVars: this daemon has no secret store")
+	}
+	for k, name := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return errdefs.InvalidArgument("secretEnvVars: invalid variable name %q", k)
+		}
+		if _, err := s.cfg.Secrets.Get(name); err != nil {
+			return errdefs.InvalidArgument("secretEnvVars[%q]: secret %q does not exist (create it with cella secret set %s)", k, name, name)
+		}
+	}
+	return nil
 }

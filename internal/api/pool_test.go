@@ -262,6 +262,21 @@ func TestPool(t *testing.T) {
 		if after.Misses != before.Misses+1 || after.HandedOut != before.HandedOut || after.Ready != 2 {
 			t.Fatalf("pool after a create it cannot serve: before %+v after %+v", before, after)
 		}
+		// The same state in Prometheus' format.
+		st, _, body := a.do(t, "GET", "/metrics", env.APIKey, nil, nil)
+		for _, want := range []string{
+			`cella_pool_ready{template="base"} 2`, `cella_pool_size{template="base"} 2`,
+			fmt.Sprintf(`cella_pool_misses_total{template="base"} %d`, after.Misses),
+			fmt.Sprintf(`cella_pool_handed_out_total{template="base"} %d`, after.HandedOut),
+			`cella_sandboxes{state="running"}`, `cella_egress_decisions_total{decision="allowed"}`,
+		} {
+			if st != 200 || !strings.Contains(string(body), want) {
+				t.Fatalf("/metrics lacks %q (status %d):\n%s", want, st, body)
+			}
+		}
+		if st, _, _ := a.do(t, "GET", "/metrics", "", nil, nil); st != 401 {
+			t.Fatalf("/metrics without a key: %d", st)
+		}
 	})
 
 	t.Run("Latency", func(t *testing.T) {

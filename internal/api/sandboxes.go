@@ -35,11 +35,14 @@ type newSandboxRequest struct {
 	MCP          json.RawMessage `json:"mcp"`
 
 	// cella extensions.
-	CPUCount   float64 `json:"cpuCount"`
-	MemoryMB   int64   `json:"memoryMB"`
-	DiskSizeMB int64   `json:"diskSizeMB"`
-	PidsLimit  int64   `json:"pidsLimit"`
-	OutputMB   int64   `json:"outputLimitMB"`
+	// SecretEnvVars puts secrets in the environment (env var → secret
+	// name): weaker than header rules, so it is asked for by name.
+	SecretEnvVars map[string]string `json:"secretEnvVars"`
+	CPUCount      float64           `json:"cpuCount"`
+	MemoryMB      int64             `json:"memoryMB"`
+	DiskSizeMB    int64             `json:"diskSizeMB"`
+	PidsLimit     int64             `json:"pidsLimit"`
+	OutputMB      int64             `json:"outputLimitMB"`
 }
 
 // sandboxResponse is E2B's Sandbox.
@@ -83,6 +86,13 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		opts.AutoResume = req.AutoResume.Enabled
 	}
 	opts.TrafficAccessToken = trafficTokenFor(req.Network) // traffic.go
+	if len(req.SecretEnvVars) > 0 {
+		if err := s.checkSecretEnv(r.Context(), req.SecretEnvVars); err != nil { // network.go
+			s.writeErr(w, r, err)
+			return
+		}
+		opts.SecretEnv = req.SecretEnvVars
+	}
 	if s.cfg.EgressCeiling != nil {
 		key := apiKeyFrom(r.Context())
 		ceiling, err := s.egressCeiling(key) // network.go

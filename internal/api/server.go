@@ -40,6 +40,8 @@ type Config struct {
 	// EgressCeiling is the operator's egress ceiling (network.go); nil
 	// means sandboxes run with no network at all.
 	EgressCeiling *egress.Policy
+	// Egress counts the proxy's decisions for /metrics (nil: not shown).
+	Egress *EgressCounters
 }
 
 // Server serves the REST API and the sandbox proxy on one listener.
@@ -81,6 +83,7 @@ func (s *Server) routes() {
 	m.Handle("POST /sandboxes/{id}/pause", auth(s.pauseSandbox))
 	m.Handle("POST /sandboxes/{id}/resume", auth(s.resumeSandbox))
 	m.Handle("PUT /sandboxes/{id}/network", auth(s.updateNetwork)) // network.go
+	m.Handle("GET /metrics", auth(s.metricsHandler().ServeHTTP))   // metrics.go
 	m.Handle("GET /templates", auth(s.listTemplates))
 	s.snapshotRoutes(auth) // snapshots.go
 	s.volumeRoutes(auth)   // volumes.go

@@ -109,6 +109,8 @@ type Daemon struct {
 	// proxy never dials them on loopback, where a name an operator mapped
 	// there would otherwise reach the daemon's own API.
 	servingPorts sync.Map // uint16 → struct{}
+
+	egressCounts api.EgressCounters
 }
 
 // Serving tells the daemon an address its Handler is served on.
@@ -209,7 +211,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		if d.Ceiling, err = c.Network.Ceiling(); err != nil {
 			return nil, err
 		}
-		n, closeNet, err := newNetwork(c, log, al, sm, d.selfUpstream)
+		n, closeNet, err := newNetwork(c, log, al, sm, d.selfUpstream, &d.egressCounts)
 		if err != nil {
 			return nil, err
 		}
@@ -220,7 +222,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	mgr, err := sandbox.NewManager(sandbox.Config{
 		DataDir: c.DataDir, Runtime: rt, Templates: tpls, Store: st, AgentBinary: c.AgentBinary, Log: log,
 		BuildProgress: c.BuildProgress, Volumes: vols, Lifecycle: c.Lifecycle,
-		AgentAudit: agentAudit{al}, Network: sbNet,
+		AgentAudit: agentAudit{al}, Network: sbNet, SecretValue: sm.Get,
 	})
 	if err != nil {
 		return nil, err
@@ -240,7 +242,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	stopPrune := pruneAuditLogs(al, mgr, c.AuditRetention, log) // audit.go
 	d.add(stopPrune)
 	d.Handler = api.New(api.Config{Manager: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
-		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling)})
+		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts})
 	return d, nil
 }
 

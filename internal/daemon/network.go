@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/cella-sandbox/cella/internal/api"
 	"github.com/cella-sandbox/cella/internal/audit"
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/network"
@@ -49,7 +50,7 @@ func (n NetworkConfig) Ceiling() (egress.Policy, error) {
 }
 
 // newNetwork builds the slot manager and the egress proxy for sandboxes.
-func newNetwork(c Config, log *slog.Logger, al *audit.Log, sm *secrets.Manager, denyUpstream func(netip.AddrPort) (string, bool)) (*sandbox.Network, func(), error) {
+func newNetwork(c Config, log *slog.Logger, al *audit.Log, sm *secrets.Manager, denyUpstream func(netip.AddrPort) (string, bool), counts *api.EgressCounters) (*sandbox.Network, func(), error) {
 	nc := c.Network
 	cfg := network.DefaultConfig()
 	cfg.RunDir = filepath.Join(c.DataDir, "net")
@@ -122,6 +123,11 @@ func newNetwork(c Config, log *slog.Logger, al *audit.Log, sm *secrets.Manager, 
 			BytesOut: e.BytesOut, BytesIn: e.BytesIn,
 		}
 		al.Append(entry)
+		if e.Decision == audit.DecisionBlocked {
+			counts.Blocked.Add(1)
+		} else {
+			counts.Allowed.Add(1)
+		}
 		if e.Decision == audit.DecisionBlocked {
 			log.Info("egress blocked", "id", e.SandboxID, "proto", e.Proto, "dst", e.Dst, "host", e.Host, "rule", e.Rule, "reason", e.Reason)
 		}

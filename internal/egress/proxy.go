@@ -558,7 +558,7 @@ func (p *Proxy) decide(ctx context.Context, s *session, name, via string) (targe
 		ap := netip.AddrPortFrom(a, s.dst.Port())
 		if why, bad := p.deniedUpstream(ap); bad {
 			if denied == "" {
-				denied = fmt.Sprintf("%s is %s", ap, why)
+				denied = fmt.Sprintf("%s is %s", ap.Addr(), why)
 			}
 			continue
 		}

@@ -47,6 +47,8 @@ type Config struct {
 	// Network gives sandboxes egress through the proxy (network.go); nil
 	// runs them with no network at all.
 	Network *Network
+	// SecretValue reads a secret for Options.SecretEnv (nil: none exist).
+	SecretValue func(name string) (string, error)
 }
 
 // Validate checks the config.
@@ -316,6 +318,14 @@ func (m *Manager) agentConfig(sb *Sandbox, tpl *template.Template) agent.Config 
 	}
 	for k, v := range sb.Options.EnvVars {
 		env[k] = v
+	}
+	for k, name := range sb.Options.SecretEnv {
+		// Checked at create (api); a secret deleted since leaves it unset.
+		if m.cfg.SecretValue != nil {
+			if v, err := m.cfg.SecretValue(name); err == nil {
+				env[k] = v
+			}
+		}
 	}
 	return agent.Config{
 		SandboxID:      sb.ID,

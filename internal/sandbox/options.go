@@ -41,8 +41,13 @@ type Options struct {
 	// Egress is the policy in force: the request narrowed by the operator's
 	// ceiling (api), replaced by PUT /sandboxes/{id}/network. nil is no
 	// egress at all.
-	Egress    *egress.Policy `json:"egress,omitempty"`
-	AutoPause bool           `json:"auto_pause,omitempty"`
+	Egress *egress.Policy `json:"egress,omitempty"`
+	// SecretEnv names secrets to put in the environment (env var → secret
+	// name): the weaker option, asked for explicitly. Only the names are
+	// stored; values are read from the secret store when the agent's
+	// config is written.
+	SecretEnv map[string]string `json:"secret_env,omitempty"`
+	AutoPause bool              `json:"auto_pause,omitempty"`
 	// AutoPauseMemory is E2B's autoPauseMemory: false makes the timeout
 	// pause keep only the filesystem; nil means true.
 	AutoPauseMemory *bool           `json:"auto_pause_memory,omitempty"`

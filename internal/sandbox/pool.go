@@ -322,6 +322,8 @@ func (p *pool) cannotServe(o Options) string {
 	switch {
 	case len(o.Volumes) > 0:
 		return "volume mounts"
+	case len(o.SecretEnv) > 0:
+		return "secret env vars"
 	case o.CPUs != b.CPUs:
 		return "cpus"
 	case o.MemoryMB != b.MemoryMB:

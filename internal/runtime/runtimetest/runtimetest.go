@@ -157,12 +157,33 @@ func testIsolation(t *testing.T, env *daemontest.Env) {
 			t.Fatalf("sandbox reached a host loopback server: %q", res.Stdout)
 		}
 	})
-	t.Run("NoNetwork", func(t *testing.T) {
-		out := mustOK(t, sb, "cat /proc/net/dev | tail -n +3 | awk -F: '{print $1}' | tr -d ' '")
-		for _, ifc := range strings.Fields(out) {
-			if ifc != "lo" {
-				t.Fatalf("sandbox has a network interface besides lo: %q", out)
-			}
+	t.Run("NoEgressByDefault", func(t *testing.T) {
+		// One link besides loopback, the network slot's eth0, and with the
+		// daemon's default ceiling nothing is reachable through it: names
+		// do not resolve, HTTP is refused with the explanation, other TCP
+		// is closed without a byte. (192.0.2.0/24 is TEST-NET: nothing is
+		// ever dialed there, the proxy refuses before any dial.)
+		out := mustOK(t, sb, "cat /proc/net/dev | tail -n +3 | awk -F: '{print $1}' | tr -d ' ' | sort")
+		if got := strings.Fields(out); len(got) > 2 || (len(got) == 2 && (got[0] != "eth0" || got[1] != "lo")) {
+			t.Fatalf("sandbox interfaces: %q, want lo and at most the slot's eth0", out)
+		}
+		res := run(t, sb, `getent hosts example.com && echo resolved; curl -sS --max-time 5 http://192.0.2.1/; python3 -c "
+import socket
+s = socket.create_connection(('192.0.2.1', 5432), 5)
+s.settimeout(5)
+try:
+    print('tcp-read', s.recv(10))
+except Exception as e:
+    print('tcp-error', e)
+"`, client.ExecOptions{Timeout: 60 * time.Second})
+		if strings.Contains(res.Stdout, "resolved") {
+			t.Fatalf("a name resolved with no egress allowed: %q", res.Stdout)
+		}
+		if !strings.Contains(res.Stdout, "blocked by cella sandbox policy") {
+			t.Fatalf("HTTP out was not refused with the policy's explanation: %q %q", res.Stdout, res.Stderr)
+		}
+		if !strings.Contains(res.Stdout, "tcp-read b''") && !strings.Contains(res.Stdout+res.Stderr, "tcp-error") && !strings.Contains(res.Stderr, "Connection") {
+			t.Fatalf("raw TCP out got data: %q %q", res.Stdout, res.Stderr)
 		}
 	})
 	t.Run("OtherSandbox", func(t *testing.T) {
