@@ -37,7 +37,7 @@ for (const [name, make] of Object.entries(transports)) {
         assert.deepEqual(names, ['sandbox_create', 'sandbox_exec', 'sandbox_expose_port', 'sandbox_kill',
           'sandbox_list', 'sandbox_list_files', 'sandbox_read_file', 'sandbox_run_code', 'sandbox_write_file']);
         const exec = tools.find((t) => t.name === 'sandbox_exec');
-        assert.match(exec.description, /Network: none/);
+        assert.match(exec.description, /Network egress: none: no egress is allowed/);
         assert.ok(exec.inputSchema.properties.command, 'sandbox_exec takes a command');
       } finally {
         await client.close();
