@@ -261,13 +261,19 @@ func Density(ctx context.Context, cfg Config, n int) ([]Figure, error) {
 			ids = append(ids, sb.SandboxID)
 		}
 		time.Sleep(2 * time.Second) // let the sandboxes settle to idle
-		var total int64
+		var total, charged int64
 		for _, id := range ids {
 			total += sandboxPSS(id)
+			charged += cgroupCharge(id)
 		}
 		f := Figure{Name: fmt.Sprintf("idle memory per sandbox (%d sandboxes)", len(ids)), Runtime: rt, N: len(ids)}
 		if len(ids) > 0 {
-			f.Extra = fmt.Sprintf("%.1f MB PSS each", float64(total)/float64(len(ids))/1e6)
+			// PSS sums what the sandbox's processes map, shared pages split
+			// among their users; the cgroup charge is what the kernel bills
+			// the sandbox (its own anon memory, gVisor's memory file, page
+			// cache it brought in).
+			f.Extra = fmt.Sprintf("%.1f MB PSS each, %.1f MB cgroup charge each",
+				float64(total)/float64(len(ids))/1e6, float64(charged)/float64(len(ids))/1e6)
 		}
 		if firstErr != nil {
 			f.Err = fmt.Sprintf("stopped at %d: %v", len(ids), firstErr)
@@ -314,6 +320,16 @@ func sandboxPSS(id string) int64 {
 		}
 	}
 	return total
+}
+
+// cgroupCharge is the memory cgroup v1 usage of a sandbox's container.
+func cgroupCharge(id string) int64 {
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory/cella", id, "memory.usage_in_bytes"))
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return n
 }
 
 func pssOf(pid string) int64 {
