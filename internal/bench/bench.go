@@ -122,15 +122,24 @@ func Create(ctx context.Context, cfg Config) ([]Figure, error) {
 }
 
 func repeat(n int, f func() error) []time.Duration {
+	out, _ := repeatErr(n, f)
+	return out
+}
+
+// repeatErr is repeat that also returns the last failure, so a figure with
+// no successful try can say why.
+func repeatErr(n int, f func() error) ([]time.Duration, error) {
 	var out []time.Duration
+	var last error
 	for i := 0; i < n; i++ {
 		t0 := time.Now()
 		if err := f(); err != nil {
+			last = err
 			continue
 		}
 		out = append(out, time.Since(t0))
 	}
-	return out
+	return out, last
 }
 
 // apiCreate runs a daemon on the runtime and times create + exec of true.

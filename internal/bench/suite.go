@@ -152,7 +152,10 @@ func Files(ctx context.Context, cfg Config, short bool) ([]Figure, error) {
 			figs = append(figs, Figure{Name: "files", Runtime: rt, Err: err.Error()})
 			continue
 		}
-		sb, err := l.Client.Create(ctx, client.CreateRequest{DiskSizeMB: 2048, MemoryMB: 512})
+		// The writable layer is RAM (a tmpfs upper; under gVisor the sentry
+		// caches the file too) and it is charged to the sandbox: a 1 GiB
+		// file needs the memory as well as the disk.
+		sb, err := l.Client.Create(ctx, client.CreateRequest{DiskSizeMB: 2048, MemoryMB: 3072})
 		if err != nil {
 			l.Close()
 			figs = append(figs, Figure{Name: "files", Runtime: rt, Err: err.Error()})
@@ -173,10 +176,11 @@ func Files(ctx context.Context, cfg Config, short bool) ([]Figure, error) {
 				n = 1
 			}
 			local := summarize("local file copy "+label, "", repeat(n, func() error { return localCopy(data) }))
-			up := summarize("upload "+label, rt, repeat(n, func() error {
+			upD, upErr := repeatErr(n, func() error {
 				return conn.WriteFile(ctx, "/home/user/bench.bin", "", bytes.NewReader(data))
-			}))
-			down := summarize("download "+label, rt, repeat(n, func() error {
+			})
+			up := summarize("upload "+label, rt, upD)
+			downD, downErr := repeatErr(n, func() error {
 				r, err := conn.ReadFile(ctx, "/home/user/bench.bin", "")
 				if err != nil {
 					return err
@@ -187,14 +191,18 @@ func Files(ctx context.Context, cfg Config, short bool) ([]Figure, error) {
 					err = fmt.Errorf("downloaded %d of %d bytes", got, size)
 				}
 				return err
-			}))
-			for _, f := range []*Figure{&up, &down} {
-				f.Baseline = local.Name
+			})
+			down := summarize("download "+label, rt, downD)
+			for _, x := range []struct {
+				f   *Figure
+				err error
+			}{{&up, upErr}, {&down, downErr}} {
+				x.f.Baseline = local.Name
 				if local.P50 > 0 {
-					f.Ratio = float64(f.P50) / float64(local.P50)
+					x.f.Ratio = float64(x.f.P50) / float64(local.P50)
 				}
-				if f.N == 0 {
-					f.Err = "every try failed"
+				if x.f.N == 0 {
+					x.f.Err = fmt.Sprintf("every try failed: %v", x.err)
 				}
 			}
 			figs = append(figs, local, up, down)
