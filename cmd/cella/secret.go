@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -99,24 +100,9 @@ without it an existing secret keeps its metadata.`,
 		},
 	}
 	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON (with metadata and creation times)")
-	rm := &cobra.Command{
-		Use:     "rm NAME|ID...",
-		Aliases: []string{"delete"},
-		Short:   "Delete secrets, by name or ID",
-		Args:    cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := newClient()
-			if err != nil {
-				return err
-			}
-			for _, n := range args {
-				if err := c.DeleteSecret(cmd.Context(), n); err != nil {
-					return fmt.Errorf("%s: %w", n, err)
-				}
-			}
-			return nil
-		},
-	}
+	rm := newRmCmd("rm NAME|ID...", "Delete secrets, by name or ID", func(ctx context.Context, c *client.Client, n string) error {
+		return c.DeleteSecret(ctx, n)
+	})
 	cmd.AddCommand(set, ls, rm)
 	return cmd
 }

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+
+	"github.com/cella-sandbox/cella/internal/client"
 )
 
 func newVolumeCmd() *cobra.Command {
@@ -63,24 +66,9 @@ func newVolumeCmd() *cobra.Command {
 		},
 	}
 	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	rm := &cobra.Command{
-		Use:     "rm NAME...",
-		Aliases: []string{"delete"},
-		Short:   "Delete volumes and their data (refused while a sandbox mounts one)",
-		Args:    cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := newClient()
-			if err != nil {
-				return err
-			}
-			for _, n := range args {
-				if err := c.DeleteVolume(cmd.Context(), n); err != nil {
-					return fmt.Errorf("%s: %w", n, err)
-				}
-			}
-			return nil
-		},
-	}
+	rm := newRmCmd("rm NAME...", "Delete volumes and their data (refused while a sandbox mounts one)", func(ctx context.Context, c *client.Client, n string) error {
+		return c.DeleteVolume(ctx, n)
+	})
 	cmd.AddCommand(create, ls, rm)
 	return cmd
 }

@@ -117,6 +117,13 @@ func Create(ctx context.Context, cfg Config) ([]Figure, error) {
 			warm.Ratio = float64(warm.P50) / float64(cold.P50)
 		}
 		figs = append(figs, warm)
+		if call, ok := poolCreateCall[rt]; ok && call.N > 0 {
+			call.Baseline = raw.Name
+			if raw.P50 > 0 {
+				call.Ratio = float64(call.P50) / float64(raw.P50)
+			}
+			figs = append(figs, call)
+		}
 	}
 	return figs, nil
 }
@@ -154,22 +161,7 @@ func apiCreate(ctx context.Context, cfg Config, rt string) (Figure, error) {
 	var lastErr error
 	var ds []time.Duration
 	for i := 0; i < cfg.N; i++ {
-		t0 := time.Now()
-		sb, err := c.Create(ctx, client.CreateRequest{})
-		if err != nil {
-			lastErr = err
-			continue
-		}
-		conn, err := c.Sandbox(ctx, sb.SandboxID)
-		if err == nil {
-			var res client.ExecResult
-			res, err = conn.Exec(ctx, "true", client.ExecOptions{})
-			if err == nil && res.ExitCode != 0 {
-				err = fmt.Errorf("true exited %d", res.ExitCode)
-			}
-		}
-		took := time.Since(t0)
-		_ = c.Kill(ctx, sb.SandboxID)
+		took, _, err := createThenExec(ctx, c)
 		if err != nil {
 			lastErr = err
 			continue
@@ -181,6 +173,27 @@ func apiCreate(ctx context.Context, cfg Config, rt string) (Figure, error) {
 		return f, lastErr
 	}
 	return f, nil
+}
+
+// createThenExec creates a sandbox, runs `true` in it and kills it: the
+// time until the command is done, and until the create call answered.
+func createThenExec(ctx context.Context, c *client.Client) (total, create time.Duration, err error) {
+	t0 := time.Now()
+	sb, err := c.Create(ctx, client.CreateRequest{})
+	if err != nil {
+		return 0, 0, err
+	}
+	create = time.Since(t0)
+	defer func() { _ = c.Kill(ctx, sb.SandboxID) }()
+	conn, err := c.Sandbox(ctx, sb.SandboxID)
+	if err != nil {
+		return 0, 0, err
+	}
+	res, err := conn.Exec(ctx, "true", client.ExecOptions{})
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("true exited %d", res.ExitCode)
+	}
+	return time.Since(t0), create, err
 }
 
 // rawBundle writes a minimal OCI bundle running /bin/true on a read-only

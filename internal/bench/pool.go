@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/cella-sandbox/cella/internal/client"
 )
 
 // poolBenchSize is the warm pool of the pooled create figure.
 const poolBenchSize = 2
+
+// poolCreateCall keeps, per runtime, the create calls of the last pooled
+// run timed alone (the API's answer, before any exec).
+var poolCreateCall = map[string]Figure{}
 
 // apiCreatePooled times create + exec of true on a daemon with a warm pool
 // of base, waiting for the pool to be full again before each create: the
@@ -48,31 +50,18 @@ func apiCreatePooled(ctx context.Context, cfg Config, rt string) (Figure, error)
 		}
 	}
 	var lastErr error
-	var ds []time.Duration
+	var ds, createOnly []time.Duration
+	defer func() { poolCreateCall[rt] = summarize("cella create call alone (warm pool)", rt, createOnly) }()
 	for i := 0; i < cfg.N; i++ {
 		if err := waitFull(); err != nil {
 			return summarize(name, rt, ds), err
 		}
-		t0 := time.Now()
-		sb, err := c.Create(ctx, client.CreateRequest{})
+		took, create, err := createThenExec(ctx, c)
 		if err != nil {
 			lastErr = err
 			continue
 		}
-		conn, err := c.Sandbox(ctx, sb.SandboxID)
-		if err == nil {
-			var res client.ExecResult
-			res, err = conn.Exec(ctx, "true", client.ExecOptions{})
-			if err == nil && res.ExitCode != 0 {
-				err = fmt.Errorf("true exited %d", res.ExitCode)
-			}
-		}
-		took := time.Since(t0)
-		_ = c.Kill(ctx, sb.SandboxID)
-		if err != nil {
-			lastErr = err
-			continue
-		}
+		createOnly = append(createOnly, create)
 		ds = append(ds, took)
 	}
 	f := summarize(name, rt, ds)
