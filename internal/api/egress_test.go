@@ -167,6 +167,14 @@ func testEgressPolicy(t *testing.T) {
 				t.Fatalf("%s: want NXDOMAIN (exit 6), got %d %q %q", name, res.ExitCode, res.Stdout, res.Stderr)
 			}
 			a.wantBlocked(t, idA, since, res, blockedWant{kind: "dns", proto: "dns", host: name, rule: "no-match", reason: ceilingList})
+			// The resolver asked for A and AAAA; the result says it once.
+			if len(res.SandboxEvents) != 1 {
+				t.Fatalf("%s: want one sandbox event, got %q", name, res.SandboxEvents)
+			}
+		}
+		// The next command collects none of its predecessor's blocks.
+		if res := sh(t, sbA, "", "true"); len(res.SandboxEvents) != 0 {
+			t.Fatalf("a command right after a blocked one got its events: %q", res.SandboxEvents)
 		}
 	})
 

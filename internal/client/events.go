@@ -45,3 +45,61 @@ func (c *Client) BlockedSince(ctx context.Context, id string, t time.Time) ([]Bl
 	}
 	return out.Entries, nil
 }
+
+// processSpan is a command's life as the audit log recorded it.
+type processSpan struct {
+	Time time.Time `json:"time"`
+	Kind string    `json:"kind"`
+	PID  uint32    `json:"pid"`
+}
+
+// BlockedDuring returns what the sandbox's policy blocked while process
+// pid ran: the window is the process's own start and exit in the audit log
+// (the sandbox and the daemon share the host's clock), so a command does
+// not collect its neighbours' blocks. Without those entries (an older
+// daemon, the agent's feed lagging) it falls back to the blocks since
+// started, with a second of slack for the clocks of client and daemon.
+func (c *Client) BlockedDuring(ctx context.Context, id string, pid uint32, started time.Time) ([]BlockedEvent, error) {
+	from, to := started.Add(-time.Second), time.Time{}
+	if pid != 0 {
+		q := url.Values{}
+		q.Set("since", strconv.FormatInt(started.Add(-time.Minute).UnixMilli(), 10))
+		q.Set("kind", "process.start,process.exit")
+		for try := 0; try < 3; try++ {
+			var out struct {
+				Entries []processSpan `json:"entries"`
+			}
+			if _, err := c.do(ctx, "GET", "/sandboxes/"+url.PathEscape(id)+"/logs?"+q.Encode(), nil, &out); err != nil {
+				break
+			}
+			var start, exit time.Time
+			for _, e := range out.Entries {
+				if e.PID != pid {
+					continue
+				}
+				switch e.Kind {
+				case "process.start":
+					start, exit = e.Time, time.Time{} // the newest run of this pid
+				case "process.exit":
+					exit = e.Time
+				}
+			}
+			if !start.IsZero() && !exit.IsZero() {
+				from, to = start, exit.Add(100*time.Millisecond)
+				break
+			}
+			time.Sleep(100 * time.Millisecond) // the agent's feed may trail the answer
+		}
+	}
+	evs, err := c.BlockedSince(ctx, id, from)
+	if err != nil || to.IsZero() {
+		return evs, err
+	}
+	out := evs[:0]
+	for _, e := range evs {
+		if !e.Time.After(to) {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}

@@ -109,6 +109,8 @@ type ExecResult struct {
 	// SandboxEvents are what the sandbox's network policy blocked while
 	// the command ran, each explained.
 	SandboxEvents []string `json:"sandbox_events"`
+
+	pid uint32 // the command's process, to find its time window in the audit log
 }
 
 func userHeader(user string) string {
@@ -118,17 +120,21 @@ func userHeader(user string) string {
 // Exec runs argv through bash -l -c like E2B's commands.run, streaming
 // output to the writers as it arrives.
 func (s *SandboxConn) Exec(ctx context.Context, cmd string, o ExecOptions) (ExecResult, error) {
-	// Clocks of client and daemon may differ a little: look a second back.
-	started := time.Now().Add(-time.Second)
+	started := time.Now()
 	res, err := s.exec(ctx, cmd, o)
 	if err != nil {
 		return res, err
 	}
 	res.SandboxEvents = []string{}
 	// Best effort: a daemon without an audit log just has nothing to add.
-	if evs, err := s.c.BlockedSince(context.WithoutCancel(ctx), s.ID, started); err == nil {
+	if evs, err := s.c.BlockedDuring(context.WithoutCancel(ctx), s.ID, res.pid, started); err == nil {
+		seen := map[string]bool{}
 		for _, e := range evs {
-			res.SandboxEvents = append(res.SandboxEvents, e.String())
+			// A resolver asks for A and AAAA: one line says it.
+			if line := e.String(); !seen[line] {
+				seen[line] = true
+				res.SandboxEvents = append(res.SandboxEvents, line)
+			}
 		}
 	}
 	return res, nil
@@ -199,6 +205,7 @@ func (s *SandboxConn) exec(ctx context.Context, cmd string, o ExecOptions) (Exec
 			e := ev.GetEnd()
 			res.ExitCode = int(e.GetExitCode())
 			res.Error = e.GetError()
+			res.pid = pid
 			res.Stdout, res.Stderr = stdout.String(), stderr.String()
 			if res.ExitCode == 0 && res.Error != "" && !e.GetExited() {
 				res.ExitCode = -1
