@@ -254,6 +254,7 @@ func (m *Manager) Archive(ctx context.Context, id string) error {
 		if err := m.cfg.Runtime.Destroy(ctx, sb.ID); err != nil {
 			return fmt.Errorf("archive sandbox %s: drop its frozen container: %w", id, err)
 		}
+		m.detachNetwork(sb) // network.go: its slot went with the container
 		mode = m.setPauseMode(ctx, sb, PauseStopped)
 	}
 	if err := os.MkdirAll(archiveDir(m.cfg.DataDir), 0o700); err != nil {

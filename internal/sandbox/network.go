@@ -67,6 +67,9 @@ func (m *Manager) attachNetwork(ctx context.Context, sb *Sandbox) (string, error
 	if n == nil {
 		return "", nil
 	}
+	// A sandbox has one slot at most: a container it ran before (frozen,
+	// then dropped by a resume without memory or an archive) is gone now.
+	m.detachNetwork(sb)
 	slot, err := n.Slots.Acquire(ctx)
 	if err != nil {
 		return "", fmt.Errorf("network slot for %s: %w", sb.ID, err)

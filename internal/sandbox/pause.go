@@ -203,6 +203,7 @@ func (m *Manager) Resume(ctx context.Context, id string, keepMemory bool) (resum
 		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		derr := m.cfg.Runtime.Destroy(dctx, sb.ID)
 		dcancel()
+		m.detachNetwork(sb)
 		if mode == PauseFrozen {
 			// Its memory went with the container; the filesystem is left.
 			m.setPauseMode(context.WithoutCancel(ctx), sb, PauseStopped)

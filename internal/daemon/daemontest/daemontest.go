@@ -122,7 +122,14 @@ func Start(t testing.TB, runtimeName string, o Options) *Env {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { os.RemoveAll(dataDir) })
+		t.Cleanup(func() {
+			// Runs after the daemon stopped (cleanups run last-in first-out):
+			// whatever is still mounted under its data dir leaked.
+			if left := mountsUnder(dataDir); len(left) > 0 {
+				t.Errorf("the daemon left mounts behind: %v", left)
+			}
+			os.RemoveAll(dataDir)
+		})
 	}
 	logw := o.Log
 	if logw == nil {
@@ -173,4 +180,20 @@ func (l *testLog) Write(p []byte) (int, error) {
 	defer func() { _ = recover() }() // logging after the test ended panics
 	l.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// mountsUnder lists the mount points at or below dir.
+func mountsUnder(dir string) []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			out = append(out, f[4])
+		}
+	}
+	return out
 }
