@@ -13,21 +13,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 )
 
-type poolInfo struct {
-	Template  string `json:"template"`
-	Size      int    `json:"size"`
-	Ready     int    `json:"ready"`
-	Filling   int    `json:"filling"`
-	HandedOut int64  `json:"handedOut"`
-	Misses    int64  `json:"misses"`
-	LastError string `json:"lastError"`
-}
+// poolInfo is GET /pools' item, as the client reads it.
+type poolInfo = client.Pool
 
 func (a apiT) pools(t *testing.T) map[string]poolInfo {
 	t.Helper()
