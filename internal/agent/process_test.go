@@ -517,7 +517,10 @@ func TestPidsLimitForkBomb(t *testing.T) {
 	cwd := "/tmp"
 	// ulimit -u bounds the bomb even if the watchdog did nothing: the uid
 	// is used by nothing else and is not root, so RLIMIT_NPROC applies.
-	req := bashReq("ulimit -u 400; :(){ :|:& };:")
+	// The shell waits for its bomb: if it returned at once, its own exit
+	// (status 0) could be reported before the watchdog's kill, a race that
+	// says nothing about the limit.
+	req := bashReq("ulimit -u 400; :(){ :|:& };:; wait")
 	req.Process.Cwd = &cwd
 	r := e.run(ctxT(t, 30*time.Second), req, "Authorization", basicAuth("bomb"), "Connect-Timeout-Ms", "20000")
 	want := "killed: sandbox pids limit 50 reached (raise with --pids)"

@@ -19,7 +19,9 @@ import (
 )
 
 // counterCmd counts into a file (and stdout) five times a second.
-const counterCmd = `i=0; while :; do i=$((i+1)); echo $i > /home/user/count; echo $i; sleep 0.2; done`
+// The count is renamed into place so that a reader never sees the file
+// empty between the truncate and the write.
+const counterCmd = `i=0; while :; do i=$((i+1)); echo $i > /home/user/count.tmp; mv -f /home/user/count.tmp /home/user/count; echo $i; sleep 0.2; done`
 
 // startCounter starts counterCmd as a tracked process of the agent (like
 // the SDK's commands.run(cmd, {background: true})), drops the stream, and
@@ -58,7 +60,11 @@ func waitCountAbove(t *testing.T, sb *client.SandboxConn, n int) int {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		c := readCount(t, sb)
+		// A counter just started may not have written its first count yet.
+		c := -1
+		if out := mustOK(t, sb, "cat /home/user/count 2>/dev/null || true"); strings.TrimSpace(out) != "" {
+			c = readCount(t, sb)
+		}
 		if c > n {
 			return c
 		}
