@@ -160,6 +160,30 @@ func treePids(dir string) ([]int, error) {
 	return pids, err
 }
 
+// Age is how long ago the youngest of container id's cgroup directories
+// was made (or last gained a child): an empty cgroup that young may belong
+// to a container another daemon is creating right now.
+func Age(id string) (time.Duration, error) {
+	dirs, err := Dirs(id)
+	if err != nil {
+		return 0, err
+	}
+	age := time.Duration(-1)
+	for _, d := range dirs {
+		st, err := os.Stat(d)
+		if err != nil {
+			continue
+		}
+		if a := time.Since(st.ModTime()); age < 0 || a < age {
+			age = a
+		}
+	}
+	if age < 0 {
+		return 0, fmt.Errorf("cgroups of %s: none found", id)
+	}
+	return age, nil
+}
+
 // Remove kills every process left in container id's cgroups and removes
 // the directories (nested ones first) in every hierarchy. A container
 // without cgroups is not an error.

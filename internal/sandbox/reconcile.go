@@ -169,6 +169,11 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		if pids, err := cgroup.Pids(id); err != nil || len(pids) > 0 {
 			continue
 		}
+		// An empty cgroup made moments ago is another daemon's container
+		// (or its runtime probe) being created: its process is not in yet.
+		if age, err := cgroup.Age(id); err != nil || age < 2*time.Minute {
+			continue
+		}
 		if err := cgroup.Remove(id); err != nil {
 			m.log.Error("remove orphan cgroup", "id", id, "err", err)
 			continue
