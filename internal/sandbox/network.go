@@ -11,8 +11,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/network"
@@ -145,96 +143,43 @@ func (m *Manager) prepareGuestNetwork(sb *Sandbox, root string) error {
 	return nil
 }
 
-// writeGuestFile writes a file inside a sandbox root without following
-// symlinks the template may hold (a link out of the root must not make the
-// daemon write on the host): every path component is opened with
-// O_NOFOLLOW relative to the root.
+// writeGuestFile writes a file inside a sandbox root through os.Root, so a
+// symlink the template holds cannot make the daemon write outside it; a
+// symlink (or anything else) at the file itself is replaced, not followed.
 func writeGuestFile(root, guestPath string, data []byte, mode os.FileMode) error {
-	dir, name := filepath.Split(filepath.Clean(guestPath))
-	dfd, err := openGuestDir(root, dir, true)
+	r, err := os.OpenRoot(root)
 	if err != nil {
-		return err
+		return fmt.Errorf("open root %s: %w", root, err)
 	}
-	defer unix.Close(dfd)
-	// A symlink or anything else in the way is replaced, not followed.
-	if err := unix.Unlinkat(dfd, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+	defer r.Close()
+	rel := strings.TrimPrefix(filepath.Clean(guestPath), "/")
+	if err := r.MkdirAll(filepath.Dir(rel), 0o755); err != nil {
+		return fmt.Errorf("create the directory of %s: %w", guestPath, err)
+	}
+	if err := r.Remove(rel); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("replace %s: %w", guestPath, err)
 	}
-	fd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(mode.Perm()))
-	if err != nil {
-		return fmt.Errorf("create %s: %w", guestPath, err)
-	}
-	f := os.NewFile(uintptr(fd), guestPath)
-	if _, err := f.Write(data); err != nil {
-		f.Close()
+	if err := r.WriteFile(rel, data, mode); err != nil {
 		return fmt.Errorf("write %s: %w", guestPath, err)
 	}
-	return f.Close()
+	return nil
 }
 
+// readGuestFile reads a file inside a sandbox root through os.Root. A
+// symlink at the file reads as missing: it is replaced, not read through.
 func readGuestFile(root, guestPath string) ([]byte, error) {
-	dir, name := filepath.Split(filepath.Clean(guestPath))
-	dfd, err := openGuestDir(root, dir, false)
+	r, err := os.OpenRoot(root)
 	if err != nil {
+		return nil, fmt.Errorf("open root %s: %w", root, err)
+	}
+	defer r.Close()
+	rel := strings.TrimPrefix(filepath.Clean(guestPath), "/")
+	if st, err := r.Lstat(rel); err != nil {
 		return nil, err
+	} else if st.Mode()&fs.ModeSymlink != 0 {
+		return nil, fs.ErrNotExist
 	}
-	defer unix.Close(dfd)
-	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		if errors.Is(err, unix.ELOOP) {
-			return nil, fs.ErrNotExist // a symlinked bundle is replaced, not read through
-		}
-		return nil, &fs.PathError{Op: "open", Path: guestPath, Err: err}
-	}
-	f := os.NewFile(uintptr(fd), guestPath)
-	defer f.Close()
-	return readAll(f)
-}
-
-func readAll(f *os.File) ([]byte, error) {
-	var out []byte
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := f.Read(buf)
-		out = append(out, buf[:n]...)
-		if err != nil {
-			if err.Error() == "EOF" {
-				return out, nil
-			}
-			return out, err
-		}
-		if n == 0 {
-			return out, nil
-		}
-	}
-}
-
-// openGuestDir opens dir (a guest path) under root component by component
-// without following symlinks, creating missing directories when asked.
-func openGuestDir(root, dir string, create bool) (int, error) {
-	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, fmt.Errorf("open root %s: %w", root, err)
-	}
-	for _, part := range strings.Split(strings.Trim(dir, "/"), "/") {
-		if part == "" {
-			continue
-		}
-		next, err := unix.Openat(fd, part, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if errors.Is(err, unix.ENOENT) && create {
-			if err := unix.Mkdirat(fd, part, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
-				unix.Close(fd)
-				return -1, fmt.Errorf("create %s in %s: %w", part, dir, err)
-			}
-			next, err = unix.Openat(fd, part, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		}
-		unix.Close(fd)
-		if err != nil {
-			return -1, fmt.Errorf("open %s in the sandbox root: %w", dir, err)
-		}
-		fd = next
-	}
-	return fd, nil
+	return r.ReadFile(rel)
 }
 
 // SetNetwork replaces a running sandbox's egress policy; connections and
