@@ -270,18 +270,11 @@ func testArchiveRestart(t *testing.T, env *daemontest.Env) {
 	if _, err := env1.Client.CreateVolume(ctx, "keep", 16); err != nil {
 		t.Fatal(err)
 	}
-	created, err := env1.Client.Create(ctx, client.CreateRequest{
+	sb := create(t, env1, client.CreateRequest{
 		VolumeMounts: []client.VolumeMount{{Name: "keep", Path: "/mnt/keep"}},
 		Lifecycle:    &client.Lifecycle{AutoArchiveSeconds: client.Seconds(500 * time.Millisecond)},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := created.SandboxID
-	sb, err := env1.Client.Sandbox(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
+	id := sb.ID
 	mustOK(t, sb, "echo layer > /home/user/l && echo vol > /mnt/keep/v")
 	startCounter(t, sb)
 	n := waitCountAbove(t, sb, 1)
