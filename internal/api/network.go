@@ -72,7 +72,7 @@ func effectiveEgress(allowInternet *bool, network json.RawMessage, ceiling egres
 					continue
 				}
 				for h, v := range r.Transform.Headers {
-					if strings.Contains(v, "${e2b.secrets.") || strings.Contains(v, "${secret:") {
+					if strings.Contains(v, secrets.PlaceholderPrefix) || strings.Contains(v, secrets.AliasPrefix) {
 						return nil, errdefs.Forbidden("network.rules[%q] header %q uses a secret: only admin keys may attach secrets to requests", host, h)
 					}
 				}
