@@ -56,50 +56,49 @@ type processSpan struct {
 // BlockedDuring returns what the sandbox's policy blocked while process
 // pid ran: the window is the process's own start and exit in the audit log
 // (the sandbox and the daemon share the host's clock), so a command does
-// not collect its neighbours' blocks. Without those entries (an older
-// daemon, the agent's feed lagging) it falls back to the blocks since
-// started, with a second of slack for the clocks of client and daemon.
+// not collect its neighbours' blocks. The blocks since started (with a
+// second of slack for the clocks of client and daemon) are read first: when
+// there are none, as for most commands, that one request is all it costs.
+// Without the process's entries (an older daemon, the agent's feed lagging)
+// those blocks are the answer.
 func (c *Client) BlockedDuring(ctx context.Context, id string, pid uint32, started time.Time) ([]BlockedEvent, error) {
-	from, to := started.Add(-time.Second), time.Time{}
-	if pid != 0 {
-		q := url.Values{}
-		q.Set("since", strconv.FormatInt(started.Add(-time.Minute).UnixMilli(), 10))
-		q.Set("kind", "process.start,process.exit")
-		for try := 0; try < 3; try++ {
-			var out struct {
-				Entries []processSpan `json:"entries"`
-			}
-			if _, err := c.do(ctx, "GET", "/sandboxes/"+url.PathEscape(id)+"/logs?"+q.Encode(), nil, &out); err != nil {
-				break
-			}
-			var start, exit time.Time
-			for _, e := range out.Entries {
-				if e.PID != pid {
-					continue
-				}
-				switch e.Kind {
-				case "process.start":
-					start, exit = e.Time, time.Time{} // the newest run of this pid
-				case "process.exit":
-					exit = e.Time
-				}
-			}
-			if !start.IsZero() && !exit.IsZero() {
-				from, to = start, exit.Add(100*time.Millisecond)
-				break
-			}
-			time.Sleep(100 * time.Millisecond) // the agent's feed may trail the answer
-		}
-	}
-	evs, err := c.BlockedSince(ctx, id, from)
-	if err != nil || to.IsZero() {
+	evs, err := c.BlockedSince(ctx, id, started.Add(-time.Second))
+	if err != nil || len(evs) == 0 || pid == 0 {
 		return evs, err
 	}
-	out := evs[:0]
-	for _, e := range evs {
-		if !e.Time.After(to) {
-			out = append(out, e)
+	q := url.Values{}
+	q.Set("since", strconv.FormatInt(started.Add(-time.Minute).UnixMilli(), 10))
+	q.Set("kind", "process.start,process.exit")
+	for try := 0; try < 3; try++ {
+		var out struct {
+			Entries []processSpan `json:"entries"`
 		}
+		if _, err := c.do(ctx, "GET", "/sandboxes/"+url.PathEscape(id)+"/logs?"+q.Encode(), nil, &out); err != nil {
+			return evs, nil
+		}
+		var start, exit time.Time
+		for _, e := range out.Entries {
+			if e.PID != pid {
+				continue
+			}
+			switch e.Kind {
+			case "process.start":
+				start, exit = e.Time, time.Time{} // the newest run of this pid
+			case "process.exit":
+				exit = e.Time
+			}
+		}
+		if !start.IsZero() && !exit.IsZero() {
+			to := exit.Add(100 * time.Millisecond)
+			in := evs[:0]
+			for _, e := range evs {
+				if !e.Time.Before(start) && !e.Time.After(to) {
+					in = append(in, e)
+				}
+			}
+			return in, nil
+		}
+		time.Sleep(100 * time.Millisecond) // the agent's feed may trail the answer
 	}
-	return out, nil
+	return evs, nil
 }
