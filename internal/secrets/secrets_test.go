@@ -37,8 +37,10 @@ func TestBoxRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if bytes.Contains(ct, []byte(v)) {
-			t.Fatalf("ciphertext contains the plaintext")
+		// A one-byte value turns up in random ciphertext by chance (~1 in 9
+		// seals), so only values long enough not to do so are searched for.
+		if len(v) >= 8 && bytes.Contains(ct, []byte(v)) {
+			t.Fatalf("ciphertext contains the plaintext %.20q", v)
 		}
 		pt, err := b.Open("GH_TOKEN", ct)
 		if err != nil || string(pt) != v {
