@@ -230,6 +230,30 @@ func TestCLI(t *testing.T) {
 			t.Fatalf("cp of a missing file: %d %q", code, errs)
 		}
 	})
+	t.Run("Stats", func(t *testing.T) {
+		out := d.mustCella("stats")
+		t.Logf("cella stats:\n%s", out)
+		if !strings.HasPrefix(out, "ID") || !strings.Contains(out, id) || !strings.Contains(out, "/ 256.0MiB") {
+			t.Fatalf("stats (all running): %s", out)
+		}
+		var latest map[string]struct {
+			MemTotal int64 `json:"memTotal"`
+			DiskUsed int64 `json:"diskUsed"`
+		}
+		if err := json.Unmarshal([]byte(d.mustCella("stats", "--json", id)), &latest); err != nil || latest[id].MemTotal != 256<<20 || latest[id].DiskUsed <= 0 {
+			t.Fatalf("stats --json %s: %+v %v", id, latest, err)
+		}
+		if out := d.mustCella("stats", "--history", "1h", id); strings.Count(out, id) < 1 {
+			t.Fatalf("stats --history: %s", out)
+		}
+		out, errs, code := d.cella("", "stats", id, "nosuchsandbox")
+		if code == 0 || !strings.Contains(out, id) || !strings.Contains(errs, "nosuchsandbox") {
+			t.Fatalf("stats with an unknown ID: exit %d\n%s\n%s", code, out, errs)
+		}
+		if _, errs, code := d.cella("", "stats", "--history", "1h"); code == 0 || !strings.Contains(errs, "exactly one ID") {
+			t.Fatalf("stats --history without an ID: exit %d %q", code, errs)
+		}
+	})
 	t.Run("Kill", func(t *testing.T) {
 		d.mustCella("kill", id)
 		_, errs, code := d.cella("", "info", id)

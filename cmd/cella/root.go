@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/spf13/cobra"
 )
@@ -38,6 +39,7 @@ func newRootCmd() *cobra.Command {
 		newKeyCmd(),
 		newSecretCmd(), // secret.go
 		newPoolCmd(),   // pool.go
+		newStatsCmd(),  // stats.go
 		newAgentCmd(),
 		newAgentExecCmd(),
 	)
@@ -61,6 +63,13 @@ func envInt(name string, def int64) int64 {
 
 func envFloat(name string, def float64) float64 {
 	if v, err := strconv.ParseFloat(os.Getenv(name), 64); err == nil {
+		return v
+	}
+	return def
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if v, err := time.ParseDuration(os.Getenv(name)); err == nil {
 		return v
 	}
 	return def

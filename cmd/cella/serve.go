@@ -18,6 +18,7 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/runtime"
+	"github.com/cella-sandbox/cella/internal/sandbox"
 )
 
 // serveConfig is the daemon's command line; every flag also reads CELLA_*.
@@ -66,6 +67,7 @@ func newServeCmd() *cobra.Command {
 	}
 	c.AuditRetention, _ = parseLifeDuration(envOr("CELLA_AUDIT_RETENTION", "7d"))
 	f.Var(lifeDuration{&c.AuditRetention}, "audit-retention", "how long the audit log of a sandbox that is gone is kept, e.g. 7d or 12h [CELLA_AUDIT_RETENTION]")
+	f.DurationVar(&c.MetricsInterval, "metrics-interval", envDuration("CELLA_METRICS_INTERVAL", sandbox.DefaultMetricsInterval), "how often each running sandbox's CPU, memory and disk use is sampled (GET /sandboxes/{id}/metrics keeps an hour) [CELLA_METRICS_INTERVAL]")
 	f.StringVar(&c.LogLevel, "log-level", envOr("CELLA_LOG_LEVEL", "info"), "debug, info, warn or error [CELLA_LOG_LEVEL]")
 	return cmd
 }

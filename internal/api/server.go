@@ -82,8 +82,10 @@ func (s *Server) routes() {
 	m.Handle("POST /v2/sandboxes/{id}/connect", auth(s.connectSandbox))
 	m.Handle("POST /sandboxes/{id}/pause", auth(s.pauseSandbox))
 	m.Handle("POST /sandboxes/{id}/resume", auth(s.resumeSandbox))
-	m.Handle("PUT /sandboxes/{id}/network", auth(s.updateNetwork)) // network.go
-	m.Handle("GET /metrics", auth(s.metricsHandler().ServeHTTP))   // metrics.go
+	m.Handle("PUT /sandboxes/{id}/network", auth(s.updateNetwork))  // network.go
+	m.Handle("GET /metrics", auth(s.metricsHandler().ServeHTTP))    // metrics.go
+	m.Handle("GET /sandboxes/{id}/metrics", auth(s.sandboxMetrics)) // sandboxmetrics.go
+	m.Handle("GET /sandboxes/metrics", auth(s.sandboxesMetrics))
 	m.Handle("GET /templates", auth(s.listTemplates))
 	s.snapshotRoutes(auth) // snapshots.go
 	s.volumeRoutes(auth)   // volumes.go
@@ -99,9 +101,7 @@ func (s *Server) routes() {
 
 	// Later work answers 501 naming the feature, so clients fail clearly.
 	for pattern, feature := range map[string]string{
-		"GET /sandboxes/{id}/metrics": "sandbox metrics",
-		"GET /sandboxes/metrics":      "sandbox metrics",
-		"POST /v3/templates":          "template builds over the API (use: cella template build)",
+		"POST /v3/templates": "template builds over the API (use: cella template build)",
 	} {
 		m.Handle(pattern, auth(notImplemented(feature)))
 	}

@@ -288,3 +288,93 @@ func MemoryLimit(id string) (int64, error) {
 	}
 	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 }
+
+// Usage is a container's resource use as its cgroups account it.
+type Usage struct {
+	// CPU is the CPU time the container used since its cgroup was made.
+	CPU time.Duration
+	// Memory is what the container is charged, page cache included;
+	// FileCache is the part of it that is reclaimable file cache. gVisor's
+	// guest memory is shared memory, so it counts as used, not as cache.
+	Memory, FileCache int64
+}
+
+// ReadUsage reads container id's CPU and memory use: from the v1 cpuacct
+// and memory hierarchies, else from a unified (v2) cgroup.
+func ReadUsage(id string) (Usage, error) {
+	if !idRE.MatchString(id) {
+		return Usage{}, fmt.Errorf("invalid container id %q", id)
+	}
+	if u, err := readUsageV1(id); !errors.Is(err, fs.ErrNotExist) {
+		return u, err
+	}
+	return readUsageV2(id)
+}
+
+func readUsageV1(id string) (Usage, error) {
+	var u Usage
+	cpu, err := readInt(filepath.Join(Root, "cpuacct", Parent, id, "cpuacct.usage"))
+	if err != nil {
+		return u, fmt.Errorf("read cpu usage of %s: %w", id, err)
+	}
+	mem, err := readInt(filepath.Join(Root, "memory", Parent, id, "memory.usage_in_bytes"))
+	if err != nil {
+		return u, fmt.Errorf("read memory usage of %s: %w", id, err)
+	}
+	stat, err := readKeyed(filepath.Join(Root, "memory", Parent, id, "memory.stat"))
+	if err != nil {
+		return u, fmt.Errorf("read memory stat of %s: %w", id, err)
+	}
+	u.CPU = time.Duration(cpu)
+	u.Memory = mem
+	u.FileCache = stat["total_active_file"] + stat["total_inactive_file"]
+	return u, nil
+}
+
+func readUsageV2(id string) (Usage, error) {
+	var u Usage
+	dir := filepath.Join(Root, Parent, id)
+	cpu, err := readKeyed(filepath.Join(dir, "cpu.stat"))
+	if err != nil {
+		return u, fmt.Errorf("read cpu usage of %s: %w", id, err)
+	}
+	mem, err := readInt(filepath.Join(dir, "memory.current"))
+	if err != nil {
+		return u, fmt.Errorf("read memory usage of %s: %w", id, err)
+	}
+	stat, err := readKeyed(filepath.Join(dir, "memory.stat"))
+	if err != nil {
+		return u, fmt.Errorf("read memory stat of %s: %w", id, err)
+	}
+	u.CPU = time.Duration(cpu["usage_usec"]) * time.Microsecond
+	u.Memory = mem
+	u.FileCache = stat["file"] - stat["shmem"]
+	return u, nil
+}
+
+func readInt(path string) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+}
+
+// readKeyed parses a "key value" per line file (memory.stat, cpu.stat).
+func readKeyed(path string) (map[string]int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for line := range strings.Lines(string(b)) {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), " ")
+		if !ok {
+			continue
+		}
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			out[k] = n
+		}
+	}
+	return out, nil
+}

@@ -80,3 +80,91 @@ func TestRemoveKillsAndCleans(t *testing.T) {
 		t.Fatal("bad id accepted")
 	}
 }
+
+// TestReadUsage runs a real process in real v1 cgroups: its CPU time and
+// the shared memory it fills (what gVisor's guest memory is) are read back,
+// the memory as used, not as cache.
+func TestReadUsage(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	if _, err := os.Stat(filepath.Join(Root, "cpuacct", "cpuacct.usage")); err != nil {
+		t.Skip("no v1 cpuacct hierarchy")
+	}
+	id := fmt.Sprintf("cgusage-%d", os.Getpid())
+	for _, h := range []string{"cpuacct", "memory"} {
+		if err := os.MkdirAll(filepath.Join(Root, h, Parent, id), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _ = Remove(id) })
+	shm := filepath.Join("/dev/shm", id)
+	t.Cleanup(func() { os.Remove(shm) })
+
+	// The child waits on stdin until it sits in the cgroups, then burns CPU
+	// and fills 8 MiB of shared memory.
+	cmd := exec.Command("sh", "-c", `read go; i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done; head -c 8388608 /dev/zero > `+shm)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{"cpuacct", "memory"} {
+		if err := os.WriteFile(filepath.Join(Root, h, Parent, id, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
+			cmd.Process.Kill()
+			t.Fatalf("join %s: %v", h, err)
+		}
+	}
+	stdin.Write([]byte("go\n"))
+	stdin.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("child: %v", err)
+	}
+	u, err := ReadUsage(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.CPU <= 0 {
+		t.Errorf("CPU = %v after a busy loop", u.CPU)
+	}
+	if used := u.Memory - u.FileCache; used < 8<<20 {
+		t.Errorf("memory %d, file cache %d: the 8 MiB of shared memory is not counted as used", u.Memory, u.FileCache)
+	}
+	if _, err := ReadUsage("no-such-" + id); err == nil {
+		t.Error("usage of a container without cgroups: no error")
+	}
+	if _, err := ReadUsage("../etc"); err == nil {
+		t.Error("bad id accepted")
+	}
+}
+
+// TestReadUsageV2 reads a unified hierarchy's files (laid out by hand: this
+// host mounts v1 controllers).
+func TestReadUsageV2(t *testing.T) {
+	root := t.TempDir()
+	old := Root
+	Root = root
+	t.Cleanup(func() { Root = old })
+	dir := filepath.Join(root, Parent, "box")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range map[string]string{
+		"cpu.stat":       "usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n",
+		"memory.current": "104857600\n",
+		"memory.stat":    "anon 50000000\nfile 30000000\nshmem 10000000\nfile_mapped 0\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u, err := ReadUsage("box")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Usage{CPU: 2500 * time.Millisecond, Memory: 104857600, FileCache: 20000000}); u != want {
+		t.Fatalf("usage %+v, want %+v", u, want)
+	}
+}

@@ -51,6 +51,9 @@ type Config struct {
 	BuildProgress io.Writer
 	// Lifecycle is the default idle/archive/delete policy of new sandboxes.
 	Lifecycle sandbox.Lifecycle
+	// MetricsInterval is how often sandboxes' resource use is sampled for
+	// GET /sandboxes/{id}/metrics (0: sandbox.DefaultMetricsInterval).
+	MetricsInterval time.Duration
 	// Network is the egress configuration (network.go).
 	Network NetworkConfig
 	// Pools are the warm pools' sizes by template (--pool); sizes set
@@ -222,7 +225,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	mgr, err := sandbox.NewManager(sandbox.Config{
 		DataDir: c.DataDir, Runtime: rt, Templates: tpls, Store: st, AgentBinary: c.AgentBinary, Log: log,
 		BuildProgress: c.BuildProgress, Volumes: vols, Lifecycle: c.Lifecycle,
-		AgentAudit: agentAudit{al}, Network: sbNet, SecretValue: sm.Get,
+		AgentAudit: agentAudit{al}, Network: sbNet, SecretValue: sm.Get, MetricsInterval: c.MetricsInterval,
 	})
 	if err != nil {
 		return nil, err

@@ -49,6 +49,9 @@ type Config struct {
 	Network *Network
 	// SecretValue reads a secret for Options.SecretEnv (nil: none exist).
 	SecretValue func(name string) (string, error)
+	// MetricsInterval is how often running sandboxes' resource use is
+	// sampled (metrics.go); 0 means DefaultMetricsInterval.
+	MetricsInterval time.Duration
 }
 
 // Validate checks the config.
@@ -74,6 +77,12 @@ func (c *Config) Validate() error {
 	if c.BuildProgress == nil {
 		c.BuildProgress = io.Discard
 	}
+	switch {
+	case c.MetricsInterval == 0:
+		c.MetricsInterval = DefaultMetricsInterval
+	case c.MetricsInterval < 100*time.Millisecond || c.MetricsInterval > MetricsRetention:
+		return fmt.Errorf("sandbox manager: metrics interval %v is out of range (100ms to %v)", c.MetricsInterval, MetricsRetention)
+	}
 	return nil
 }
 
@@ -88,8 +97,9 @@ type Manager struct {
 	sandboxes map[string]*Sandbox
 	closed    bool
 
-	reaperStop chan struct{}
-	reaperDone chan struct{}
+	reaperStop  chan struct{} // closed by Shutdown: stops the reaper and the metrics sampler
+	reaperDone  chan struct{}
+	samplerDone chan struct{}
 
 	pools poolSet // warm pools (pool.go)
 }
@@ -103,13 +113,15 @@ func NewManager(cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("create sandboxes dir: %w", err)
 	}
 	m := &Manager{
-		cfg:        cfg,
-		log:        cfg.Log,
-		sandboxes:  map[string]*Sandbox{},
-		reaperStop: make(chan struct{}),
-		reaperDone: make(chan struct{}),
+		cfg:         cfg,
+		log:         cfg.Log,
+		sandboxes:   map[string]*Sandbox{},
+		reaperStop:  make(chan struct{}),
+		reaperDone:  make(chan struct{}),
+		samplerDone: make(chan struct{}),
 	}
 	go m.reaper()
+	go m.sampleMetrics()
 	return m, nil
 }
 
@@ -642,6 +654,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	m.mu.Unlock()
 	close(m.reaperStop)
 	<-m.reaperDone
+	<-m.samplerDone
 	m.stopPools(ctx) // pool.go: pooled sandboxes go too
 	var wg sync.WaitGroup
 	var kept atomic.Int64

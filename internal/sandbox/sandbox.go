@@ -60,6 +60,8 @@ type Sandbox struct {
 
 	follow agentFollow // position in the agent's audit feed (agentaudit.go)
 	net    *sandboxNet // its network slot while it runs (network.go); guarded by mu
+
+	metrics metricsRing // resource samples (metrics.go); has its own mu
 }
 
 // How a paused sandbox keeps its state.

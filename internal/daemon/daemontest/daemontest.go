@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/daemon"
@@ -105,6 +106,8 @@ type Options struct {
 	// Network is the daemon's egress configuration (default: networking on,
 	// an empty ceiling: no egress).
 	Network daemon.NetworkConfig
+	// MetricsInterval is the resource sampling period (0: the default).
+	MetricsInterval time.Duration
 }
 
 // Start runs a daemon with the given runtime until the test ends.
@@ -138,7 +141,7 @@ func Start(t testing.TB, runtimeName string, o Options) *Env {
 	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	d, err := daemon.New(context.Background(), daemon.Config{
 		DataDir: dataDir, CacheDir: CacheDir(), Runtime: runtimeName, Domain: "cella.test",
-		RunscPath: runsc, AgentBinary: cella, Log: log, Network: o.Network,
+		RunscPath: runsc, AgentBinary: cella, Log: log, Network: o.Network, MetricsInterval: o.MetricsInterval,
 	})
 	if err != nil {
 		t.Fatalf("start daemon: %v", err)

@@ -1,0 +1,103 @@
+package api
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/sandbox"
+)
+
+// sandboxMetric is E2B's SandboxMetric.
+type sandboxMetric struct {
+	Timestamp     time.Time `json:"timestamp"` // deprecated in E2B's spec, read by its SDKs
+	TimestampUnix int64     `json:"timestampUnix"`
+	CPUCount      int       `json:"cpuCount"`
+	CPUUsedPct    float64   `json:"cpuUsedPct"`
+	MemUsed       int64     `json:"memUsed"`
+	MemTotal      int64     `json:"memTotal"`
+	MemCache      int64     `json:"memCache"`
+	DiskUsed      int64     `json:"diskUsed"`
+	DiskTotal     int64     `json:"diskTotal"`
+}
+
+func toSandboxMetric(m sandbox.Metric) sandboxMetric {
+	return sandboxMetric{
+		Timestamp: m.At, TimestampUnix: m.At.Unix(), CPUCount: m.CPUCount, CPUUsedPct: m.CPUUsedPct,
+		MemUsed: m.MemUsed, MemTotal: m.MemTotal, MemCache: m.MemCache, DiskUsed: m.DiskUsed, DiskTotal: m.DiskTotal,
+	}
+}
+
+// maxMetricsIDs bounds GET /sandboxes/metrics?sandbox_ids=.
+const maxMetricsIDs = 100
+
+// sandboxMetrics serves GET /sandboxes/{id}/metrics?start=&end= (unix
+// seconds, both optional): the samples in that window, oldest first. Without
+// end the answer includes a sample of the present.
+func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	start, err := unixParam(q.Get("start"), "start")
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	end, err := unixParam(q.Get("end"), "end")
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	if !start.IsZero() && !end.IsZero() && end.Before(start) {
+		s.writeErr(w, r, errdefs.InvalidArgument("end (%d) is before start (%d)", end.Unix(), start.Unix()))
+		return
+	}
+	if !end.IsZero() {
+		end = end.Add(time.Second - time.Nanosecond) // the whole second named
+	}
+	ms, err := s.cfg.Manager.Metrics(r.PathValue("id"), start, end, end.IsZero())
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	out := make([]sandboxMetric, len(ms))
+	for i, m := range ms {
+		out[i] = toSandboxMetric(m)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// sandboxesMetrics serves GET /sandboxes/metrics?sandbox_ids=a,b: the
+// newest sample of each named sandbox that exists and has one.
+func (s *Server) sandboxesMetrics(w http.ResponseWriter, r *http.Request) {
+	raw := r.URL.Query().Get("sandbox_ids")
+	if raw == "" {
+		s.writeErr(w, r, errdefs.InvalidArgument("sandbox_ids is required: a comma-separated list of sandbox IDs"))
+		return
+	}
+	ids := strings.Split(raw, ",")
+	if len(ids) > maxMetricsIDs {
+		s.writeErr(w, r, errdefs.InvalidArgument("sandbox_ids names %d sandboxes; at most %d per request", len(ids), maxMetricsIDs))
+		return
+	}
+	out := map[string]sandboxMetric{}
+	for _, id := range ids {
+		m, ok, err := s.cfg.Manager.LatestMetric(strings.TrimSpace(id))
+		if err != nil || !ok {
+			continue // unknown or not yet sampled: left out, as E2B does
+		}
+		out[strings.TrimSpace(id)] = toSandboxMetric(m)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
+}
+
+func unixParam(v, name string) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return time.Time{}, errdefs.InvalidArgument("%s must be a unix time in seconds (got %q)", name, v)
+	}
+	return time.Unix(n, 0), nil
+}

@@ -1,0 +1,187 @@
+package sandbox
+
+import (
+	"math"
+	"sync"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/cgroup"
+)
+
+// Resource metrics: the manager samples every running sandbox's cgroups
+// and writable layer each Config.MetricsInterval and keeps the last
+// MetricsRetention of samples in memory (E2B's getMetrics series). Paused
+// sandboxes are not sampled; their earlier samples stay readable.
+
+const (
+	// DefaultMetricsInterval is how often running sandboxes are sampled.
+	DefaultMetricsInterval = 5 * time.Second
+	// MetricsRetention is how much history a sandbox keeps.
+	MetricsRetention = time.Hour
+)
+
+// Metric is one sample of a sandbox's resource use.
+type Metric struct {
+	At       time.Time
+	CPUCount int
+	// CPUUsedPct is the CPU the sandbox used since the previous sample, as
+	// a percentage of its CPU quota (its first sample: since it started).
+	CPUUsedPct float64
+	// MemUsed excludes reclaimable file cache (MemCache); MemTotal is the
+	// sandbox's memory ceiling.
+	MemUsed, MemTotal, MemCache int64
+	// DiskUsed and DiskTotal are the writable layer's use and size.
+	DiskUsed, DiskTotal int64
+}
+
+// sample is what a sandbox stores per sample; the constant parts of a
+// Metric come from its options when read.
+type sample struct {
+	unixMilli          int64
+	cpuPct             float32
+	memUsed, memCache  int64
+	diskUsed, diskSize int64
+}
+
+// metricsRing holds a sandbox's samples, oldest overwritten first.
+type metricsRing struct {
+	mu      sync.Mutex
+	samples []sample // ring of up to cap entries
+	next    int      // where the next sample goes once the ring is full
+	lastCPU time.Duration
+	lastAt  time.Time
+}
+
+func (r *metricsRing) add(s sample, limit int) {
+	if len(r.samples) < limit {
+		r.samples = append(r.samples, s)
+		return
+	}
+	r.samples[r.next] = s
+	r.next = (r.next + 1) % len(r.samples)
+}
+
+// ordered returns the samples oldest first.
+func (r *metricsRing) ordered() []sample {
+	out := make([]sample, 0, len(r.samples))
+	out = append(out, r.samples[r.next:]...)
+	return append(out, r.samples[:r.next]...)
+}
+
+func (m *Manager) metricsLimit() int {
+	return max(1, int(MetricsRetention/m.cfg.MetricsInterval))
+}
+
+// sampleMetrics samples every running sandbox each interval until the
+// manager closes.
+func (m *Manager) sampleMetrics() {
+	defer close(m.samplerDone)
+	t := time.NewTicker(m.cfg.MetricsInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.reaperStop:
+			return
+		case now := <-t.C:
+			for _, sb := range m.List() {
+				m.sample(sb, now)
+			}
+		}
+	}
+}
+
+// sample records one sample of sb if it is running; false if it is not or
+// its cgroups cannot be read (it is being stopped).
+func (m *Manager) sample(sb *Sandbox, now time.Time) bool {
+	sb.mu.Lock()
+	running, layer := sb.state == StateRunning, sb.layer
+	sb.mu.Unlock()
+	if !running {
+		return false
+	}
+	u, err := cgroup.ReadUsage(sb.ID)
+	if err != nil {
+		m.log.Debug("sample sandbox metrics", "id", sb.ID, "err", err)
+		return false
+	}
+	s := sample{unixMilli: now.UnixMilli(), memUsed: u.Memory - u.FileCache, memCache: u.FileCache}
+	if layer != nil {
+		if used, size, err := layer.Usage(); err == nil {
+			s.diskUsed, s.diskSize = used, size
+		}
+	}
+	r := &sb.metrics
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	// CPU since the previous sample; with none, since the sandbox started;
+	// after a restore (a new cgroup, its counter from zero), since the
+	// previous sample with nothing before it.
+	base, since := r.lastCPU, r.lastAt
+	switch {
+	case since.IsZero():
+		base, since = 0, sb.StartedAt
+	case u.CPU < base:
+		base = 0
+	}
+	if wall := now.Sub(since); wall > time.Millisecond {
+		pct := 100 * float64(u.CPU-base) / float64(wall) / sb.Options.CPUs
+		s.cpuPct = float32(min(100, max(0, pct)))
+	}
+	r.lastCPU, r.lastAt = u.CPU, now
+	r.add(s, m.metricsLimit())
+	return true
+}
+
+// Metrics returns the samples of sandbox id taken between start and end
+// (inclusive; zero times leave that side open), oldest first. With fresh
+// set and the sandbox running, a sample is taken now unless the newest
+// is under a second old, so that a caller sees the present.
+func (m *Manager) Metrics(id string, start, end time.Time, fresh bool) ([]Metric, error) {
+	sb, err := m.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	if fresh {
+		sb.metrics.mu.Lock()
+		stale := time.Since(sb.metrics.lastAt) >= time.Second
+		sb.metrics.mu.Unlock()
+		if stale {
+			m.sample(sb, time.Now())
+		}
+	}
+	sb.metrics.mu.Lock()
+	samples := sb.metrics.ordered()
+	sb.metrics.mu.Unlock()
+	out := []Metric{}
+	for _, s := range samples {
+		at := time.UnixMilli(s.unixMilli).UTC()
+		if (!start.IsZero() && at.Before(start)) || (!end.IsZero() && at.After(end)) {
+			continue
+		}
+		out = append(out, sb.metric(s))
+	}
+	return out, nil
+}
+
+// LatestMetric returns the newest sample of sandbox id, taking one now if
+// the newest is over a second old and it runs; ok is false when it has none.
+func (m *Manager) LatestMetric(id string) (mt Metric, ok bool, err error) {
+	all, err := m.Metrics(id, time.Time{}, time.Time{}, true)
+	if err != nil || len(all) == 0 {
+		return Metric{}, false, err
+	}
+	return all[len(all)-1], true, nil
+}
+
+func (sb *Sandbox) metric(s sample) Metric {
+	return Metric{
+		At:         time.UnixMilli(s.unixMilli).UTC(),
+		CPUCount:   int(math.Ceil(sb.Options.CPUs)),
+		CPUUsedPct: math.Round(float64(s.cpuPct)*100) / 100,
+		MemUsed:    s.memUsed,
+		MemTotal:   sb.Options.MemoryMB << 20,
+		MemCache:   s.memCache,
+		DiskUsed:   s.diskUsed,
+		DiskTotal:  s.diskSize,
+	}
+}
