@@ -1,7 +1,8 @@
 // E2B SDK conformance: the real, unmodified `e2b` JS SDK (three versions)
 // against a cella daemon, following the checklist of /work/shared/e2b-api.md
-// §5 (steps 1-15; step 17 = its "nice to have" list: watchDir, PTY, signed
-// URLs). Run with ./run.sh, which starts the daemon.
+// §5 (steps 1-15; step 17 = its "nice to have" list: snapshots and fork,
+// watchDir, PTY, signed URLs, getMetrics). Run with ./run.sh, which starts
+// the daemon.
 //
 // Each SDK version gets its own describe block. Inside a block the tests run
 // in order and share one sandbox (created in step 2) where they do not
@@ -811,6 +812,92 @@ for (const [i, version] of VERSIONS.entries()) {
       const wrongOp = await fetch(up, { headers: routing() }) // the write signature used for a read
       assert.equal(wrongOp.status, 401, 'a write signature must not allow a read')
     })
+
+    step('step 17: getMetrics → SandboxMetric[] (CPU, memory, disk of the sandbox); start/end window; unknown → SandboxNotFoundError', async ({ sdk, exchanges }) => {
+      const s = shared()
+      const MiB = 1024 * 1024
+      const metricsPath = new RegExp(`^/sandboxes/${s.sandboxId}/metrics(\\?|$)`)
+      const show = (ms) => JSON.stringify(ms.map((m) => ({ ...m, timestamp: m.timestamp?.toISOString?.() ?? String(m.timestamp) })))
+      const info = await sdk('sbx.getInfo()', () => s.getInfo())
+      const before = await sdk('sbx.getMetrics() before', () => s.getMetrics())
+      assert.ok(before.length > 0, 'a running sandbox answers with at least a sample of the present')
+      const diskBefore = before.at(-1).diskUsed
+
+      await sdk("sbx.commands.run('head -c 8388608 /dev/urandom > /home/user/metrics.bin')",
+        () => s.commands.run('head -c 8388608 /dev/urandom > /home/user/metrics.bin'))
+      const busy = "timeout 20 sh -c 'while :; do :; done'"
+      const h = await sdk(`sbx.commands.run("${busy}", {background:true})`, () => s.commands.run(busy, { background: true }))
+      const busySince = Date.now()
+      let ms = []
+      try {
+        // cpuUsedPct covers the time since the previous sample; cella takes
+        // one on request when its newest is over a second old. Only a sample
+        // taken after the loop started counts (an earlier one may be the
+        // first sample, which covers the boot).
+        await waitFor('a sample taken during the busy loop with cpuUsedPct > 5', async () => {
+          ms = await sdk('sbx.getMetrics()', () => s.getMetrics())
+          const last = ms.at(-1)
+          return last && last.timestamp.getTime() > busySince && last.cpuUsedPct > 5
+        }, { timeout: 30_000, interval: 500 })
+      } catch (e) {
+        e.message += `\nlast getMetrics(): ${show(ms.slice(-5))}`
+        throw e
+      } finally {
+        await s.commands.kill(h.pid).catch(() => {})
+        await h.wait().catch(() => {})
+      }
+      try {
+        assert.ok(ms.length > 0)
+        // The shared sandbox has the default memory: 512 MiB.
+        assert.equal(info.memoryMB, 512)
+        let prev = -Infinity
+        for (const m of ms) {
+          assert.ok(m.timestamp instanceof Date && !isNaN(m.timestamp), `timestamp is not a valid Date: ${m.timestamp}`)
+          assert.ok(m.timestamp.getTime() >= prev, 'timestamps go oldest first')
+          prev = m.timestamp.getTime()
+          assert.ok(Number.isInteger(m.cpuCount) && m.cpuCount >= 1, `cpuCount ${m.cpuCount}`)
+          assert.ok(m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, `cpuUsedPct ${m.cpuUsedPct}`)
+          assert.equal(m.memTotal, 512 * MiB, 'memTotal is the sandbox memory limit')
+          assert.ok(m.memUsed > 0 && m.memUsed <= m.memTotal, `memUsed ${m.memUsed}`)
+          assert.ok(m.memCache >= 0, `memCache ${m.memCache}`)
+          assert.ok(m.diskTotal > 0, `diskTotal ${m.diskTotal}`)
+          assert.ok(m.diskUsed >= 0 && m.diskUsed <= m.diskTotal, `diskUsed ${m.diskUsed} of ${m.diskTotal}`)
+        }
+        assert.equal(ms.at(-1).cpuCount, info.cpuCount, 'cpuCount is the sandbox\'s (getInfo)')
+        assert.ok(ms.at(-1).timestamp.getTime() <= Date.now() + 1000, `the newest sample ${ms.at(-1).timestamp.toISOString()} is in the future`)
+        assert.ok(ms.at(-1).diskUsed >= 8 * MiB, `diskUsed ${ms.at(-1).diskUsed} after writing 8 MiB`)
+        assert.ok(ms.at(-1).diskUsed - diskBefore >= 8 * MiB, `diskUsed went from ${diskBefore} to ${ms.at(-1).diskUsed} for an 8 MiB file`)
+      } catch (e) {
+        e.message += `\ngetMetrics(): ${show(ms.slice(-10))}`
+        throw e
+      }
+
+      // A window in the future: nothing. A window over the past minute: the samples.
+      const now = Date.now()
+      const future = await sdk('Sandbox.getMetrics(id, {start: now+1h, end: now+2h})',
+        () => Sandbox.getMetrics(s.sandboxId, { start: new Date(now + 3_600_000), end: new Date(now + 7_200_000) }))
+      assert.deepEqual(future, [])
+      const fex = one(exchanges(), 'GET', metricsPath)
+      assert.equal(fex.status, 200)
+      const q = new URL(fex.url, 'http://x').searchParams
+      assert.equal(q.get('start'), String(Math.round((now + 3_600_000) / 1000)), `query ${fex.url}`)
+      assert.equal(q.get('end'), String(Math.round((now + 7_200_000) / 1000)), `query ${fex.url}`)
+      assert.deepEqual(jsonBody(fex), [])
+      const past = await sdk('Sandbox.getMetrics(id, {start: now-60s, end: now})',
+        () => Sandbox.getMetrics(s.sandboxId, { start: new Date(now - 60_000), end: new Date(now) }))
+      assert.ok(past.length > 0, 'the past minute has samples')
+      for (const m of past) {
+        assert.ok(m.timestamp.getTime() >= now - 61_000 && m.timestamp.getTime() <= now + 1500,
+          `sample at ${m.timestamp.toISOString()} is outside the window`)
+      }
+
+      const nf = await rejects(sdk(`Sandbox.getMetrics('${UNKNOWN_ID}')`, () => Sandbox.getMetrics(UNKNOWN_ID)))
+      assert.ok(nf instanceof SandboxNotFoundError, `expected SandboxNotFoundError, got ${nf?.name}: ${nf?.message}`)
+      const nex = one(exchanges(), 'GET', new RegExp(`^/sandboxes/${UNKNOWN_ID}/metrics`))
+      assert.equal(nex.status, 404)
+      assert.equal(jsonBody(nex).code, 404)
+      await s.files.remove('/home/user/metrics.bin').catch(() => {})
+    }, { timeout: 60_000 })
 
     // ------------------------------------------------------------------ end
     step('step 12: the shared sandbox is killed at the end (kill → true)', async ({ sdk }) => {

@@ -84,7 +84,11 @@ func (m *Manager) sampleMetrics() {
 			return
 		case now := <-t.C:
 			for _, sb := range m.List() {
-				m.sample(sb, now)
+				// One just sampled on request is left to the next tick:
+				// CPU % over a few milliseconds would only be noise.
+				if now.Sub(sb.lastSampled()) >= m.cfg.MetricsInterval/2 {
+					m.sample(sb, now)
+				}
 			}
 		}
 	}
@@ -141,13 +145,8 @@ func (m *Manager) Metrics(id string, start, end time.Time, fresh bool) ([]Metric
 	if err != nil {
 		return nil, err
 	}
-	if fresh {
-		sb.metrics.mu.Lock()
-		stale := time.Since(sb.metrics.lastAt) >= time.Second
-		sb.metrics.mu.Unlock()
-		if stale {
-			m.sample(sb, time.Now())
-		}
+	if fresh && time.Since(sb.lastSampled()) >= time.Second {
+		m.sample(sb, time.Now())
 	}
 	sb.metrics.mu.Lock()
 	samples := sb.metrics.ordered()
@@ -171,6 +170,12 @@ func (m *Manager) LatestMetric(id string) (mt Metric, ok bool, err error) {
 		return Metric{}, false, err
 	}
 	return all[len(all)-1], true, nil
+}
+
+func (sb *Sandbox) lastSampled() time.Time {
+	sb.metrics.mu.Lock()
+	defer sb.metrics.mu.Unlock()
+	return sb.metrics.lastAt
 }
 
 func (sb *Sandbox) metric(s sample) Metric {
