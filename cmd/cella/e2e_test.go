@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,12 +42,12 @@ func freePort(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func startDaemon(t *testing.T, dataDir, listen string) *daemonProc {
+func startDaemon(t *testing.T, dataDir, listen string, serveArgs ...string) *daemonProc {
 	t.Helper()
 	bin, _ := daemontest.Binaries(t)
 	daemontest.EnsureBase(t)
 	d := &daemonProc{t: t, bin: bin, dataDir: dataDir, url: "http://" + listen, log: &bytes.Buffer{}}
-	d.cmd = exec.Command(bin, "serve", "--listen", listen, "--data-dir", dataDir, "--cache-dir", daemontest.CacheDir())
+	d.cmd = exec.Command(bin, append([]string{"serve", "--listen", listen, "--data-dir", dataDir, "--cache-dir", daemontest.CacheDir()}, serveArgs...)...)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	d.cmd.Env = append(os.Environ(), "CELLA_HOST_CANARY=do-not-leak")
 	if err := d.cmd.Start(); err != nil {
@@ -325,12 +328,29 @@ func TestCrashRecovery(t *testing.T) {
 	_, runsc := daemontest.Binaries(t)
 	dataDir := t.TempDir()
 	listen := freePort(t)
-	d := startDaemon(t, dataDir, listen)
+	// An upstream on the host's loopback that the ceiling lets sandboxes
+	// reach by name: an adopted sandbox must keep its egress.
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "upstream says hi") }))
+	t.Cleanup(up.Close)
+	upURL := "http://up.test:" + strings.TrimPrefix(up.URL, "http://127.0.0.1:") + "/"
+	egressArgs := []string{"--egress-allow", "up.test", "--egress-resolve", "up.test=127.0.0.1"}
+	curl := func(d *daemonProc, id string) string {
+		t.Helper()
+		out, errs, code := d.cella("", "exec", id, "--", "curl", "-sS", "-m", "10", upURL)
+		if code != 0 {
+			return fmt.Sprintf("exit %d: %s%s", code, out, errs)
+		}
+		return out
+	}
+	d := startDaemon(t, dataDir, listen, egressArgs...)
 	var ids []string
 	for i := 0; i < 3; i++ {
 		ids = append(ids, strings.TrimSpace(d.mustCella("create", "--timeout", "10m")))
 	}
 	d.mustCella("exec", ids[0], "--", "sh", "-c", "echo kept > /home/user/state; nohup sleep 1000 >/dev/null 2>&1 &")
+	if out := curl(d, ids[0]); out != "upstream says hi" {
+		t.Fatalf("egress before the crash: %q", out)
+	}
 	// A fourth sandbox is paused with memory, a counting process and a file.
 	paused := strings.TrimSpace(d.mustCella("create", "--timeout", "10m"))
 	d.mustCella("exec", paused, "--", "sh", "-c",
@@ -361,11 +381,16 @@ func TestCrashRecovery(t *testing.T) {
 	// And a stray directory with no record appears.
 	os.MkdirAll(filepath.Join(dataDir, "sandboxes", "strayzzzz", "run"), 0o700)
 
-	d2 := startDaemon(t, dataDir, listen)
-	// The surviving sandboxes were adopted and still hold their state.
+	d2 := startDaemon(t, dataDir, listen, egressArgs...)
+	// The surviving sandboxes were adopted and still hold their state,
+	// and their egress: the network slot was adopted with them.
 	if out := d2.mustCella("exec", ids[0], "--", "cat", "/home/user/state"); out != "kept\n" {
 		t.Fatalf("adopted sandbox state: %q", out)
 	}
+	if out := curl(d2, ids[0]); out != "upstream says hi" {
+		t.Fatalf("egress of a sandbox adopted after a crash: %q", out)
+	}
+
 	d2.mustCella("exec", ids[1], "--", "true")
 	// The paused one is still paused, and resumes whole: its file, and its
 	// process counting on from where it was.

@@ -214,7 +214,13 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		if d.Ceiling, err = c.Network.Ceiling(); err != nil {
 			return nil, err
 		}
-		n, closeNet, err := newNetwork(c, log, al, sm, d.selfUpstream, &d.egressCounts)
+		// Slots of sandboxes a crashed daemon left running are kept for
+		// the manager's Reconcile to adopt (sandbox/network.go).
+		adoptable, err := sandbox.RecordedNetSlots(ctx, st)
+		if err != nil {
+			return nil, fmt.Errorf("read recorded network slots: %w", err)
+		}
+		n, closeNet, err := newNetwork(c, log, al, sm, d.selfUpstream, &d.egressCounts, adoptable)
 		if err != nil {
 			return nil, err
 		}

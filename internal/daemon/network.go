@@ -50,10 +50,11 @@ func (n NetworkConfig) Ceiling() (egress.Policy, error) {
 }
 
 // newNetwork builds the slot manager and the egress proxy for sandboxes.
-func newNetwork(c Config, log *slog.Logger, al *audit.Log, sm *secrets.Manager, denyUpstream func(netip.AddrPort) (string, bool), counts *api.EgressCounters) (*sandbox.Network, func(), error) {
+func newNetwork(c Config, log *slog.Logger, al *audit.Log, sm *secrets.Manager, denyUpstream func(netip.AddrPort) (string, bool), counts *api.EgressCounters, adoptable []string) (*sandbox.Network, func(), error) {
 	nc := c.Network
 	cfg := network.DefaultConfig()
 	cfg.RunDir = filepath.Join(c.DataDir, "net")
+	cfg.Adoptable = adoptable
 	if nc.PoolSize > 0 {
 		cfg.PoolSize = nc.PoolSize
 	}

@@ -37,6 +37,10 @@ type Config struct {
 	// ProxyPort and DNSPort are the ports, inside O, that sandbox TCP and
 	// DNS traffic is redirected to. Zero means the defaults.
 	ProxyPort, DNSPort int
+	// Adoptable names slots a previous daemon left in RunDir that
+	// sandboxes still running may use: New leaves them for Adopt instead of
+	// reaping them, and ReapUnadopted removes those nobody adopted.
+	Adoptable []string
 }
 
 // DefaultConfig returns the configuration the daemon uses unless told

@@ -36,6 +36,9 @@ type Manager struct {
 	mu     sync.Mutex
 	pool   []*Slot // oldest first
 	closed bool
+	// adoptable are the slots left by a previous daemon that Adopt may
+	// still hand out (Config.Adoptable, those whose files exist).
+	adoptable map[string]bool
 }
 
 // New validates cfg, takes RunDir for itself, reaps what a previous daemon
@@ -55,7 +58,13 @@ func New(cfg Config, log *slog.Logger) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	n, err := reap(cfg.RunDir)
+	adoptable := map[string]bool{}
+	for _, id := range cfg.Adoptable {
+		if slotFilesExist(cfg.RunDir, id) {
+			adoptable[id] = true
+		}
+	}
+	n, err := reap(cfg.RunDir, adoptable)
 	if err != nil {
 		_ = lock.Close()
 		return nil, err
@@ -65,9 +74,10 @@ func New(cfg Config, log *slog.Logger) (*Manager, error) {
 	}
 	m := &Manager{
 		cfg: cfg, log: log, lock: lock,
-		kick: make(chan struct{}, 1),
-		stop: make(chan struct{}),
-		done: make(chan struct{}),
+		kick:      make(chan struct{}, 1),
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
+		adoptable: adoptable,
 	}
 	// Making a slot now turns a kernel without veth, nf_tables or NAT (or a
 	// daemon without CAP_NET_ADMIN/CAP_SYS_ADMIN) into a startup error
@@ -245,10 +255,11 @@ func Reap(runDir string) (int, error) {
 		return 0, err
 	}
 	defer lock.Close()
-	return reap(runDir)
+	return reap(runDir, nil)
 }
 
-func reap(dir string) (int, error) {
+// reap removes the namespace files in dir except those of the slots in keep.
+func reap(dir string, keep map[string]bool) (int, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return 0, fmt.Errorf("reap network namespaces: %w", err)
@@ -258,6 +269,9 @@ func reap(dir string) (int, error) {
 	for _, e := range entries {
 		name := e.Name()
 		if !strings.HasSuffix(name, "-s") && !strings.HasSuffix(name, "-o") {
+			continue
+		}
+		if keep[name[:len(name)-2]] {
 			continue
 		}
 		if err := removeNSFile(filepath.Join(dir, name)); err != nil {
@@ -285,4 +299,63 @@ func lockRunDir(dir string) (*os.File, error) {
 		return nil, fmt.Errorf("lock network run dir: %w", err)
 	}
 	return f, nil
+}
+
+// Adopt hands out a slot a previous daemon made and a sandbox still runs
+// in (one of Config.Adoptable): its namespaces, veth and rules survived the
+// daemon, its sockets did not, so they are opened again in its outer
+// namespace. The caller owns the slot and must Release it.
+func (m *Manager) Adopt(id string) (*Slot, error) {
+	m.mu.Lock()
+	ok := m.adoptable[id] && !m.closed
+	delete(m.adoptable, id)
+	m.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("network slot %s: not left by a previous daemon, or already adopted", id)
+	}
+	s, err := adoptSlot(&m.cfg, id)
+	if err != nil {
+		m.mu.Lock()
+		m.adoptable[id] = true // its files are left for ReapUnadopted
+		m.mu.Unlock()
+		return nil, err
+	}
+	m.log.Info("adopted network slot", "id", id)
+	return s, nil
+}
+
+// ReapUnadopted removes the slots left by a previous daemon that were not
+// adopted (their sandboxes were gone), and returns how many it removed.
+func (m *Manager) ReapUnadopted() (int, error) {
+	m.mu.Lock()
+	left := m.adoptable
+	m.adoptable = map[string]bool{}
+	m.mu.Unlock()
+	var n int
+	var errs []error
+	for id := range left {
+		for _, suffix := range []string{"-s", "-o"} {
+			if err := removeNSFile(filepath.Join(m.cfg.RunDir, id+suffix)); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			n++
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return n, fmt.Errorf("reap unadopted network slots: %w", err)
+	}
+	return n, nil
+}
+
+func slotFilesExist(runDir, id string) bool {
+	if !slotIDRE.MatchString(id) {
+		return false
+	}
+	for _, suffix := range []string{"-s", "-o"} {
+		if _, err := os.Stat(filepath.Join(runDir, id+suffix)); err != nil {
+			return false
+		}
+	}
+	return true
 }

@@ -694,6 +694,82 @@ func TestReap(t *testing.T) {
 	}
 }
 
+// TestAdopt: after a crash, a slot a sandbox still runs in is kept by the
+// next manager and adopted: traffic from its namespace reaches the new
+// sockets again. The slot nobody adopts is removed by ReapUnadopted.
+func TestAdopt(t *testing.T) {
+	needRoot(t)
+	cfg := testConfig(t, 0)
+	m, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var crashed []*Slot
+	for range 2 {
+		s, err := m.Acquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Listener.Close() // the daemon's sockets die with it
+		s.DNS.Close()
+		crashed = append(crashed, s)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	kept, orphan := crashed[0], crashed[1]
+
+	cfg.Adoptable = []string{kept.ID, orphan.ID, "n000000000000", "../../etc"}
+	m2 := newManager(t, cfg)
+	if got := nsFilesIn(t, cfg.RunDir); len(got) != 4 {
+		t.Fatalf("New with two adoptable slots left %v, want their four files", got)
+	}
+	if _, err := m2.Adopt("n000000000000"); err == nil {
+		t.Fatal("adopted a slot that does not exist")
+	}
+	s, err := m2.Adopt(kept.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Release() })
+	if _, err := m2.Adopt(kept.ID); err == nil {
+		t.Fatal("adopted the same slot twice")
+	}
+	if s.NetNSPath != kept.NetNSPath {
+		t.Fatalf("adopted slot namespace %s, want %s", s.NetNSPath, kept.NetNSPath)
+	}
+	c, err := dialFrom(s.NetNSPath, "tcp4", fakeHTTP, 2*time.Second)
+	if err != nil {
+		t.Fatalf("dial from the adopted slot: %v", err)
+	}
+	defer c.Close()
+	ac, err := acceptWithin(s.Listener, 2*time.Second)
+	if err != nil {
+		t.Fatalf("the adopted slot's listener gets nothing: %v", err)
+	}
+	defer ac.Close()
+	if od, err := OriginalDst(ac); err != nil || od != netip.MustParseAddrPort(fakeHTTP) {
+		t.Fatalf("OriginalDst = %v, %v; want %s", od, err, fakeHTTP)
+	}
+
+	n, err := m2.ReapUnadopted()
+	if err != nil || n != 2 {
+		t.Fatalf("ReapUnadopted = %d, %v; want the orphan's 2 files", n, err)
+	}
+	if got := nsFilesIn(t, cfg.RunDir); len(got) != 2 {
+		t.Fatalf("after ReapUnadopted: %v, want only the adopted slot's files", got)
+	}
+	if _, err := m2.Adopt(orphan.ID); err == nil {
+		t.Fatal("adopted a reaped slot")
+	}
+	if err := s.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if got := nsFilesIn(t, cfg.RunDir); len(got) != 0 {
+		t.Fatalf("after releasing the adopted slot: %v", got)
+	}
+}
+
 func TestPool(t *testing.T) {
 	needRoot(t)
 	cfg := testConfig(t, 3)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"regexp"
 	"runtime"
 	"strconv"
 	"sync"
@@ -206,8 +207,22 @@ func createInside(cfg *Config, s *Slot, st *buildState) error {
 	if st.outerNL, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
 		return fmt.Errorf("netlink handle in outer namespace: %w", err)
 	}
-	// Sockets belong to the namespace they were created in, so these keep
-	// receiving O's traffic after the thread leaves.
+	if err := listenInside(cfg, s); err != nil {
+		return err
+	}
+	if st.inner, err = s.newNamespace(s.NetNSPath, innerSysctls); err != nil {
+		return fmt.Errorf("sandbox namespace: %w", err)
+	}
+	if st.innerNL, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
+		return fmt.Errorf("netlink handle in sandbox namespace: %w", err)
+	}
+	return nil
+}
+
+// listenInside opens the slot's sockets in the calling thread's network
+// namespace. Sockets belong to the namespace they were created in, so they
+// keep receiving O's traffic after the thread leaves.
+func listenInside(cfg *Config, s *Slot) error {
 	// (Assigned through locals: a nil *TCPListener in the interface field
 	// would look like an open listener to Release.)
 	ln, err := net.ListenTCP("tcp4", &net.TCPAddr{Port: cfg.ProxyPort})
@@ -220,12 +235,6 @@ func createInside(cfg *Config, s *Slot, st *buildState) error {
 		return fmt.Errorf("listen for sandbox dns: %w", err)
 	}
 	s.DNS = pc
-	if st.inner, err = s.newNamespace(s.NetNSPath, innerSysctls); err != nil {
-		return fmt.Errorf("sandbox namespace: %w", err)
-	}
-	if st.innerNL, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
-		return fmt.Errorf("netlink handle in sandbox namespace: %w", err)
-	}
 	return nil
 }
 
@@ -348,4 +357,58 @@ func linkUp(h *netlink.Handle, name string, a netip.Addr, bits int) (netlink.Lin
 		return nil, fmt.Errorf("set %s up: %w", name, err)
 	}
 	return l, nil
+}
+
+// slotIDRE is what newID makes.
+var slotIDRE = regexp.MustCompile(`^n[0-9a-f]{12}$`)
+
+// adoptSlot opens the sockets of an existing slot again, inside its outer
+// namespace, on a dedicated locked thread (see createNamespaces).
+func adoptSlot(cfg *Config, id string) (*Slot, error) {
+	s := &Slot{
+		ID:        id,
+		NetNSPath: cfg.RunDir + "/" + id + "-s",
+		outerPath: cfg.RunDir + "/" + id + "-o",
+		GuestIP:   cfg.guestIP(),
+		HostIP:    cfg.hostIP(),
+	}
+	s.nsFiles = []string{s.outerPath, s.NetNSPath}
+	start := time.Now()
+	outer, err := netns.GetFromPath(s.outerPath)
+	if err != nil {
+		return nil, fmt.Errorf("adopt network slot %s: open outer namespace: %w", id, err)
+	}
+	defer outer.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("open current network namespace: %w", err)
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(outer); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("enter outer namespace: %w", err)
+			return
+		}
+		err = listenInside(cfg, s)
+		if rerr := netns.Set(orig); rerr != nil {
+			errc <- errors.Join(err, fmt.Errorf("return to original network namespace: %w", rerr))
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- err
+	}()
+	if err := <-errc; err != nil {
+		s.mu.Lock()
+		s.nsFiles = nil // the files stay for ReapUnadopted; only the sockets go
+		s.mu.Unlock()
+		_ = s.Release()
+		return nil, fmt.Errorf("adopt network slot %s: %w", id, err)
+	}
+	s.setup = time.Since(start)
+	return s, nil
 }

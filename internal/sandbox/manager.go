@@ -140,6 +140,9 @@ type record struct {
 	// Lifecycle state (lifecycle.go): when it was paused, whether archived.
 	PausedAt time.Time `json:"paused_at,omitempty"`
 	Archived bool      `json:"archived,omitempty"`
+	// NetSlot is the network slot its container runs in (network.go), so
+	// that a daemon restarting after a crash can adopt it with the sandbox.
+	NetSlot string `json:"net_slot,omitempty"`
 }
 
 // Create makes a sandbox and returns once its agent answers.
@@ -382,6 +385,9 @@ func (m *Manager) persist(ctx context.Context, sb *Sandbox) error {
 	sb.mu.Lock()
 	rec := record{Options: sb.Options, EnvdAccessToken: sb.EnvdAccessToken, ChannelToken: sb.channelToken, Error: sb.err, PauseMode: sb.pauseMode,
 		PausedAt: sb.lc.pausedAt, Archived: sb.lc.archived}
+	if sb.net != nil {
+		rec.NetSlot = sb.net.slot.ID
+	}
 	row := store.Sandbox{ID: sb.ID, TemplateID: sb.TemplateID, Runtime: sb.Runtime, State: sb.state,
 		StartedAt: sb.StartedAt, EndAt: sb.endAt, APIKeyID: sb.Options.APIKeyID}
 	sb.mu.Unlock()

@@ -14,6 +14,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/network"
+	"github.com/cella-sandbox/cella/internal/store"
 )
 
 // Network gives sandboxes a way out: a network slot each (its own
@@ -83,6 +84,53 @@ func (m *Manager) attachNetwork(ctx context.Context, sb *Sandbox) (string, error
 	sb.net = &sandboxNet{slot: slot, eg: eg}
 	sb.mu.Unlock()
 	return slot.NetNSPath, nil
+}
+
+// adoptNetwork gives a sandbox adopted after a daemon crash its network
+// slot back: the slot survived with the container, the proxy's sockets
+// did not. Without it the sandbox runs on with no way out (fail closed).
+func (m *Manager) adoptNetwork(sb *Sandbox, slotID string) {
+	n := m.cfg.Network
+	if n == nil || slotID == "" {
+		return
+	}
+	slot, err := n.Slots.Adopt(slotID)
+	if err != nil {
+		m.log.Warn("adopted sandbox keeps no egress: its network slot cannot be adopted", "id", sb.ID, "slot", slotID, "err", err)
+		return
+	}
+	eg := &egress.Sandbox{ID: sb.ID, Events: n.Events}
+	if err := eg.SetPolicy(sb.Options.Egress); err != nil {
+		_ = slot.Release()
+		m.log.Warn("adopted sandbox keeps no egress: its recorded policy is invalid", "id", sb.ID, "err", err)
+		return
+	}
+	go n.Proxy.Serve(slot.Listener, eg, network.OriginalDst)
+	go n.Proxy.ServeDNS(slot.DNS, eg)
+	sb.mu.Lock()
+	sb.net = &sandboxNet{slot: slot, eg: eg}
+	sb.mu.Unlock()
+}
+
+// RecordedNetSlots returns the network slots that sandboxes recorded as
+// running or paused in place use, for network.Config.Adoptable: a daemon
+// starting after a crash must not reap them before Reconcile adopts them.
+func RecordedNetSlots(ctx context.Context, st *store.Store) ([]string, error) {
+	rows, err := st.ListSandboxes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, row := range rows {
+		var rec record
+		if json.Unmarshal(row.Record, &rec) != nil || rec.NetSlot == "" {
+			continue
+		}
+		if row.State == StateRunning || (row.State == StatePaused && rec.PauseMode == PauseFrozen) {
+			ids = append(ids, rec.NetSlot)
+		}
+	}
+	return ids, nil
 }
 
 // netNSPath is the namespace the container joins ("" = none).

@@ -72,7 +72,7 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		sb.restoreLifecycle(rec) // lifecycle.go
 		if row.State == StateRunning && row.Runtime == m.cfg.Runtime.Name() && live[row.ID] {
 			if st, err := m.cfg.Runtime.State(ctx, row.ID); err == nil && st == runtime.StatusRunning {
-				if err := m.adopt(sb); err == nil {
+				if err := m.adopt(sb, rec.NetSlot); err == nil {
 					keep[row.ID] = true
 					keepContainer[row.ID] = true
 					rep.Adopted = append(rep.Adopted, row.ID)
@@ -83,7 +83,7 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 			}
 		}
 		if row.State == StatePaused && row.Runtime == m.cfg.Runtime.Name() {
-			err := m.adoptPaused(ctx, sb, live[row.ID])
+			err := m.adoptPaused(ctx, sb, live[row.ID], rec.NetSlot)
 			if err == nil {
 				keep[row.ID] = true
 				keepContainer[row.ID] = sb.pauseMode == PauseFrozen
@@ -181,13 +181,22 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		rep.RemovedCgroups = append(rep.RemovedCgroups, id)
 	}
 	m.removeOrphanArchives() // lifecycle.go
+	if n := m.cfg.Network; n != nil {
+		// Slots kept for sandboxes that turned out dead go now.
+		if k, err := n.Slots.ReapUnadopted(); err != nil {
+			m.log.Error("remove unadopted network slots", "err", err)
+		} else if k > 0 {
+			m.log.Info("removed network slots of sandboxes gone while the daemon was down", "files", k)
+		}
+	}
 	m.log.Info("reconciled host with records", "report", rep.String())
 	return rep, nil
 }
 
 // adopt re-attaches a sandbox whose container survived a daemon restart: its
-// root filesystem is still mounted, and its agent dials the socket again.
-func (m *Manager) adopt(sb *Sandbox) error {
+// root filesystem is still mounted, its agent dials the socket again, and
+// its network slot gets the proxy back.
+func (m *Manager) adopt(sb *Sandbox, netSlot string) error {
 	layer, err := rootfs.Open(sb.Dir)
 	if err != nil {
 		return fmt.Errorf("re-attach rootfs: %w", err)
@@ -208,6 +217,7 @@ func (m *Manager) adopt(sb *Sandbox) error {
 		return fmt.Errorf("agent did not dial back: %w", err)
 	}
 	sb.conn = conn
+	m.adoptNetwork(sb, netSlot) // network.go
 	m.mu.Lock()
 	m.sandboxes[sb.ID] = sb
 	m.mu.Unlock()
@@ -219,7 +229,7 @@ func (m *Manager) adopt(sb *Sandbox) error {
 // what resume needs is still on the host: its mounted writable layer (a
 // tmpfs: gone after a host reboot), and the checkpoint image or the frozen
 // container. Its channel is listened on again at resume.
-func (m *Manager) adoptPaused(ctx context.Context, sb *Sandbox, containerLive bool) error {
+func (m *Manager) adoptPaused(ctx context.Context, sb *Sandbox, containerLive bool, netSlot string) error {
 	if sb.lc.archived {
 		return m.adoptArchived(sb) // lifecycle.go
 	}
@@ -242,6 +252,9 @@ func (m *Manager) adoptPaused(ctx context.Context, sb *Sandbox, containerLive bo
 	case PauseStopped:
 	default:
 		return fmt.Errorf("unknown pause mode %q", sb.pauseMode)
+	}
+	if sb.pauseMode == PauseFrozen {
+		m.adoptNetwork(sb, netSlot) // the frozen container keeps its slot
 	}
 	sb.layer = layer
 	m.mu.Lock()

@@ -3,6 +3,9 @@ package runtimetest
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"slices"
 	"strconv"
@@ -13,6 +16,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/cella-sandbox/cella/internal/client"
+	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
 	"github.com/cella-sandbox/cella/internal/envd/process"
 	"github.com/cella-sandbox/cella/internal/runtime"
@@ -222,7 +226,14 @@ func testPauseRestart(t *testing.T, env *daemontest.Env) {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	rtName := env.Daemon.Runtime.Name()
-	env1 := daemontest.Start(t, rtName, daemontest.Options{DataDir: dir})
+	// Egress to an upstream on the host's loopback must work before the
+	// pause and after the resume by the next daemon (a frozen container
+	// keeps its network slot: the next daemon adopts it).
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "upstream says hi") }))
+	t.Cleanup(up.Close)
+	netCfg := daemon.NetworkConfig{Allow: []string{"up.test"}, Resolve: []string{"up.test=127.0.0.1"}}
+	curl := "curl -sS -m 10 http://up.test:" + strings.TrimPrefix(up.URL, "http://127.0.0.1:") + "/"
+	env1 := daemontest.Start(t, rtName, daemontest.Options{DataDir: dir, Network: netCfg})
 	ctx := ctxT(t, 3*time.Minute)
 	created, err := env1.Client.Create(ctx, client.CreateRequest{})
 	if err != nil {
@@ -234,6 +245,9 @@ func testPauseRestart(t *testing.T, env *daemontest.Env) {
 		t.Fatal(err)
 	}
 	mustOK(t, sb, "echo kept > /home/user/kept")
+	if out := mustOK(t, sb, curl); out != "upstream says hi" {
+		t.Fatalf("egress before the pause: %q", out)
+	}
 	startCounter(t, sb)
 	n := waitCountAbove(t, sb, 1)
 	if err := env1.Client.Pause(ctx, id, true); err != nil {
@@ -241,7 +255,7 @@ func testPauseRestart(t *testing.T, env *daemontest.Env) {
 	}
 	env1.Close() // a graceful stop keeps paused sandboxes
 
-	env2 := daemontest.Start(t, rtName, daemontest.Options{DataDir: dir})
+	env2 := daemontest.Start(t, rtName, daemontest.Options{DataDir: dir, Network: netCfg})
 	t.Cleanup(func() { _ = env2.Client.Kill(context.Background(), id) })
 	if !slices.Contains(env2.Daemon.Reconcile.AdoptedPaused, id) {
 		t.Fatalf("restart did not keep the paused sandbox: %+v", env2.Daemon.Reconcile)
@@ -264,4 +278,7 @@ func testPauseRestart(t *testing.T, env *daemontest.Env) {
 		t.Fatalf("counter went back from %d to %d", n, c)
 	}
 	waitCountAbove(t, sb2, readCount(t, sb2))
+	if res := run(t, sb2, curl, client.ExecOptions{Timeout: time.Minute}); res.ExitCode != 0 || res.Stdout != "upstream says hi" {
+		t.Fatalf("egress after a resume by the next daemon: exit %d %q %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
 }
