@@ -80,12 +80,20 @@ func TestShellWaitExpose(t *testing.T) {
 		if err := pty.Setsize(ptmx, &pty.Winsize{Rows: 41, Cols: 123}); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(300 * time.Millisecond)
-		_, _ = ptmx.Write([]byte("stty size\r"))
-		waitOutput(t, out, "41 123", 10*time.Second)
-		// Ctrl-C goes to the sandbox, not to the local cella.
-		_, _ = ptmx.Write([]byte("sleep 100\r"))
-		time.Sleep(500 * time.Millisecond)
+		// The resize travels on its own (SIGWINCH, then a control frame):
+		// ask again until the sandbox's pty has it.
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(out.String(), "41 123"); {
+			if time.Now().After(deadline) {
+				t.Fatalf("the resize to 41x123 never reached the sandbox; terminal:\n%q", out.String())
+			}
+			_, _ = ptmx.Write([]byte("stty size\r"))
+			time.Sleep(500 * time.Millisecond)
+		}
+		// Ctrl-C goes to the sandbox, not to the local cella: sent once
+		// the sleep runs (the marker is computed, so the echoed command
+		// line cannot match it).
+		_, _ = ptmx.Write([]byte("echo sleeping-$((2+3)); sleep 100\r"))
+		waitOutput(t, out, "sleeping-5", 10*time.Second)
 		_, _ = ptmx.Write([]byte{3})
 		_, _ = ptmx.Write([]byte("echo after-$((1+1))\r"))
 		waitOutput(t, out, "after-2", 10*time.Second)

@@ -259,6 +259,10 @@ func (s *Server) waitProcess(p *proc, waitCh <-chan unix.WaitStatus, readWG *syn
 	}
 	p.end = end
 	p.log.finish(end)
+	// The audit feed hears of the exit before any client does, so that a
+	// client looking up the command's span right after its end finds it.
+	code := end.ExitCode
+	s.audit.emit(AuditEvent{Kind: "process.exit", PID: p.pid, ExitCode: &code, Status: end.Status, Error: end.GetError()})
 	ev := endEvent(end)
 	for sub := range p.subs {
 		sub.push(ev, true)
@@ -267,8 +271,6 @@ func (s *Server) waitProcess(p *proc, waitCh <-chan unix.WaitStatus, readWG *syn
 	p.mu.Unlock()
 	s.watchdog.track(p.pid)
 	slog.Info("process ended", "pid", p.pid, "status", end.Status, "error", end.GetError())
-	code := end.ExitCode
-	s.audit.emit(AuditEvent{Kind: "process.exit", PID: p.pid, ExitCode: &code, Status: end.Status, Error: end.GetError()})
 
 	time.AfterFunc(endRetention, func() { s.procs.forget(p) })
 }

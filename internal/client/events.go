@@ -69,7 +69,10 @@ func (c *Client) BlockedDuring(ctx context.Context, id string, pid uint32, start
 	q := url.Values{}
 	q.Set("since", strconv.FormatInt(started.Add(-time.Minute).UnixMilli(), 10))
 	q.Set("kind", "process.start,process.exit")
-	for try := 0; try < 3; try++ {
+	// The daemon relays the agent's feed a moment after the command ends:
+	// up to a second for its exit to arrive (paid only when something was
+	// blocked).
+	for try := 0; try < 10; try++ {
 		var out struct {
 			Entries []processSpan `json:"entries"`
 		}

@@ -97,6 +97,14 @@ func (m *Manager) sampleMetrics() {
 // sample records one sample of sb if it is running; false if it is not or
 // its cgroups cannot be read (it is being stopped).
 func (m *Manager) sample(sb *Sandbox, now time.Time) bool {
+	// Held from the state check to the append: a pause waits for a sample
+	// in flight (metricsBarrier), and samples are kept in time order.
+	r := &sb.metrics
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !now.After(r.lastAt) {
+		return false // a newer one was taken meanwhile
+	}
 	sb.mu.Lock()
 	running, layer := sb.state == StateRunning, sb.layer
 	sb.mu.Unlock()
@@ -114,9 +122,6 @@ func (m *Manager) sample(sb *Sandbox, now time.Time) bool {
 			s.diskUsed, s.diskSize = used, size
 		}
 	}
-	r := &sb.metrics
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	// CPU since the previous sample; with none, since the sandbox started;
 	// after a restore (a new cgroup, its counter from zero), since the
 	// previous sample with nothing before it.
@@ -170,6 +175,13 @@ func (m *Manager) LatestMetric(id string) (mt Metric, ok bool, err error) {
 		return Metric{}, false, err
 	}
 	return all[len(all)-1], true, nil
+}
+
+// metricsBarrier returns once no sample of sb is being taken: after a
+// state change away from running, none is added any more.
+func (sb *Sandbox) metricsBarrier() {
+	sb.metrics.mu.Lock()
+	sb.metrics.mu.Unlock() //nolint:staticcheck // an empty critical section is the point
 }
 
 func (sb *Sandbox) lastSampled() time.Time {

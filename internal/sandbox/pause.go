@@ -93,6 +93,7 @@ func (m *Manager) Pause(ctx context.Context, id string, keepMemory bool) error {
 	sb.pauseMode = mode
 	sb.markPausedLocked() // lifecycle.go
 	sb.mu.Unlock()
+	sb.metricsBarrier() // metrics.go: a paused sandbox gets no new samples
 	if err := m.persist(context.WithoutCancel(ctx), sb); err != nil {
 		return err
 	}
