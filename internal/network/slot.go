@@ -172,6 +172,13 @@ func makeSlot(cfg *Config, id string) (*Slot, error) {
 // the calling thread, and any goroutine later scheduled on a thread left in
 // a slot namespace would silently open its sockets there.
 func createNamespaces(cfg *Config, s *Slot, st *buildState) error {
+	return onLockedThread(func() error { return createInside(cfg, s, st) })
+}
+
+// onLockedThread runs fn, which may move its thread to other network
+// namespaces, on a locked thread of its own, and returns the thread to
+// where it was afterwards.
+func onLockedThread(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -182,7 +189,7 @@ func createNamespaces(cfg *Config, s *Slot, st *buildState) error {
 			return
 		}
 		defer orig.Close()
-		err = createInside(cfg, s, st)
+		err = fn()
 		if rerr := netns.Set(orig); rerr != nil {
 			// Staying locked makes the runtime end this thread when the
 			// goroutine returns, instead of reusing it in the wrong netns.
@@ -363,7 +370,7 @@ func linkUp(h *netlink.Handle, name string, a netip.Addr, bits int) (netlink.Lin
 var slotIDRE = regexp.MustCompile(`^n[0-9a-f]{12}$`)
 
 // adoptSlot opens the sockets of an existing slot again, inside its outer
-// namespace, on a dedicated locked thread (see createNamespaces).
+// namespace.
 func adoptSlot(cfg *Config, id string) (*Slot, error) {
 	s := &Slot{
 		ID:        id,
@@ -379,30 +386,13 @@ func adoptSlot(cfg *Config, id string) (*Slot, error) {
 		return nil, fmt.Errorf("adopt network slot %s: open outer namespace: %w", id, err)
 	}
 	defer outer.Close()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("open current network namespace: %w", err)
-			return
-		}
-		defer orig.Close()
+	err = onLockedThread(func() error {
 		if err := netns.Set(outer); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter outer namespace: %w", err)
-			return
+			return fmt.Errorf("enter outer namespace: %w", err)
 		}
-		err = listenInside(cfg, s)
-		if rerr := netns.Set(orig); rerr != nil {
-			errc <- errors.Join(err, fmt.Errorf("return to original network namespace: %w", rerr))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- err
-	}()
-	if err := <-errc; err != nil {
+		return listenInside(cfg, s)
+	})
+	if err != nil {
 		s.mu.Lock()
 		s.nsFiles = nil // the files stay for ReapUnadopted; only the sockets go
 		s.mu.Unlock()
