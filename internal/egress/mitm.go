@@ -18,11 +18,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/cella-sandbox/cella/internal/secrets"
 )
 
 const (
@@ -289,21 +290,16 @@ func (p *Proxy) inject(s *session, host string, h http.Header, headers map[strin
 	return nil
 }
 
-var (
-	// E2B's placeholder and cella's short alias.
-	secretRefRe  = regexp.MustCompile(`\$\{(?:e2b\.secrets\.|secret:)([A-Za-z0-9_.-]+)\}`)
-	secretOpenRe = regexp.MustCompile(`\$\{(?:e2b\.secrets\.|secret:)`)
-)
-
-// secretRefs returns the secrets a header value template names.
+// secretRefs returns the secrets a header value template names
+// (${e2b.secrets.NAME} or ${secret:NAME}).
 func secretRefs(tmpl string) ([]string, error) {
-	m := secretRefRe.FindAllStringSubmatch(tmpl, -1)
-	if len(m) != len(secretOpenRe.FindAllStringIndex(tmpl, -1)) {
-		return nil, errors.New("malformed ${e2b.secrets.NAME} reference (NAME is letters, digits, '_', '.' and '-')")
-	}
-	names := make([]string, 0, len(m))
-	for _, sm := range m {
-		names = append(names, sm[1])
+	var names []string
+	_, err := secrets.Replace(tmpl, func(_, name string) (string, error) {
+		names = append(names, name)
+		return "", nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("malformed ${e2b.secrets.NAME} reference: %w", err)
 	}
 	return names, nil
 }
@@ -311,35 +307,23 @@ func secretRefs(tmpl string) ([]string, error) {
 // expand resolves the secrets in a header value template, remembering the
 // values so that nothing reported on this connection shows them.
 func (s *session) expand(tmpl string, lookup func(string) (string, error)) (string, error) {
-	var firstErr error
-	out := secretRefRe.ReplaceAllStringFunc(tmpl, func(ref string) string {
-		if firstErr != nil {
-			return ""
-		}
-		name := secretRefRe.FindStringSubmatch(ref)[1]
+	return secrets.Replace(tmpl, func(_, name string) (string, error) {
 		if lookup == nil {
-			firstErr = fmt.Errorf("secret %s is not available: this cella resolves no secrets", name)
-			return ""
+			return "", fmt.Errorf("secret %s is not available: this cella resolves no secrets", name)
 		}
 		v, err := lookup(name)
 		if err == nil && v == "" {
 			err = errors.New("it is empty")
 		}
 		if err != nil {
-			firstErr = fmt.Errorf("secret %s is not available: %s", name, s.redact(err.Error()))
-			return ""
+			return "", fmt.Errorf("secret %s is not available: %s", name, s.redact(err.Error()))
 		}
 		s.remember(name, v)
 		if !validHeaderValue(v) {
-			firstErr = fmt.Errorf("secret %s holds characters not allowed in a header", name)
-			return ""
+			return "", fmt.Errorf("secret %s holds characters not allowed in a header", name)
 		}
-		return v
+		return v, nil
 	})
-	if firstErr != nil {
-		return "", firstErr
-	}
-	return out, nil
 }
 
 func (s *session) remember(name, value string) {

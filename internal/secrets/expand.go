@@ -27,9 +27,39 @@ func Placeholder(name string) string { return PlaceholderPrefix + name + "}" }
 // value: sending the text on half-expanded would leak the template and lose
 // the credential.
 func Expand(s string, get func(name string) (string, error)) (string, []string, error) {
-	var b strings.Builder
 	var names []string
 	seen := map[string]bool{}
+	out, err := Replace(s, func(prefix, name string) (string, error) {
+		if get == nil {
+			return "", errdefs.NotFound("placeholder %s%s}: no secrets are available here", prefix, name)
+		}
+		v, err := get(name)
+		if err != nil {
+			if errdefs.Is(err, errdefs.KindNotFound) {
+				return "", errdefs.NotFound("placeholder %s%s}: unknown secret %q", prefix, name, name)
+			}
+			return "", fmt.Errorf("placeholder %s%s}: look up secret %q: %w", prefix, name, name, err)
+		}
+		if !seen[name] {
+			seen[name] = true
+			names = append(names, name)
+		}
+		return v, nil
+	})
+	if err != nil {
+		return "", nil, err
+	}
+	return out, names, nil
+}
+
+// Replace puts what fn returns for each placeholder of s in its place, in
+// one pass, and returns fn's first error as it is. A placeholder that is
+// not closed or names no valid secret name is an InvalidArgument error.
+// It is the one parser of placeholders: Expand (environment variables) and
+// the egress proxy's header rules both use it.
+func Replace(s string, fn func(prefix, name string) (string, error)) (string, error) {
+	var b strings.Builder
+	replaced := false
 	for {
 		i, prefix := nextPlaceholder(s)
 		if i < 0 {
@@ -38,35 +68,26 @@ func Expand(s string, get func(name string) (string, error)) (string, []string, 
 		rest := s[i+len(prefix):]
 		end := strings.IndexByte(rest, '}')
 		if end < 0 {
-			return "", nil, errdefs.InvalidArgument("placeholder %s… is not closed with '}'", prefix)
+			return "", errdefs.InvalidArgument("placeholder %s… is not closed with '}'", prefix)
 		}
 		name := rest[:end]
 		if !nameRe.MatchString(name) {
-			return "", nil, errdefs.InvalidArgument("placeholder %s…} holds %s, which is not a secret name: names are 1-128 letters, digits, '_', '.' and '-'", prefix, quoteName(name))
+			return "", errdefs.InvalidArgument("placeholder %s…} holds %s, which is not a secret name: names are 1-128 letters, digits, '_', '.' and '-'", prefix, quoteName(name))
 		}
-		if get == nil {
-			return "", nil, errdefs.NotFound("placeholder %s%s}: no secrets are available here", prefix, name)
-		}
-		v, err := get(name)
+		v, err := fn(prefix, name)
 		if err != nil {
-			if errdefs.Is(err, errdefs.KindNotFound) {
-				return "", nil, errdefs.NotFound("placeholder %s%s}: unknown secret %q", prefix, name, name)
-			}
-			return "", nil, fmt.Errorf("placeholder %s%s}: look up secret %q: %w", prefix, name, name, err)
+			return "", err
 		}
-		if !seen[name] {
-			seen[name] = true
-			names = append(names, name)
-		}
+		replaced = true
 		b.WriteString(s[:i])
 		b.WriteString(v)
 		s = rest[end+1:]
 	}
-	if names == nil {
-		return s, nil, nil
+	if !replaced {
+		return s, nil
 	}
 	b.WriteString(s)
-	return b.String(), names, nil
+	return b.String(), nil
 }
 
 // nextPlaceholder finds the first placeholder of either form in s.

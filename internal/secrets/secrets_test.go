@@ -540,3 +540,29 @@ func TestRedact(t *testing.T) {
 		t.Fatalf("after replace: %q", got)
 	}
 }
+
+// TestReplace: the placeholder parser the egress proxy shares with Expand
+// hands fn each placeholder in order, returns fn's own error untouched, and
+// refuses malformed placeholders.
+func TestReplace(t *testing.T) {
+	var seen []string
+	out, err := secrets.Replace("a ${e2b.secrets.X} b ${secret:Y.z} ${secret:X}", func(prefix, name string) (string, error) {
+		seen = append(seen, prefix+name)
+		return "<" + name + ">", nil
+	})
+	if err != nil || out != "a <X> b <Y.z> <X>" || !slices.Equal(seen, []string{"${e2b.secrets.X", "${secret:Y.z", "${secret:X"}) {
+		t.Fatalf("Replace = %q, %v; fn saw %v", out, err, seen)
+	}
+	if out, err := secrets.Replace("no placeholders {here}", nil); err != nil || out != "no placeholders {here}" {
+		t.Fatalf("without placeholders: %q %v", out, err)
+	}
+	own := errors.New("fn's own error")
+	if _, err := secrets.Replace("${secret:A}", func(_, _ string) (string, error) { return "", own }); err != own {
+		t.Fatalf("fn's error came back as %v", err)
+	}
+	for _, bad := range []string{"${secret:A", "${e2b.secrets.}", "${secret:a b}"} {
+		if _, err := secrets.Replace(bad, func(_, _ string) (string, error) { return "", nil }); !errdefs.Is(err, errdefs.KindInvalidArgument) {
+			t.Errorf("Replace(%q): %v, want InvalidArgument", bad, err)
+		}
+	}
+}
