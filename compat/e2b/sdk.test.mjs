@@ -9,7 +9,7 @@
 // interfere; steps 9, 10 and 12 create their own.
 import { describe, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { step, rejects, sleep, waitFor, httpRequest, sandboxJanitor, closeProxy } from './lib/harness.mjs'
+import { step, rejects, waitFor, httpRequest, sandboxJanitor, closeProxy } from './lib/harness.mjs'
 
 const VERSIONS = ['2.45.0', '2.50.0', '2.51.0']
 // What cella reports; the SDK gates octet-stream/gzip uploads on >= 0.5.7.
@@ -48,6 +48,14 @@ function near (date, expectedMs, slackMs, what) {
   assert.ok(date instanceof Date && !isNaN(date), `${what} is not a valid Date: ${date}`)
   assert.ok(Math.abs(date.getTime() - expectedMs) <= slackMs,
     `${what} = ${date.toISOString()}, expected within ${slackMs} ms of ${new Date(expectedMs).toISOString()}`)
+}
+// date lies in [loMs, hiMs]: for a server time set while a call was under
+// way, bounded by the client's clock before and after the call (same host),
+// so a slow call on a loaded machine cannot push it out of a fixed window.
+function between (date, loMs, hiMs, what) {
+  assert.ok(date instanceof Date && !isNaN(date), `${what} is not a valid Date: ${date}`)
+  assert.ok(date.getTime() >= loMs && date.getTime() <= hiMs,
+    `${what} = ${date.toISOString()}, expected between ${new Date(loMs).toISOString()} and ${new Date(hiMs).toISOString()}`)
 }
 
 // All SDKs are loaded before any describe block is registered: a top-level
@@ -417,7 +425,7 @@ for (const [i, version] of VERSIONS.entries()) {
         const h2 = await sdk(`other.commands.connect(${h.pid}, {onStdout})`,
           () => other.commands.connect(h.pid, { onStdout: (d) => { seen += d } }))
         assert.equal(h2.pid, h.pid)
-        await waitFor('output through the reconnected handle', () => /tick \d+/.test(seen), { timeout: 5000 })
+        await waitFor('output through the reconnected handle', () => /tick \d+/.test(seen), { timeout: 10_000 })
         assert.equal(await sdk(`other.commands.kill(${h.pid})`, () => other.commands.kill(h.pid)), true)
         const err = await rejects(sdk('connected handle.wait()', () => h2.wait()))
         assert.ok(err instanceof CommandExitError, `expected CommandExitError, got ${err?.name}: ${err?.message}`)
@@ -430,33 +438,50 @@ for (const [i, version] of VERSIONS.entries()) {
     })
 
     // ---------------------------------------------------------------- step 9
-    step('step 9: setTimeout(5 s) → the sandbox is gone after ~7 s (getInfo not found, isRunning false)', async ({ sdk, exchanges }) => {
+    step('step 9: setTimeout(5 s) → the sandbox is gone soon after its timeout (getInfo not found, isRunning false)', async ({ sdk, exchanges }) => {
       const short = janitor.track(await sdk('Sandbox.create({timeoutMs: 120000})', () => Sandbox.create({ metadata: { ...META, role: 'short' }, timeoutMs: 120_000 })))
       const t0 = Date.now()
       await sdk('short.setTimeout(5000)', () => short.setTimeout(5000))
+      const t1 = Date.now()
       const ex = one(exchanges(), 'POST', new RegExp(`^/sandboxes/${short.sandboxId}/timeout$`))
       assert.deepEqual(jsonBody(ex, 'req'), { timeout: 5 })
       assert.equal(ex.status, 204)
       const info = await sdk('short.getInfo()', () => short.getInfo())
-      near(info.endAt, t0 + 5000, 2500, 'endAt after setTimeout(5000)')
-      assert.equal(await sdk('short.isRunning()', () => short.isRunning()), true)
+      // The daemon sets endAt while handling the call: now + 5 s, some time
+      // between t0 and t1 (1 s of slack for a time kept in whole seconds).
+      between(info.endAt, t0 + 5000 - 1000, t1 + 5000 + 1000, 'endAt after setTimeout(5000)')
+      assert.equal(await sdk('short.isRunning()', () => short.isRunning()), true, 'the sandbox must still run before its timeout')
 
-      await sleep(Math.max(0, t0 + 7000 - Date.now()))
-      const err = await rejects(sdk(`Sandbox.getInfo('${short.sandboxId}') after expiry`, () => Sandbox.getInfo(short.sandboxId)))
+      // The reaper removes it at its own pace, later still on a loaded
+      // machine: poll for its end instead of sleeping a fixed time. A
+      // different error (a 500, say) is retried and named if it lasts.
+      const err = await waitFor('the sandbox to be gone after its 5 s timeout (Sandbox.getInfo → SandboxNotFoundError)', async () => {
+        try {
+          await sdk(`Sandbox.getInfo('${short.sandboxId}') while waiting for the expiry`, () => Sandbox.getInfo(short.sandboxId))
+          return false
+        } catch (e) {
+          if (e instanceof SandboxNotFoundError) return e
+          throw new Error(`expected SandboxNotFoundError, got ${e?.name}: ${e?.message}`)
+        }
+      }, { timeout: 60_000, interval: 500 })
+      const goneAt = Date.now()
       assert.ok(err instanceof SandboxNotFoundError, `expected SandboxNotFoundError, got ${err?.name}: ${err?.message}`)
+      // Seen gone at goneAt means removed by then: not before its timeout.
+      assert.ok(goneAt >= t0 + 5000 - 1000, `the sandbox was gone ${goneAt - t0} ms after setTimeout(5000): before its timeout`)
       assert.equal(await sdk('short.isRunning() after expiry', () => short.isRunning()), false)
       assert.equal(matching(exchanges(), 'GET', /^\/health$/).at(-1).status, 502)
 
       const nf = await rejects(sdk(`Sandbox.setTimeout('${UNKNOWN_ID}', 1000)`, () => Sandbox.setTimeout(UNKNOWN_ID, 1000)))
       assert.ok(nf instanceof SandboxNotFoundError, `expected SandboxNotFoundError, got ${nf?.name}: ${nf?.message}`)
-    }, { timeout: 30_000 })
+    }, { timeout: 90_000 })
 
     step('step 9: setTimeout extends a running sandbox (endAt = now + timeout)', async ({ sdk }) => {
       const s = shared()
       const t0 = Date.now()
       await sdk('sbx.setTimeout(200000)', () => s.setTimeout(200_000))
+      const t1 = Date.now()
       const info = await sdk('sbx.getInfo()', () => s.getInfo())
-      near(info.endAt, t0 + 200_000, 3000, 'endAt after setTimeout(200000)')
+      between(info.endAt, t0 + 200_000 - 1000, t1 + 200_000 + 1000, 'endAt after setTimeout(200000)')
     })
 
     // --------------------------------------------------------------- step 10
@@ -640,11 +665,18 @@ for (const [i, version] of VERSIONS.entries()) {
     step('step 15: pause → true, again → false; listed paused, isRunning false (502); Sandbox.connect resumes (201) with files and a background process', async ({ sdk, exchanges }) => {
       const p = janitor.track(await sdk('Sandbox.create({timeoutMs: 120000})', () => Sandbox.create({ metadata: { ...META, role: 'pause' }, timeoutMs: 120_000 })))
       await sdk("p.files.write('/home/user/kept.txt', 'kept')", () => p.files.write('/home/user/kept.txt', 'kept'))
-      const counter = 'i=0; while :; do i=$((i+1)); echo $i > /home/user/count; echo tick $i; sleep 0.2; done'
+      // The counter replaces its file by a rename, so a read never sees it
+      // truncated and empty (`echo $i > count` would, between truncate and write).
+      const counter = 'i=0; while :; do i=$((i+1)); echo $i > /home/user/count.tmp; mv -f /home/user/count.tmp /home/user/count; echo tick $i; sleep 0.2; done'
       const bg = await sdk('p.commands.run(<counter>, {background:true, timeoutMs:0})', () => p.commands.run(counter, { background: true, timeoutMs: 0 }))
       bg.wait().catch(() => {}) // its stream breaks at the pause; the process does not
-      const count = async (s) => Number((await s.files.read('/home/user/count')).trim())
-      const before = await waitFor('the counter to count', async () => (await count(p)) > 1 && count(p))
+      // The count, or null when the file holds no count: callers poll with
+      // waitFor, so null (and a missing file, which throws) means read again.
+      const count = async (s) => {
+        const text = (await s.files.read('/home/user/count')).trim()
+        return /^[1-9]\d*$/.test(text) ? Number(text) : null
+      }
+      const before = await waitFor('the counter to count', async () => { const n = await count(p); return n > 1 && n }, { timeout: 20_000 })
 
       assert.equal(await sdk('p.pause()', () => p.pause()), true)
       const pausePath = new RegExp(`^/sandboxes/${p.sandboxId}/pause$`)
@@ -670,16 +702,16 @@ for (const [i, version] of VERSIONS.entries()) {
       assert.equal(await sdk('connected.isRunning()', () => c.isRunning()), true)
       assert.equal((await sdk('connected.getInfo()', () => c.getInfo())).state, 'running')
       assert.equal(await sdk("connected.files.read('/home/user/kept.txt')", () => c.files.read('/home/user/kept.txt')), 'kept')
-      const resumedAt = await count(c)
+      const resumedAt = await waitFor('a count to read after resume', () => count(c))
       assert.ok(resumedAt >= before, `the counter went back from ${before} to ${resumedAt}`)
-      await waitFor('the background process to go on counting after resume', async () => (await count(c)) > resumedAt + 2)
+      await waitFor('the background process to go on counting after resume', async () => (await count(c)) > resumedAt + 2, { timeout: 20_000 })
       let seen = ''
       const h2 = await sdk(`connected.commands.connect(${bg.pid}, {onStdout})`, () => c.commands.connect(bg.pid, { onStdout: (d) => { seen += d } }))
       assert.equal(h2.pid, bg.pid)
-      await waitFor('output of the re-attached background process', () => /tick \d+/.test(seen), { timeout: 5000 })
+      await waitFor('output of the re-attached background process', () => /tick \d+/.test(seen), { timeout: 10_000 })
       assert.equal(await sdk(`connected.commands.kill(${bg.pid})`, () => c.commands.kill(bg.pid)), true)
       await h2.wait().catch(() => {})
-    }, { timeout: 60_000 })
+    }, { timeout: 90_000 })
 
     // ------------------------------------------------------ step 17 (state)
     step('step 17: createSnapshot, listSnapshots, Sandbox.create from the snapshot, fork, deleteSnapshot', async ({ sdk, exchanges }) => {

@@ -189,7 +189,7 @@ test('the audit log panel shows the shell, the upload and a blocked lookup, and 
   // The panel refreshes itself (every 3 s): the blocked lookup shows up
   // without a click, marked as blocked.
   const blocked = page.locator('#audit tbody tr.blocked').filter({ hasText: 'blocked-by-policy.example' }).first();
-  await blocked.waitFor({ timeout: 15000 });
+  await blocked.waitFor({ timeout: 30000 });
   assert.equal((await blocked.locator('td.result').textContent()).trim(), 'blocked');
   assert.match(await blocked.locator('td.reason').textContent(), /not allowed/);
   const red = await blocked.locator('td.what').evaluate((td) => getComputedStyle(td).color);
@@ -203,8 +203,25 @@ test('the audit log panel shows the shell, the upload and a blocked lookup, and 
   await upload.waitFor();
   assert.equal(await upload.evaluate((tr) => tr.classList.contains('blocked')), false);
   const rows = await auditRows();
-  const times = rows.map((r) => Date.parse(r.time));
-  assert.ok(times.every((t, i) => i === 0 || t >= times[i - 1]), 'the newest entry comes last');
+  // Rows come in the order the daemon recorded them. That is not strictly
+  // by time: the agent's entries keep the agent's own timestamps and reach
+  // the daemon a moment later, after entries of its own may have. What does
+  // hold: every row has a time, and by their times the shell started before
+  // the upload, and the upload came before the blocked lookup (seconds
+  // apart: they were separate steps of this run).
+  const bad = rows.filter((r) => Number.isNaN(Date.parse(r.time)));
+  assert.deepEqual(bad, [], 'every row has a time');
+  const timeOf = (what, pred) => {
+    const ts = rows.filter(pred).map((r) => Date.parse(r.time));
+    assert.ok(ts.length > 0, `no ${what} row in ${JSON.stringify(rows.map((r) => r.kind))}`);
+    return Math.min(...ts);
+  };
+  const shellAt = timeOf('shell process.start', (r) => r.kind === 'process.start' && /echo hello|\/bin\/(ba)?sh/.test(r.text));
+  const uploadAt = timeOf('upload file.write', (r) => r.kind === 'file.write' && r.text.includes('/home/user/hello-from-the-console.txt'));
+  const blockedAt = timeOf('blocked lookup', (r) => r.blocked && r.text.includes('blocked-by-policy.example'));
+  const iso = (t) => new Date(t).toISOString();
+  assert.ok(shellAt <= uploadAt, `the shell started at ${iso(shellAt)}, after the upload at ${iso(uploadAt)}`);
+  assert.ok(uploadAt <= blockedAt, `the upload at ${iso(uploadAt)} comes after the blocked lookup at ${iso(blockedAt)}`);
   assert.ok(rows.every((r) => r.blocked === (r.decision === 'blocked')), 'exactly the blocked rows are marked');
   await shot('audit-log', panel);
   await shot('audit-log-page');
