@@ -23,7 +23,11 @@ func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) 
 
 func TestStartInterleavedOutput(t *testing.T) {
 	e := newTestEnv(t)
-	r := e.run(ctxT(t, 10*time.Second), bashReq("echo out1; sleep 0.05; echo err1 >&2; sleep 0.05; echo out2"))
+	// stdout and stderr are separate pipes read by separate goroutines, so
+	// only writes far enough apart have a defined order; 0.3 s is enough on
+	// a loaded machine, and the test still fails if the streams are merged
+	// out of arrival order.
+	r := e.run(ctxT(t, 10*time.Second), bashReq("echo out1; sleep 0.3; echo err1 >&2; sleep 0.3; echo out2"))
 	want := []string{"o:out1\n", "e:err1\n", "o:out2\n"}
 	if strings.Join(r.order, "|") != strings.Join(want, "|") {
 		t.Fatalf("order = %q, want %q", r.order, want)
@@ -100,8 +104,10 @@ func TestKeepalive(t *testing.T) {
 			n++
 		}
 	}
-	if n != 1 {
-		t.Fatalf("%d keepalives in %q", n, frames)
+	// One keepalive is due at 1 s; a second one fits in if the process is
+	// slow to start or its end is slow to be noticed on a loaded machine.
+	if n < 1 || n > 2 {
+		t.Fatalf("%d keepalives in %q, want 1 (or 2 under load)", n, frames)
 	}
 }
 

@@ -496,11 +496,27 @@ func TestAPI(t *testing.T) {
 		a.wantError(t, 400, st, body, "negative")
 		st, _, body = a.do(t, "POST", "/sandboxes/"+v1.SandboxID+"/timeout", key, "{bad", nil)
 		a.wantError(t, 400, st, body, "")
+		set := time.Now()
 		if st, _, body := a.do(t, "POST", "/sandboxes/"+v1.SandboxID+"/timeout", key, map[string]any{"timeout": 2}, nil); st != 204 {
 			t.Fatalf("timeout: %d %s", st, body)
 		}
-		time.Sleep(4 * time.Second)
-		st, _, body = a.do(t, "GET", "/sandboxes/"+v1.SandboxID, key, nil, nil)
+		// The reaper removes it some time after its 2 s: poll for that
+		// rather than guess how long a loaded machine takes, but it must
+		// not go before the 2 s are up.
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			st, _, body = a.do(t, "GET", "/sandboxes/"+v1.SandboxID, key, nil, nil)
+			if st == 404 {
+				if el := time.Since(set); el < 2*time.Second {
+					t.Fatalf("the sandbox was gone %v after a 2 s timeout was set", el)
+				}
+				break
+			}
+			if st != 200 || time.Now().After(deadline) {
+				t.Fatalf("sandbox %v after a 2 s timeout: %d %s", time.Since(set), st, body)
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
 		a.wantError(t, 404, st, body, "")
 		st, _, _ = a.do(t, "GET", "/health", "", nil, map[string]string{"E2b-Sandbox-Id": v1.SandboxID, "E2b-Sandbox-Port": "49983"})
 		if st != 502 {

@@ -184,7 +184,10 @@ func TestConcurrentAppends(t *testing.T) {
 }
 
 // An entry reaches its file promptly without anyone reading or flushing.
-func TestAppendVisibleWithin100ms(t *testing.T) {
+// The writer is woken at once; the 1 s bound leaves room for a loaded
+// machine and still catches entries held back for a batch or until a
+// Flush/Close.
+func TestAppendVisibleWithin1s(t *testing.T) {
 	l, dir := newLog(t, audit.Options{})
 	for i := range 5 {
 		start := time.Now()
@@ -195,8 +198,8 @@ func TestAppendVisibleWithin100ms(t *testing.T) {
 			if strings.Contains(string(data), want) {
 				break
 			}
-			if time.Since(start) > 100*time.Millisecond {
-				t.Fatalf("entry %d not in the file after 100ms", i)
+			if time.Since(start) > time.Second {
+				t.Fatalf("entry %d not in the file after 1s", i)
 			}
 			time.Sleep(time.Millisecond)
 		}

@@ -78,7 +78,10 @@ func newHarness(t *testing.T, pol Policy, tweak func(*Config)) *harness {
 		},
 		PermitLoopback: true,
 		OperatorHint:   "cella serve --egress-allow HOST",
-		PeekTimeout:    300 * time.Millisecond,
+		// Long enough that a client stalled by a loaded machine is not
+		// mistaken for raw TCP; tests that need the peek to run out (a
+		// silent client of a server that speaks first) set a short one.
+		PeekTimeout: 2 * time.Second,
 	}
 	if tweak != nil {
 		tweak(&h.cfg)

@@ -273,7 +273,9 @@ func TestHostMismatchWithFakeAddress(t *testing.T) {
 
 func TestRawTCP(t *testing.T) {
 	echo := echoServer(t, "")
-	h := newHarness(t, Policy{AllowOut: []string{"127.0.0.1/32"}}, nil)
+	// The banner case below waits out the peek of a client that sends
+	// nothing: keep it short (well inside that case's 5 s read deadline).
+	h := newHarness(t, Policy{AllowOut: []string{"127.0.0.1/32"}}, func(c *Config) { c.PeekTimeout = 300 * time.Millisecond })
 	c := h.dial(netip.MustParseAddrPort(echo))
 	fmt.Fprint(c, "ping\n")
 	// Half-close: the echo server answers after our EOF, then closes.
