@@ -382,6 +382,14 @@ func TestCrashRecovery(t *testing.T) {
 	os.MkdirAll(filepath.Join(dataDir, "sandboxes", "strayzzzz", "run"), 0o700)
 
 	d2 := startDaemon(t, dataDir, listen, egressArgs...)
+	// A failure before the resume below would leave the paused sandbox to
+	// outlive the test (a graceful stop keeps paused sandboxes): kill it
+	// before d2 stops (cleanups run last-in first-out).
+	t.Cleanup(func() {
+		if d2.cmd.ProcessState == nil {
+			d2.cella("", "kill", paused)
+		}
+	})
 	// The surviving sandboxes were adopted and still hold their state,
 	// and their egress: the network slot was adopted with them.
 	if out := d2.mustCella("exec", ids[0], "--", "cat", "/home/user/state"); out != "kept\n" {
