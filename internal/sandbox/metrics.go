@@ -25,7 +25,7 @@ type Metric struct {
 	At       time.Time
 	CPUCount int
 	// CPUUsedPct is the CPU the sandbox used since the previous sample, as
-	// a percentage of its CPU quota (its first sample: since it started).
+	// a percentage of its CPU quota.
 	CPUUsedPct float64
 	// MemUsed excludes reclaimable file cache (MemCache); MemTotal is the
 	// sandbox's memory ceiling.
@@ -61,6 +61,18 @@ func (r *metricsRing) add(s sample, limit int) {
 	r.next = (r.next + 1) % len(r.samples)
 }
 
+// newest returns when the newest sample was taken (zero: none yet).
+func (r *metricsRing) newest() time.Time {
+	if len(r.samples) == 0 {
+		return time.Time{}
+	}
+	i := r.next - 1
+	if i < 0 {
+		i = len(r.samples) - 1
+	}
+	return time.UnixMilli(r.samples[i].unixMilli)
+}
+
 // ordered returns the samples oldest first.
 func (r *metricsRing) ordered() []sample {
 	out := make([]sample, 0, len(r.samples))
@@ -94,8 +106,10 @@ func (m *Manager) sampleMetrics() {
 	}
 }
 
-// sample records one sample of sb if it is running; false if it is not or
-// its cgroups cannot be read (it is being stopped).
+// sample records one sample of sb if it is running; false if it is not, if
+// its cgroups cannot be read (it is being stopped), or if this is its first
+// reading: that one is only the baseline CPU % is measured from (CPU used
+// since the start would count the boot, or a pooled sandbox's whole wait).
 func (m *Manager) sample(sb *Sandbox, now time.Time) bool {
 	// Held from the state check to the append: a pause waits for a sample
 	// in flight (metricsBarrier), and samples are kept in time order.
@@ -116,23 +130,23 @@ func (m *Manager) sample(sb *Sandbox, now time.Time) bool {
 		m.log.Debug("sample sandbox metrics", "id", sb.ID, "err", err)
 		return false
 	}
+	if r.lastAt.IsZero() {
+		r.lastCPU, r.lastAt = u.CPU, now
+		return false
+	}
 	s := sample{unixMilli: now.UnixMilli(), memUsed: u.Memory - u.FileCache, memCache: u.FileCache}
 	if layer != nil {
 		if used, size, err := layer.Usage(); err == nil {
 			s.diskUsed, s.diskSize = used, size
 		}
 	}
-	// CPU since the previous sample; with none, since the sandbox started;
-	// after a restore (a new cgroup, its counter from zero), since the
-	// previous sample with nothing before it.
-	base, since := r.lastCPU, r.lastAt
-	switch {
-	case since.IsZero():
-		base, since = 0, sb.StartedAt
-	case u.CPU < base:
+	// CPU since the previous reading; after a restore (a new cgroup, its
+	// counter from zero), since the previous reading with nothing before.
+	base := r.lastCPU
+	if u.CPU < base {
 		base = 0
 	}
-	if wall := now.Sub(since); wall > time.Millisecond {
+	if wall := now.Sub(r.lastAt); wall > time.Millisecond {
 		pct := 100 * float64(u.CPU-base) / float64(wall) / sb.Options.CPUs
 		s.cpuPct = float32(min(100, max(0, pct)))
 	}
@@ -140,6 +154,10 @@ func (m *Manager) sample(sb *Sandbox, now time.Time) bool {
 	r.add(s, m.metricsLimit())
 	return true
 }
+
+// firstSampleWait is how long a request for the present waits between the
+// baseline and the first sample of a sandbox not sampled yet.
+const firstSampleWait = 250 * time.Millisecond
 
 // Metrics returns the samples of sandbox id taken between start and end
 // (inclusive; zero times leave that side open), oldest first. With fresh
@@ -150,8 +168,8 @@ func (m *Manager) Metrics(id string, start, end time.Time, fresh bool) ([]Metric
 	if err != nil {
 		return nil, err
 	}
-	if fresh && time.Since(sb.lastSampled()) >= time.Second {
-		m.sample(sb, time.Now())
+	if fresh {
+		m.sampleNow(sb)
 	}
 	sb.metrics.mu.Lock()
 	samples := sb.metrics.ordered()
@@ -165,6 +183,27 @@ func (m *Manager) Metrics(id string, start, end time.Time, fresh bool) ([]Metric
 		out = append(out, sb.metric(s))
 	}
 	return out, nil
+}
+
+// sampleNow takes a sample of the present unless the newest is under a
+// second old; a sandbox without a baseline reading gets one first.
+func (m *Manager) sampleNow(sb *Sandbox) {
+	sb.metrics.mu.Lock()
+	newest, lastAt := sb.metrics.newest(), sb.metrics.lastAt
+	sb.metrics.mu.Unlock()
+	if !newest.IsZero() && time.Since(newest) < time.Second {
+		return
+	}
+	if lastAt.IsZero() {
+		m.sample(sb, time.Now()) // the baseline, if it runs
+		if lastAt = sb.lastSampled(); lastAt.IsZero() {
+			return
+		}
+	}
+	if wait := firstSampleWait - time.Since(lastAt); wait > 0 {
+		time.Sleep(wait)
+	}
+	m.sample(sb, time.Now())
 }
 
 // LatestMetric returns the newest sample of sandbox id, taking one now if
