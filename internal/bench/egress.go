@@ -93,11 +93,7 @@ func egressOne(ctx context.Context, cfg Config, rt, port string, n int) (Figure,
 		return Figure{Name: name, Runtime: rt}, err
 	}
 	defer l.Close()
-	sb, err := l.Client.Create(ctx, client.CreateRequest{})
-	if err != nil {
-		return Figure{Name: name, Runtime: rt}, err
-	}
-	conn, err := l.Client.Sandbox(ctx, sb.SandboxID)
+	conn, err := l.sandbox(ctx, client.CreateRequest{})
 	if err != nil {
 		return Figure{Name: name, Runtime: rt}, err
 	}

@@ -76,3 +76,12 @@ func (l *local) Close() {
 	}
 	os.RemoveAll(l.dataDir)
 }
+
+// sandbox creates a sandbox on the daemon and attaches to its agent.
+func (l *local) sandbox(ctx context.Context, req client.CreateRequest) (*client.SandboxConn, error) {
+	sb, err := l.Client.Create(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return l.Client.Sandbox(ctx, sb.SandboxID)
+}

@@ -51,11 +51,7 @@ func execOne(ctx context.Context, cfg Config, rt string, n int) (Figure, error) 
 		return Figure{Name: name, Runtime: rt}, err
 	}
 	defer l.Close()
-	sb, err := l.Client.Create(ctx, client.CreateRequest{})
-	if err != nil {
-		return Figure{Name: name, Runtime: rt}, err
-	}
-	conn, err := l.Client.Sandbox(ctx, sb.SandboxID)
+	conn, err := l.sandbox(ctx, client.CreateRequest{})
 	if err != nil {
 		return Figure{Name: name, Runtime: rt}, err
 	}
@@ -155,13 +151,7 @@ func Files(ctx context.Context, cfg Config, short bool) ([]Figure, error) {
 		// The writable layer is RAM (a tmpfs upper; under gVisor the sentry
 		// caches the file too) and it is charged to the sandbox: a 1 GiB
 		// file needs the memory as well as the disk.
-		sb, err := l.Client.Create(ctx, client.CreateRequest{DiskSizeMB: 2048, MemoryMB: 3072})
-		if err != nil {
-			l.Close()
-			figs = append(figs, Figure{Name: "files", Runtime: rt, Err: err.Error()})
-			continue
-		}
-		conn, err := l.Client.Sandbox(ctx, sb.SandboxID)
+		conn, err := l.sandbox(ctx, client.CreateRequest{DiskSizeMB: 2048, MemoryMB: 3072})
 		if err != nil {
 			l.Close()
 			figs = append(figs, Figure{Name: "files", Runtime: rt, Err: err.Error()})
