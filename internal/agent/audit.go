@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -53,8 +54,10 @@ func (f *auditFeed) emit(e AuditEvent) {
 		e.Time = time.Now().UTC()
 	}
 	if len(f.events) == auditKeep {
-		copy(f.events, f.events[1:])
-		f.events = f.events[:auditKeep-1]
+		// Sliced, not shifted: append reallocates once the slack is used
+		// up, so dropping the oldest costs O(1) amortized, not a 4096-event
+		// copy under the lock on every command start and exit.
+		f.events = f.events[1:]
 	}
 	f.events = append(f.events, e)
 	close(f.wake)
@@ -68,13 +71,16 @@ func (f *auditFeed) since(seq uint64) ([]AuditEvent, <-chan struct{}) {
 	if f.wake == nil {
 		f.wake = make(chan struct{})
 	}
-	var out []AuditEvent
-	for _, e := range f.events {
-		if e.Seq > seq {
-			out = append(out, e)
-		}
+	// Sequence numbers are contiguous: the first event after seq is found
+	// by arithmetic, not by a scan.
+	if len(f.events) == 0 || seq >= f.events[len(f.events)-1].Seq {
+		return nil, f.wake
 	}
-	return out, f.wake
+	i := 0
+	if first := f.events[0].Seq; seq >= first {
+		i = int(seq - first + 1)
+	}
+	return slices.Clone(f.events[i:]), f.wake
 }
 
 // auditKeepalive keeps an idle follow stream visibly alive.

@@ -103,3 +103,34 @@ func httptestServer(t *testing.T, h http.Handler) string {
 	t.Cleanup(ts.Close)
 	return ts.URL
 }
+
+// TestAuditFeedKeepsTheNewest: past auditKeep events the oldest go, the
+// sequence shows the gap, and since finds its place among those left.
+func TestAuditFeedKeepsTheNewest(t *testing.T) {
+	var f auditFeed
+	const n = auditKeep + 904
+	for range n {
+		f.emit(AuditEvent{Kind: "file.write"})
+	}
+	all, _ := f.since(0)
+	if len(all) != auditKeep || all[0].Seq != n-auditKeep+1 || all[len(all)-1].Seq != n {
+		t.Fatalf("since(0): %d events, seq %d..%d; want the newest %d, %d..%d", len(all), all[0].Seq, all[len(all)-1].Seq, auditKeep, n-auditKeep+1, n)
+	}
+	for i := 1; i < len(all); i++ {
+		if all[i].Seq != all[i-1].Seq+1 {
+			t.Fatalf("seq %d follows %d", all[i].Seq, all[i-1].Seq)
+		}
+	}
+	if tail, _ := f.since(n - 10); len(tail) != 10 || tail[0].Seq != n-9 {
+		t.Fatalf("since(n-10): %d events from %d", len(tail), tail[0].Seq)
+	}
+	if none, _ := f.since(n); len(none) != 0 {
+		t.Fatalf("since(n): %d events", len(none))
+	}
+	// A returned slice is the caller's: later emits do not change it.
+	tail, _ := f.since(n - 1)
+	f.emit(AuditEvent{Kind: "file.mkdir"})
+	if len(tail) != 1 || tail[0].Seq != n || tail[0].Kind != "file.write" {
+		t.Fatalf("returned events changed: %+v", tail)
+	}
+}
