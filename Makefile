@@ -28,8 +28,9 @@ build: $(BIN)/cella $(BIN)/runsc
 # The web console (ui/, vanilla JS + xterm.js, bundled by esbuild) is built
 # into internal/ui/dist, which the daemon embeds. The built files are
 # committed, so `go build ./...` works without npm; this rebuilds them when
-# ui/ changes (npm ci only when node_modules is missing or older than the
-# lockfile). Without npm the committed build is used as it is.
+# ui/ changes (npm ci only when node_modules is missing or its stamp,
+# node_modules/.cella-lock-sha256, does not hold the lockfile's sha256).
+# Without npm the committed build is used as it is.
 UI_DIST := internal/ui/dist/app.js
 ui: $(UI_DIST)
 

@@ -8,16 +8,10 @@
 // a machine that has never built it) and run in order.
 import { describe, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { step, rejects, httpRequest, sandboxJanitor, closeProxy } from './lib/harness.mjs'
+import { step, rejects, httpRequest, sandboxJanitor, closeProxy, one } from './lib/harness.mjs'
 
 const ci = await import('@e2b/code-interpreter-2.8.0')
 const { Sandbox, NotFoundError, TimeoutError } = ci
-
-function one (exchanges, method, re) {
-  const found = exchanges.filter((x) => x.method === method && re.test(x.url))
-  assert.ok(found.length > 0, `expected the SDK to send ${method} ${re} (it did not)`)
-  return found.at(-1)
-}
 
 describe('@e2b/code-interpreter@2.8.0', () => {
   const janitor = sandboxJanitor(Sandbox)

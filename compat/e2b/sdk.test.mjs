@@ -9,7 +9,10 @@
 // interfere; steps 9, 10 and 12 create their own.
 import { describe, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { step, rejects, waitFor, httpRequest, sandboxJanitor, closeProxy } from './lib/harness.mjs'
+import {
+  step, rejects, waitFor, httpRequest, sandboxJanitor, closeProxy,
+  matching, one, jsonBody, near, between,
+} from './lib/harness.mjs'
 
 const VERSIONS = ['2.45.0', '2.50.0', '2.51.0']
 // What cella reports; the SDK gates octet-stream/gzip uploads on >= 0.5.7.
@@ -21,41 +24,10 @@ const UNKNOWN_ID = 'nosuchsandbox0000000'
 const enc = new TextEncoder()
 const dec = new TextDecoder()
 
-// The exchanges of the current test matching method and path (a RegExp on the
-// request URL, path + query).
-function matching (exchanges, method, re) {
-  return exchanges.filter((x) => x.method === method && re.test(x.url))
-}
-function one (exchanges, method, re) {
-  const found = matching(exchanges, method, re)
-  assert.ok(found.length > 0, `expected the SDK to send ${method} ${re} (it did not)`)
-  return found.at(-1)
-}
-// The JSON request (side 'req') or response (side 'res') body of an exchange.
-function jsonBody (ex, side = 'res') {
-  const excerpt = side === 'req' ? ex.reqBody : ex.resBody
-  const headers = side === 'req' ? ex.reqHeaders : ex.resHeaders
-  const s = excerpt.text(headers['content-encoding'])
-  assert.ok(s !== null, `body too long or not decodable for a JSON check: ${excerpt.toString(headers['content-encoding'])}`)
-  try { return JSON.parse(s) } catch { assert.fail(`expected a JSON body, got: ${s}`) }
-}
 async function streamText (stream) {
   let out = ''
   for await (const chunk of stream) out += typeof chunk === 'string' ? chunk : dec.decode(chunk, { stream: true })
   return out
-}
-function near (date, expectedMs, slackMs, what) {
-  assert.ok(date instanceof Date && !isNaN(date), `${what} is not a valid Date: ${date}`)
-  assert.ok(Math.abs(date.getTime() - expectedMs) <= slackMs,
-    `${what} = ${date.toISOString()}, expected within ${slackMs} ms of ${new Date(expectedMs).toISOString()}`)
-}
-// date lies in [loMs, hiMs]: for a server time set while a call was under
-// way, bounded by the client's clock before and after the call (same host),
-// so a slow call on a loaded machine cannot push it out of a fixed window.
-function between (date, loMs, hiMs, what) {
-  assert.ok(date instanceof Date && !isNaN(date), `${what} is not a valid Date: ${date}`)
-  assert.ok(date.getTime() >= loMs && date.getTime() <= hiMs,
-    `${what} = ${date.toISOString()}, expected between ${new Date(loMs).toISOString()} and ${new Date(hiMs).toISOString()}`)
 }
 
 // All SDKs are loaded before any describe block is registered: a top-level

@@ -7,7 +7,7 @@
 // checks that no answer cella gave during the suite carried a value.
 import { describe, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { step, rejects, proxy, DAEMON_URL, ADMIN_KEY, closeProxy } from './lib/harness.mjs'
+import { step, rejects, proxy, DAEMON_URL, ADMIN_KEY, closeProxy, matching, one, jsonBody, near } from './lib/harness.mjs'
 
 const e2b = await import('e2b-2.51.0')
 const { Secret, SecretError, SecretNotFoundError } = e2b
@@ -20,16 +20,6 @@ const ID_RE = /^sec_[0-9a-z]{20}$/
 const VALUES = [`sk-live-FIRST-${RUN}-0123456789`, `sk-live-SECOND-${RUN}-abcdef`, `sk-live-THIRD-${RUN}-zyx`]
 const PAGE_NAMES = ['a', 'b', 'c'].map((s) => `page-${s}.${RUN}`)
 const PAGE_VALUE = (n) => `page-VALUE-${n}`
-
-function one (exchanges, method, re) {
-  const found = exchanges.filter((x) => x.method === method && re.test(x.url))
-  assert.ok(found.length > 0, `expected the SDK to send ${method} ${re} (it did not)`)
-  return found.at(-1)
-}
-function near (date, ms, slack, what) {
-  assert.ok(date instanceof Date && !isNaN(date), `${what} is not a valid Date: ${date}`)
-  assert.ok(Math.abs(date.getTime() - ms) <= slack, `${what} = ${date.toISOString()}, expected within ${slack} ms of ${new Date(ms).toISOString()}`)
-}
 
 describe('e2b@2.51.0 Secret', () => {
   const markAtStart = proxy.mark()
@@ -51,7 +41,7 @@ describe('e2b@2.51.0 Secret', () => {
     assert.equal(created.updatedAt.getTime(), created.createdAt.getTime())
     const ex = one(exchanges(), 'POST', /^\/secrets$/)
     assert.equal(ex.status, 201)
-    const body = JSON.parse(ex.resBody.text(ex.resHeaders['content-encoding']))
+    const body = jsonBody(ex)
     assert.deepEqual(Object.keys(body).sort(), ['createdAt', 'currentVersion', 'metadata', 'name', 'secretID', 'updatedAt'])
   })
 
@@ -61,7 +51,7 @@ describe('e2b@2.51.0 Secret', () => {
     assert.match(err.message, /^409: secret ".*" already exists.*update/)
     const ex = one(exchanges(), 'POST', /^\/secrets$/)
     assert.equal(ex.status, 409)
-    assert.deepEqual(Object.keys(JSON.parse(ex.resBody.text(ex.resHeaders['content-encoding']))).sort(), ['code', 'message'])
+    assert.deepEqual(Object.keys(jsonBody(ex)).sort(), ['code', 'message'])
     const info = await sdk('Secret.getInfo', () => Secret.getInfo(NAME))
     assert.equal(info.version, 1, 'a refused create must not add a version')
   })
@@ -125,7 +115,7 @@ describe('e2b@2.51.0 Secret', () => {
     assert.deepEqual(paged, all.map((s) => s.name), 'pages of 2 list the same secrets in the same order')
     assert.deepEqual(paged, [...paged].sort(), 'listed by name')
     for (const n of [...PAGE_NAMES, NAME]) assert.ok(paged.includes(n), `paged list lacks ${n}`)
-    const lists = exchanges().filter((x) => x.method === 'GET' && /^\/secrets\?limit=2/.test(x.url))
+    const lists = matching(exchanges(), 'GET', /^\/secrets\?limit=2/)
     assert.ok(lists.length >= 2)
     assert.ok(lists.slice(0, -1).every((x) => x.resHeaders['x-next-token']), 'every page but the last has x-next-token')
     assert.equal(lists.at(-1).resHeaders['x-next-token'], undefined, 'the last page has no x-next-token')

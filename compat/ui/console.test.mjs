@@ -5,7 +5,7 @@
 // run.sh starts the daemon and sets CELLA_UI_URL, CELLA_UI_KEY, CELLA_UI_SHOTS.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdirSync, mkdtempSync, writeFileSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, writeFileSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { chromium } from 'playwright-core';
@@ -46,6 +46,16 @@ const waitForTermLine = (re, timeout = 30000) => page.waitForFunction((src) => {
   for (let i = 0; i < b.length; i++) if (r.test(b.getLine(i).translateToString(true).trim())) return true;
   return false;
 }, re.source, { timeout });
+
+// waitForTermText waits until what the terminal shows (termText) satisfies
+// ok, polling it; `what` names the wait in the timeout error.
+async function waitForTermText(ok, what, timeout = 30000) {
+  const deadline = Date.now() + timeout;
+  while (!ok(await termText())) {
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeout} ms waiting for ${what} in the terminal`);
+    await page.waitForTimeout(100);
+  }
+}
 
 // auditRows is what the audit log table shows: kind, class and text per row.
 const auditRows = () => page.locator('#audit tbody tr').evaluateAll((trs) => trs.map((tr) => ({
@@ -125,14 +135,9 @@ test('open it and run echo hello in the terminal', async () => {
   await page.locator(`#sandboxes tr[data-id="${sandboxID}"] a`).first().click();
   await page.locator('#sandbox-id').filter({ hasText: sandboxID }).waitFor();
   await page.locator('#term-status').filter({ hasText: 'connected' }).waitFor();
-  await page.waitForFunction(() => /[$#] ?$/m.test(
-    Array.from({ length: window.cellaTerm?.buffer.active.length || 0 }, (_, i) => window.cellaTerm.buffer.active.getLine(i).translateToString(true)).join('\n').trimEnd()));
+  await waitForTermText((text) => /[$#] ?$/m.test(text.trimEnd()), 'a shell prompt');
   await typeInTerminal('echo hello');
-  await page.waitForFunction(() => {
-    const b = window.cellaTerm.buffer.active;
-    for (let i = 0; i < b.length; i++) if (b.getLine(i).translateToString(true).trim() === 'hello') return true;
-    return false;
-  });
+  await waitForTermLine(/^hello$/);
   const text = await termText();
   assert.match(text, /echo hello\s*\nhello/);
   // The DOM shows it too (the rows xterm.js renders).
@@ -151,17 +156,12 @@ test('upload a file through the file browser and see it listed', async () => {
   await page.locator('#flash .flash').filter({ hasText: 'Uploaded hello-from-the-console.txt' }).waitFor();
   // The file really is in the sandbox: the shell sees it.
   await typeInTerminal('cat ~/hello-from-the-console.txt');
-  await page.waitForFunction(() => {
-    const b = window.cellaTerm.buffer.active;
-    for (let i = 0; i < b.length; i++) if (b.getLine(i).translateToString(true).trim() === 'uploaded through the web console') return true;
-    return false;
-  });
+  await waitForTermLine(/^uploaded through the web console$/);
   // And it downloads back.
   const [dl] = await Promise.all([page.waitForEvent('download'), row.locator('button.download').click()]);
   assert.equal(dl.suggestedFilename(), 'hello-from-the-console.txt');
   const saved = join(dir, 'downloaded.txt');
   await dl.saveAs(saved);
-  const { readFileSync } = await import('node:fs');
   assert.equal(readFileSync(saved, 'utf8'), 'uploaded through the web console\n');
   rmSync(dir, { recursive: true, force: true });
   await shot('file-uploaded');
@@ -266,11 +266,7 @@ test('pause and resume from the console', async () => {
   }
   assert.ok(await prompts() > before, 'no new prompt in the terminal after the resume');
   await typeInTerminal('echo back-$((40+2))');
-  await page.waitForFunction(() => {
-    const b = window.cellaTerm.buffer.active;
-    for (let i = 0; i < b.length; i++) if (b.getLine(i).translateToString(true).trim() === 'back-42') return true;
-    return false;
-  }, null, { timeout: 60000 });
+  await waitForTermLine(/^back-42$/, 60000);
   // The uploaded file survived the pause.
   await page.locator('#files-refresh').click();
   await page.locator('#files tr[data-name="hello-from-the-console.txt"]').waitFor();

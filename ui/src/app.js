@@ -177,8 +177,17 @@ function header() {
     h('button', { id: 'logout-btn', class: 'ghost', onclick: () => logout() }, 'Log out'));
 }
 
+// A state badge shows text (the state, unless told) in the state's colours;
+// stateBadge makes one, setStateBadge changes one in place.
+const badgeClass = (state) => `badge state-${state}`;
+
 function stateBadge(state, id) {
-  return h('span', { class: `badge state-${state}`, id }, state);
+  return h('span', { class: badgeClass(state), id }, state);
+}
+
+function setStateBadge(el, state, text = state) {
+  el.textContent = text;
+  el.className = badgeClass(state);
 }
 
 // ---------- the audit log ----------
@@ -222,7 +231,6 @@ function auditRow(e, cmds) {
     }
   } else if (kind.startsWith('file.')) {
     what = [e.path || '', kind === 'file.write' && e.size ? h('span', { class: 'muted' }, ` (${fmtBytes(e.size)})`) : ''];
-    result = e.error ? 'failed' : '';
   } else {
     what = [e.message || e.path || e.cmd || ''];
   }
@@ -663,16 +671,14 @@ function sandboxView(id) {
     } catch (e) {
       if (e.status === 404) {
         sb = null;
-        stateEl.textContent = 'gone';
-        stateEl.className = 'badge state-dead';
+        setStateBadge(stateEl, 'dead', 'gone');
         flash(`Sandbox ${id} does not exist (any more).`, 'error');
         for (const b of [pauseBtn, resumeBtn, killBtn]) b.disabled = true;
         return;
       }
       throw e;
     }
-    stateEl.textContent = sb.state;
-    stateEl.className = `badge state-${sb.state}`;
+    setStateBadge(stateEl, sb.state);
     pauseBtn.disabled = sb.state !== 'running';
     resumeBtn.disabled = sb.state !== 'paused';
     killBtn.disabled = false;

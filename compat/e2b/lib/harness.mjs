@@ -2,6 +2,7 @@
 // run.sh), the logging proxy the SDK talks through, the `step` test wrapper
 // that prints the SDK call and cella's exchanges on failure, and helpers.
 import { it, before, after } from 'node:test'
+import assert from 'node:assert/strict'
 import http from 'node:http'
 import { inspect } from 'node:util'
 import { startProxy, formatExchanges } from './proxy.mjs'
@@ -95,6 +96,40 @@ export async function rejects (promise, what = 'the call') {
     if (e.noThrow) throw e
     return e
   }
+}
+
+// The exchanges of the current test matching method and path (a RegExp on the
+// request URL, path + query).
+export function matching (exchanges, method, re) {
+  return exchanges.filter((x) => x.method === method && re.test(x.url))
+}
+// The last of them; fails the test if the SDK sent none.
+export function one (exchanges, method, re) {
+  const found = matching(exchanges, method, re)
+  assert.ok(found.length > 0, `expected the SDK to send ${method} ${re} (it did not)`)
+  return found.at(-1)
+}
+// The JSON request (side 'req') or response (side 'res') body of an exchange.
+export function jsonBody (ex, side = 'res') {
+  const excerpt = side === 'req' ? ex.reqBody : ex.resBody
+  const headers = side === 'req' ? ex.reqHeaders : ex.resHeaders
+  const s = excerpt.text(headers['content-encoding'])
+  assert.ok(s !== null, `body too long or not decodable for a JSON check: ${excerpt.toString(headers['content-encoding'])}`)
+  try { return JSON.parse(s) } catch { assert.fail(`expected a JSON body, got: ${s}`) }
+}
+// date is a valid Date within slackMs of expectedMs.
+export function near (date, expectedMs, slackMs, what) {
+  assert.ok(date instanceof Date && !isNaN(date), `${what} is not a valid Date: ${date}`)
+  assert.ok(Math.abs(date.getTime() - expectedMs) <= slackMs,
+    `${what} = ${date.toISOString()}, expected within ${slackMs} ms of ${new Date(expectedMs).toISOString()}`)
+}
+// date lies in [loMs, hiMs]: for a server time set while a call was under
+// way, bounded by the client's clock before and after the call (same host),
+// so a slow call on a loaded machine cannot push it out of a fixed window.
+export function between (date, loMs, hiMs, what) {
+  assert.ok(date instanceof Date && !isNaN(date), `${what} is not a valid Date: ${date}`)
+  assert.ok(date.getTime() >= loMs && date.getTime() <= hiMs,
+    `${what} = ${date.toISOString()}, expected between ${new Date(loMs).toISOString()} and ${new Date(hiMs).toISOString()}`)
 }
 
 export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
