@@ -3,8 +3,8 @@ package agent
 import (
 	"encoding/json"
 	"net/http"
-	"strconv"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -62,6 +62,14 @@ func (f *auditFeed) emit(e AuditEvent) {
 	f.events = append(f.events, e)
 	close(f.wake)
 	f.wake = make(chan struct{})
+}
+
+// forget drops the events held; the sequence goes on, so a follower sees
+// only what comes after.
+func (f *auditFeed) forget() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.events = nil
 }
 
 // since returns the events after seq and a channel closed by the next emit.

@@ -134,3 +134,28 @@ func TestAuditFeedKeepsTheNewest(t *testing.T) {
 		t.Fatalf("returned events changed: %+v", tail)
 	}
 }
+
+// TestAuditFeedForgetsAnotherSandboxsEvents: a sandbox restored from
+// another's snapshot is told its own identity through /init; the events its
+// restored feed still holds are the other sandbox's and are not followed.
+func TestAuditFeedForgetsAnotherSandboxsEvents(t *testing.T) {
+	e := newTestEnv(t)
+	init := func(id string) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", e.ts.URL+"/init", strings.NewReader(`{"cellaSandboxID":"`+id+`"}`))
+		if resp, b := do(t, req); resp.StatusCode != 204 {
+			t.Fatalf("init %s: %d %s", id, resp.StatusCode, b)
+		}
+	}
+	e.srv.audit.emit(AuditEvent{Kind: "file.write", Path: "/home/user/original"})
+	init("sbxtest") // the same identity (a warm sandbox handed out): kept
+	if evs := follow(t, e, 0, 1); evs[0].Path != "/home/user/original" {
+		t.Fatalf("after an init with the same identity: %+v", evs)
+	}
+	init("sbxfork")
+	e.srv.audit.emit(AuditEvent{Kind: "file.write", Path: "/home/user/fork"})
+	evs := follow(t, e, 0, 1)
+	if evs[0].Path != "/home/user/fork" || evs[0].Seq != 2 {
+		t.Fatalf("the fork's feed from the start: first event %+v, want its own write with seq 2", evs[0])
+	}
+}

@@ -311,6 +311,10 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request, trusted bool
 		}
 	}
 	s.mu.Lock()
+	// A new identity is a sandbox restored from another's snapshot: the
+	// events the feed holds are the other sandbox's, not to be followed
+	// into this one's audit log.
+	newIdentity := req.SandboxID != nil && *req.SandboxID != "" && *req.SandboxID != s.cfg.SandboxID
 	if req.EnvVars != nil {
 		env := maps.Clone(s.cfg.EnvVars)
 		if env == nil {
@@ -332,6 +336,9 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request, trusted bool
 		s.cfg.SandboxID = *req.SandboxID
 	}
 	s.mu.Unlock()
+	if newIdentity {
+		s.audit.forget()
+	}
 	w.Header().Set("X-Envd-Version", Version)
 	w.WriteHeader(http.StatusNoContent)
 }

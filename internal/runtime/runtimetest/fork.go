@@ -2,8 +2,10 @@ package runtimetest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
@@ -229,6 +231,9 @@ func testFork(t *testing.T, env *daemontest.Env, rt string) {
 			}
 		}
 	}
+	// Fork 0's audit log holds its own commands, not the original's (its
+	// restored agent still had them in its feed).
+	forkAuditHasNoOriginalCommands(t, env, forks[0].ID)
 	// Change fork 0, files and memory; nobody else sees it.
 	mustOK(t, forks[0], "echo changed > /home/user/file.txt && echo new > /home/user/new.txt")
 	if gv {
@@ -276,5 +281,43 @@ func testFork(t *testing.T, env *daemontest.Env, rt string) {
 			t.Fatalf("%d snapshot dirs left after the last fork was killed", len(ents))
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// forkAuditHasNoOriginalCommands waits for the fork's own `cat` to reach its
+// audit log, then checks that the original's `echo orig` is not there.
+func forkAuditHasNoOriginalCommands(t *testing.T, env *daemontest.Env, id string) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		req, _ := http.NewRequest("GET", env.URL+"/sandboxes/"+id+"/logs?kind=process.start", nil)
+		req.Header.Set("X-API-Key", env.APIKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out struct {
+			Entries []struct {
+				Cmd string `json:"cmd"`
+			} `json:"entries"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&out)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		own := false
+		for _, e := range out.Entries {
+			if strings.Contains(e.Cmd, "echo orig") {
+				t.Fatalf("fork %s's audit log has the original's command %q", id, e.Cmd)
+			}
+			own = own || strings.Contains(e.Cmd, "cat /home/user/file.txt")
+		}
+		if own {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fork %s's own command never reached its audit log: %+v", id, out.Entries)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
