@@ -264,26 +264,36 @@ func reap(dir string, keep map[string]bool) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("reap network namespaces: %w", err)
 	}
-	var n int
-	var errs []error
+	var paths []string
 	for _, e := range entries {
 		name := e.Name()
-		if !strings.HasSuffix(name, "-s") && !strings.HasSuffix(name, "-o") {
+		if !strings.HasSuffix(name, innerSuffix) && !strings.HasSuffix(name, outerSuffix) {
 			continue
 		}
 		if keep[name[:len(name)-2]] {
 			continue
 		}
-		if err := removeNSFile(filepath.Join(dir, name)); err != nil {
+		paths = append(paths, filepath.Join(dir, name))
+	}
+	n, err := removeNSFiles(paths)
+	if err != nil {
+		return n, fmt.Errorf("reap network namespaces: %w", err)
+	}
+	return n, nil
+}
+
+// removeNSFiles removes namespace files and returns how many went.
+func removeNSFiles(paths []string) (int, error) {
+	var n int
+	var errs []error
+	for _, p := range paths {
+		if err := removeNSFile(p); err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		n++
 	}
-	if err := errors.Join(errs...); err != nil {
-		return n, fmt.Errorf("reap network namespaces: %w", err)
-	}
-	return n, nil
+	return n, errors.Join(errs...)
 }
 
 func lockRunDir(dir string) (*os.File, error) {
@@ -331,18 +341,13 @@ func (m *Manager) ReapUnadopted() (int, error) {
 	left := m.adoptable
 	m.adoptable = map[string]bool{}
 	m.mu.Unlock()
-	var n int
-	var errs []error
+	var paths []string
 	for id := range left {
-		for _, suffix := range []string{"-s", "-o"} {
-			if err := removeNSFile(filepath.Join(m.cfg.RunDir, id+suffix)); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			n++
-		}
+		inner, outer := nsPaths(m.cfg.RunDir, id)
+		paths = append(paths, inner, outer)
 	}
-	if err := errors.Join(errs...); err != nil {
+	n, err := removeNSFiles(paths)
+	if err != nil {
 		return n, fmt.Errorf("reap unadopted network slots: %w", err)
 	}
 	return n, nil
@@ -352,8 +357,9 @@ func slotFilesExist(runDir, id string) bool {
 	if !slotIDRE.MatchString(id) {
 		return false
 	}
-	for _, suffix := range []string{"-s", "-o"} {
-		if _, err := os.Stat(filepath.Join(runDir, id+suffix)); err != nil {
+	inner, outer := nsPaths(runDir, id)
+	for _, p := range []string{inner, outer} {
+		if _, err := os.Stat(p); err != nil {
 			return false
 		}
 	}

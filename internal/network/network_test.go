@@ -22,6 +22,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/cella-sandbox/cella/internal/rootfs"
 )
 
 // Addresses that exist nowhere on this machine: traffic to them can only
@@ -157,15 +159,9 @@ func readWithin(pc net.PacketConn, d time.Duration) ([]byte, net.Addr, error) {
 
 func mountsUnder(t testing.TB, dir string) []string {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	out, err := rootfs.FindMounts(dir)
 	if err != nil {
 		t.Fatal(err)
-	}
-	var out []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			out = append(out, f[4])
-		}
 	}
 	return out
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"strconv"
@@ -138,16 +139,28 @@ func (st *buildState) close() {
 	}
 }
 
+// A slot's two namespace files in the run dir: <id>-s (the sandbox's, S)
+// and <id>-o (the outer one, O).
+const (
+	innerSuffix = "-s"
+	outerSuffix = "-o"
+)
+
+func nsPaths(runDir, id string) (inner, outer string) {
+	return filepath.Join(runDir, id+innerSuffix), filepath.Join(runDir, id+outerSuffix)
+}
+
+// newSlot is slot id's value before its namespaces are made or opened.
+func newSlot(cfg *Config, id string) *Slot {
+	s := &Slot{ID: id, GuestIP: cfg.guestIP(), HostIP: cfg.hostIP()}
+	s.NetNSPath, s.outerPath = nsPaths(cfg.RunDir, id)
+	return s
+}
+
 // makeSlot creates, wires and firewalls a new slot with the given id.
 func makeSlot(cfg *Config, id string) (*Slot, error) {
 	start := time.Now()
-	s := &Slot{
-		ID:        id,
-		NetNSPath: cfg.RunDir + "/" + id + "-s",
-		outerPath: cfg.RunDir + "/" + id + "-o",
-		GuestIP:   cfg.guestIP(),
-		HostIP:    cfg.hostIP(),
-	}
+	s := newSlot(cfg, id)
 	st := newBuildState()
 	defer st.close()
 	err := createNamespaces(cfg, s, st)
@@ -372,13 +385,7 @@ var slotIDRE = regexp.MustCompile(`^n[0-9a-f]{12}$`)
 // adoptSlot opens the sockets of an existing slot again, inside its outer
 // namespace.
 func adoptSlot(cfg *Config, id string) (*Slot, error) {
-	s := &Slot{
-		ID:        id,
-		NetNSPath: cfg.RunDir + "/" + id + "-s",
-		outerPath: cfg.RunDir + "/" + id + "-o",
-		GuestIP:   cfg.guestIP(),
-		HostIP:    cfg.hostIP(),
-	}
+	s := newSlot(cfg, id)
 	s.nsFiles = []string{s.outerPath, s.NetNSPath}
 	start := time.Now()
 	outer, err := netns.GetFromPath(s.outerPath)

@@ -73,17 +73,27 @@ func (m *Manager) attachNetwork(ctx context.Context, sb *Sandbox) (string, error
 	if err != nil {
 		return "", fmt.Errorf("network slot for %s: %w", sb.ID, err)
 	}
+	if err := m.serveSlot(sb, slot); err != nil {
+		return "", fmt.Errorf("egress policy of %s: %w", sb.ID, err)
+	}
+	return slot.NetNSPath, nil
+}
+
+// serveSlot has the proxy serve sb's slot under its egress policy and
+// makes the slot sb's; on an invalid policy the slot is released.
+func (m *Manager) serveSlot(sb *Sandbox, slot *network.Slot) error {
+	n := m.cfg.Network
 	eg := &egress.Sandbox{ID: sb.ID, Events: n.Events}
 	if err := eg.SetPolicy(sb.Options.Egress); err != nil {
 		_ = slot.Release()
-		return "", fmt.Errorf("egress policy of %s: %w", sb.ID, err)
+		return err
 	}
 	go n.Proxy.Serve(slot.Listener, eg, network.OriginalDst)
 	go n.Proxy.ServeDNS(slot.DNS, eg)
 	sb.mu.Lock()
 	sb.net = &sandboxNet{slot: slot, eg: eg}
 	sb.mu.Unlock()
-	return slot.NetNSPath, nil
+	return nil
 }
 
 // adoptNetwork gives a sandbox adopted after a daemon crash its network
@@ -99,17 +109,9 @@ func (m *Manager) adoptNetwork(sb *Sandbox, slotID string) {
 		m.log.Warn("adopted sandbox keeps no egress: its network slot cannot be adopted", "id", sb.ID, "slot", slotID, "err", err)
 		return
 	}
-	eg := &egress.Sandbox{ID: sb.ID, Events: n.Events}
-	if err := eg.SetPolicy(sb.Options.Egress); err != nil {
-		_ = slot.Release()
+	if err := m.serveSlot(sb, slot); err != nil {
 		m.log.Warn("adopted sandbox keeps no egress: its recorded policy is invalid", "id", sb.ID, "err", err)
-		return
 	}
-	go n.Proxy.Serve(slot.Listener, eg, network.OriginalDst)
-	go n.Proxy.ServeDNS(slot.DNS, eg)
-	sb.mu.Lock()
-	sb.net = &sandboxNet{slot: slot, eg: eg}
-	sb.mu.Unlock()
 }
 
 // RecordedNetSlots returns the network slots that sandboxes recorded as

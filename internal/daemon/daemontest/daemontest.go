@@ -18,6 +18,7 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/daemon"
+	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/template"
 )
 
@@ -187,16 +188,6 @@ func (l *testLog) Write(p []byte) (int, error) {
 
 // mountsUnder lists the mount points at or below dir.
 func mountsUnder(dir string) []string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
-			out = append(out, f[4])
-		}
-	}
+	out, _ := rootfs.FindMounts(dir)
 	return out
 }
