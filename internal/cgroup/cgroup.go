@@ -282,11 +282,20 @@ func rmTree(dir string) error {
 // MemoryLimit reads container id's v1 memory ceiling in bytes (for tests and
 // diagnostics).
 func MemoryLimit(id string) (int64, error) {
-	b, err := os.ReadFile(filepath.Join(Root, "memory", Parent, id, "memory.limit_in_bytes"))
+	n, err := readInt(filepath.Join(Root, "memory", Parent, id, "memory.limit_in_bytes"))
 	if err != nil {
 		return 0, fmt.Errorf("read memory limit of %s: %w", id, err)
 	}
-	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return n, nil
+}
+
+// Stat reads a "key value" file (memory.stat, pids.events,
+// memory.oom_control) of container id's cgroup in a v1 controller.
+func Stat(controller, id, file string) (map[string]int64, error) {
+	if !idRE.MatchString(id) {
+		return nil, fmt.Errorf("invalid container id %q", id)
+	}
+	return readKeyed(filepath.Join(Root, controller, Parent, id, file))
 }
 
 // Usage is a container's resource use as its cgroups account it.

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/agent"
+	"github.com/cella-sandbox/cella/internal/cgroup"
 	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/rootfs"
@@ -704,15 +705,6 @@ func tail(path string, n int) string {
 // v1 file is non-zero: memory.oom_control's oom_kill counts OOM kills,
 // pids.events' max counts forks refused at the ceiling.
 func cgroupCounter(controller, id, file, key string) bool {
-	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", controller, "cella", id, file))
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 2 && f[0] == key && f[1] != "0" {
-			return true
-		}
-	}
-	return false
+	st, err := cgroup.Stat(controller, id, file)
+	return err == nil && st[key] != 0
 }
