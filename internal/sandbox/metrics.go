@@ -61,16 +61,16 @@ func (r *metricsRing) add(s sample, limit int) {
 	r.next = (r.next + 1) % len(r.samples)
 }
 
-// newest returns when the newest sample was taken (zero: none yet).
-func (r *metricsRing) newest() time.Time {
+// newest returns the newest sample; false when there is none yet.
+func (r *metricsRing) newest() (sample, bool) {
 	if len(r.samples) == 0 {
-		return time.Time{}
+		return sample{}, false
 	}
 	i := r.next - 1
 	if i < 0 {
 		i = len(r.samples) - 1
 	}
-	return time.UnixMilli(r.samples[i].unixMilli)
+	return r.samples[i], true
 }
 
 // ordered returns the samples oldest first.
@@ -189,9 +189,10 @@ func (m *Manager) Metrics(id string, start, end time.Time, fresh bool) ([]Metric
 // second old; a sandbox without a baseline reading gets one first.
 func (m *Manager) sampleNow(sb *Sandbox) {
 	sb.metrics.mu.Lock()
-	newest, lastAt := sb.metrics.newest(), sb.metrics.lastAt
+	newest, ok := sb.metrics.newest()
+	lastAt := sb.metrics.lastAt
 	sb.metrics.mu.Unlock()
-	if !newest.IsZero() && time.Since(newest) < time.Second {
+	if ok && time.Since(time.UnixMilli(newest.unixMilli)) < time.Second {
 		return
 	}
 	if lastAt.IsZero() {
@@ -209,11 +210,18 @@ func (m *Manager) sampleNow(sb *Sandbox) {
 // LatestMetric returns the newest sample of sandbox id, taking one now if
 // the newest is over a second old and it runs; ok is false when it has none.
 func (m *Manager) LatestMetric(id string) (mt Metric, ok bool, err error) {
-	all, err := m.Metrics(id, time.Time{}, time.Time{}, true)
-	if err != nil || len(all) == 0 {
+	sb, err := m.Get(id)
+	if err != nil {
 		return Metric{}, false, err
 	}
-	return all[len(all)-1], true, nil
+	m.sampleNow(sb)
+	sb.metrics.mu.Lock()
+	s, ok := sb.metrics.newest()
+	sb.metrics.mu.Unlock()
+	if !ok {
+		return Metric{}, false, nil
+	}
+	return sb.metric(s), true, nil
 }
 
 // metricsBarrier returns once no sample of sb is being taken: after a
