@@ -96,6 +96,14 @@ type Log struct {
 	pending []Entry
 	dropped map[string]int // per sandbox: entries refused since the last batch
 	closed  bool
+	// lastBlocked is the newest blocked entry this process accepted per
+	// sandbox; complete marks the sandboxes whose whole file this process
+	// wrote (it did not exist at the first write), for which lastBlocked
+	// is the truth: asking them for blocks after it needs no file read,
+	// which is what every exec's "anything blocked?" question asks.
+	lastBlocked map[string]time.Time
+	complete    map[string]bool
+	written     map[string]bool // guarded by fileMu: sandboxes written to since start
 
 	invalid atomic.Int64 // entries with an unusable sandbox ID
 
@@ -123,11 +131,12 @@ func New(dir string, o Options) (*Log, error) {
 	}
 	l := &Log{
 		dir: dir, redact: o.Redact, maxFile: o.MaxFileBytes, log: o.Log,
-		dropped: map[string]int{},
-		wake:    make(chan struct{}, 1),
-		flush:   make(chan chan struct{}),
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
+		dropped:     map[string]int{},
+		lastBlocked: map[string]time.Time{}, complete: map[string]bool{}, written: map[string]bool{},
+		wake:  make(chan struct{}, 1),
+		flush: make(chan chan struct{}),
+		stop:  make(chan struct{}),
+		done:  make(chan struct{}),
 	}
 	go l.run()
 	return l, nil
@@ -157,6 +166,9 @@ func (l *Log) Append(e Entry) {
 		return
 	}
 	l.pending = append(l.pending, e)
+	if e.Decision == DecisionBlocked && e.Time.After(l.lastBlocked[e.SandboxID]) {
+		l.lastBlocked[e.SandboxID] = e.Time
+	}
 	l.mu.Unlock()
 	select {
 	case l.wake <- struct{}{}:
@@ -277,6 +289,13 @@ func truncate(s string) string {
 
 func (l *Log) appendFile(id string, data []byte) error {
 	p := l.path(id)
+	if !l.written[id] {
+		l.written[id] = true
+		_, err := os.Stat(p)
+		l.mu.Lock()
+		l.complete[id] = errors.Is(err, os.ErrNotExist)
+		l.mu.Unlock()
+	}
 	f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", p, err)
@@ -344,6 +363,14 @@ func (l *Log) Read(sandboxID string, q Query) ([]Entry, error) {
 		limit = DefaultLimit
 	}
 	out := []Entry{}
+	if q.Decision == DecisionBlocked && !q.Since.IsZero() {
+		l.mu.Lock()
+		none := l.complete[sandboxID] && q.Since.After(l.lastBlocked[sandboxID])
+		l.mu.Unlock()
+		if none {
+			return out, nil
+		}
+	}
 	err := l.scan(sandboxID, func(e Entry) {
 		if !q.match(e) {
 			return
@@ -434,7 +461,10 @@ func (l *Log) Remove(sandboxID string) error {
 	l.mu.Lock()
 	l.pending = slices.DeleteFunc(l.pending, func(e Entry) bool { return e.SandboxID == sandboxID })
 	delete(l.dropped, sandboxID)
+	delete(l.lastBlocked, sandboxID)
+	delete(l.complete, sandboxID)
 	l.mu.Unlock()
+	delete(l.written, sandboxID)
 	if err := os.Remove(l.path(sandboxID)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove audit log of %s: %w", sandboxID, err)
 	}

@@ -357,3 +357,67 @@ func TestPrune(t *testing.T) {
 		t.Fatalf("after prune: gone=%v alive=%v recent=%v", l.Exists("gone"), l.Exists("alive"), l.Exists("recent"))
 	}
 }
+
+// TestBlockedSinceIndex: the "anything blocked since T?" question of every
+// exec is answered from memory for a sandbox whose whole log this process
+// wrote, and from the file for one whose log it found.
+func TestBlockedSinceIndex(t *testing.T) {
+	l, dir := newLog(t, audit.Options{})
+	t0 := time.Now().Add(-time.Minute)
+	blocked := func(id string, at time.Time) audit.Entry {
+		return audit.Entry{Time: at, SandboxID: id, Kind: audit.KindConnect, Decision: audit.DecisionBlocked, Host: "x.test"}
+	}
+	read := func(l *audit.Log, id string, since time.Time) []audit.Entry {
+		t.Helper()
+		got, err := l.Read(id, audit.Query{Since: since, Decision: audit.DecisionBlocked})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	l.Append(blocked("fresh", t0))
+	l.Append(audit.Entry{Time: t0.Add(time.Second), SandboxID: "fresh", Kind: audit.KindConnect, Decision: audit.DecisionAllowed})
+	if got := read(l, "fresh", t0); len(got) != 1 {
+		t.Fatalf("blocked since t0: %d entries, want 1", len(got))
+	}
+	// Asked after its last block, the log does not read the file: replacing
+	// it with a directory (unreadable as a log) changes nothing.
+	path := filepath.Join(dir, "fresh.jsonl")
+	if err := os.Rename(path, path+".moved"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(path, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(l, "fresh", t0.Add(time.Nanosecond)); len(got) != 0 {
+		t.Fatalf("blocked after the last block: %d entries", len(got))
+	}
+	// A block queued now is seen at once (the read then goes to the file).
+	os.Remove(path)
+	os.Rename(path+".moved", path)
+	l.Append(blocked("fresh", t0.Add(2*time.Second)))
+	if got := read(l, "fresh", t0.Add(time.Nanosecond)); len(got) != 1 || !got[0].Time.Equal(t0.Add(2*time.Second)) {
+		t.Fatalf("a new block: %+v", got)
+	}
+
+	// A log this process did not write in full (a daemon restart): its
+	// older blocks are found in the file.
+	l.Close()
+	l2, err := audit.New(dir, audit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l2.Close() })
+	l2.Append(audit.Entry{Time: t0.Add(3 * time.Second), SandboxID: "fresh", Kind: audit.KindConnect, Decision: audit.DecisionAllowed})
+	if got := read(l2, "fresh", t0.Add(time.Nanosecond)); len(got) != 1 {
+		t.Fatalf("after a restart: %d blocked entries, want the one in the file", len(got))
+	}
+	// Removing a log forgets its index too.
+	if err := l2.Remove("fresh"); err != nil {
+		t.Fatal(err)
+	}
+	l2.Append(blocked("fresh", t0.Add(4*time.Second)))
+	if got := read(l2, "fresh", t0); len(got) != 1 {
+		t.Fatalf("after Remove and a new block: %d entries, want 1", len(got))
+	}
+}
