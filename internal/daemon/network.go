@@ -110,12 +110,10 @@ func newNetwork(c Config, log *slog.Logger, al *audit.Log, sm *secrets.Manager, 
 		HardDeny:        hardDeny,
 		UpstreamRootCAs: roots,
 		CA:              ca,
-		Secrets: func(name string) (string, error) {
-			return sm.Get(name)
-		},
-		OperatorHint:   "cella serve --egress-allow " + "<host>" + " (the daemon's ceiling), then the sandbox's network.allowOut or PUT /sandboxes/{id}/network",
-		PermitLoopback: loopback,
-		DenyUpstream:   denyUpstream,
+		Secrets:         sm.Get,
+		OperatorHint:    "cella serve --egress-allow <host> (the daemon's ceiling), then the sandbox's network.allowOut or PUT /sandboxes/{id}/network",
+		PermitLoopback:  loopback,
+		DenyUpstream:    denyUpstream,
 	})
 	events := func(e egress.Event) {
 		entry := audit.Entry{
@@ -124,22 +122,19 @@ func newNetwork(c Config, log *slog.Logger, al *audit.Log, sm *secrets.Manager, 
 			BytesOut: e.BytesOut, BytesIn: e.BytesIn,
 		}
 		al.Append(entry)
-		if e.Decision == audit.DecisionBlocked {
-			counts.Blocked.Add(1)
-		} else {
+		if e.Decision != audit.DecisionBlocked {
 			counts.Allowed.Add(1)
+			return
 		}
-		if e.Decision == audit.DecisionBlocked {
-			log.Info("egress blocked", "id", e.SandboxID, "proto", e.Proto, "dst", e.Dst, "host", e.Host, "rule", e.Rule, "reason", e.Reason)
-		}
+		counts.Blocked.Add(1)
+		log.Info("egress blocked", "id", e.SandboxID, "proto", e.Proto, "dst", e.Dst, "host", e.Host, "rule", e.Rule, "reason", e.Reason)
 	}
-	host := cfg.Prefix.Addr().Next()
 	closeAll := func() {
 		proxy.Close()
 		slots.Close()
 	}
 	log.Info("sandbox networking ready", "ceiling", ceilingText(nc), "slot_pool", cfg.PoolSize, "run_dir", cfg.RunDir)
-	return &sandbox.Network{Slots: slots, Proxy: proxy, CAPEM: ca.CertPEM(), Events: events, Nameserver: host}, closeAll, nil
+	return &sandbox.Network{Slots: slots, Proxy: proxy, CAPEM: ca.CertPEM(), Events: events, Nameserver: cfg.HostIP()}, closeAll, nil
 }
 
 func ceilingText(nc NetworkConfig) string {

@@ -98,6 +98,7 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// hostIP and guestIP are the first two hosts of a validated prefix.
-func (c *Config) hostIP() netip.Addr  { return c.Prefix.Addr().Next() }
+// HostIP (every slot's gateway and nameserver) and guestIP are the first
+// two hosts of a validated prefix.
+func (c *Config) HostIP() netip.Addr  { return c.Prefix.Addr().Next() }
 func (c *Config) guestIP() netip.Addr { return c.Prefix.Addr().Next().Next() }

@@ -909,12 +909,12 @@ func TestConfigValidate(t *testing.T) {
 	if zero.Prefix != DefaultPrefix || zero.RunDir != DefaultRunDir || zero.ProxyPort != DefaultProxyPort || zero.DNSPort != DefaultDNSPort || zero.PoolSize != 0 {
 		t.Errorf("defaults not filled: %+v", zero)
 	}
-	if zero.hostIP().String() != "10.200.0.1" || zero.guestIP().String() != "10.200.0.2" {
-		t.Errorf("addresses %s %s", zero.hostIP(), zero.guestIP())
+	if zero.HostIP().String() != "10.200.0.1" || zero.guestIP().String() != "10.200.0.2" {
+		t.Errorf("addresses %s %s", zero.HostIP(), zero.guestIP())
 	}
 	wide := Config{Prefix: netip.MustParsePrefix("172.30.5.7/24")}
-	if err := wide.Validate(); err != nil || wide.hostIP().String() != "172.30.5.1" || wide.guestIP().String() != "172.30.5.2" {
-		t.Errorf("/24: %v %s %s", err, wide.hostIP(), wide.guestIP())
+	if err := wide.Validate(); err != nil || wide.HostIP().String() != "172.30.5.1" || wide.guestIP().String() != "172.30.5.2" {
+		t.Errorf("/24: %v %s %s", err, wide.HostIP(), wide.guestIP())
 	}
 	for name, c := range map[string]Config{
 		"ipv6":      {Prefix: netip.MustParsePrefix("fd00::/64")},

@@ -152,7 +152,7 @@ func nsPaths(runDir, id string) (inner, outer string) {
 
 // newSlot is slot id's value before its namespaces are made or opened.
 func newSlot(cfg *Config, id string) *Slot {
-	s := &Slot{ID: id, GuestIP: cfg.guestIP(), HostIP: cfg.hostIP()}
+	s := &Slot{ID: id, GuestIP: cfg.guestIP(), HostIP: cfg.HostIP()}
 	s.NetNSPath, s.outerPath = nsPaths(cfg.RunDir, id)
 	return s
 }
