@@ -51,6 +51,14 @@ type Figure struct {
 	Err   string `json:"error,omitempty"`
 }
 
+// against sets f's baseline and f's P50 as a ratio of the baseline's.
+func (f *Figure) against(b Figure) {
+	f.Baseline = b.Name
+	if b.P50 > 0 {
+		f.Ratio = float64(f.P50) / float64(b.P50)
+	}
+}
+
 func summarize(name, rt string, d []time.Duration) Figure {
 	f := Figure{Name: name, Runtime: rt, N: len(d)}
 	if len(d) == 0 {
@@ -102,26 +110,17 @@ func Create(ctx context.Context, cfg Config) ([]Figure, error) {
 		if err != nil {
 			cold.Err = err.Error()
 		}
-		cold.Baseline = raw.Name
-		if raw.P50 > 0 {
-			cold.Ratio = float64(cold.P50) / float64(raw.P50)
-		}
+		cold.against(raw)
 		figs = append(figs, cold)
 		// The same create from a warm pool (pool.go), beside the cold one.
 		warm, err := apiCreatePooled(ctx, cfg, rt)
 		if err != nil {
 			warm.Err = err.Error()
 		}
-		warm.Baseline = cold.Name
-		if cold.P50 > 0 {
-			warm.Ratio = float64(warm.P50) / float64(cold.P50)
-		}
+		warm.against(cold)
 		figs = append(figs, warm)
 		if call, ok := poolCreateCall[rt]; ok && call.N > 0 {
-			call.Baseline = raw.Name
-			if raw.P50 > 0 {
-				call.Ratio = float64(call.P50) / float64(raw.P50)
-			}
+			call.against(raw)
 			figs = append(figs, call)
 		}
 	}

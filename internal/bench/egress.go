@@ -75,10 +75,7 @@ func Egress(ctx context.Context, cfg Config, n int) ([]Figure, error) {
 		if err != nil {
 			f.Err = err.Error()
 		}
-		f.Baseline = figs[0].Name
-		if figs[0].P50 > 0 && f.P50 > 0 {
-			f.Ratio = float64(f.P50) / float64(figs[0].P50)
-		}
+		f.against(figs[0])
 		figs = append(figs, f)
 	}
 	return figs, nil

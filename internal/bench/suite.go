@@ -28,10 +28,7 @@ func Exec(ctx context.Context, cfg Config) ([]Figure, error) {
 		if err != nil {
 			f.Err = err.Error()
 		}
-		f.Baseline = figs[0].Name
-		if figs[0].P50 > 0 {
-			f.Ratio = float64(f.P50) / float64(figs[0].P50)
-		}
+		f.against(figs[0])
 		figs = append(figs, f)
 	}
 	return figs, nil
@@ -117,10 +114,7 @@ func Burst(ctx context.Context, cfg Config, concurrent int) ([]Figure, error) {
 		wg.Wait()
 		wall := time.Since(t0)
 		f := summarize(fmt.Sprintf("%d concurrent creates", concurrent), rt, ds)
-		f.Baseline = single.Name
-		if single.P50 > 0 {
-			f.Ratio = float64(f.P50) / float64(single.P50)
-		}
+		f.against(single)
 		f.Extra = fmt.Sprintf("%.1f creates/s", float64(len(ds))/wall.Seconds())
 		if firstErr != nil {
 			f.Err = fmt.Sprintf("%d of %d failed: %v", concurrent-len(ds), concurrent, firstErr)
@@ -187,10 +181,7 @@ func Files(ctx context.Context, cfg Config, short bool) ([]Figure, error) {
 				f   *Figure
 				err error
 			}{{&up, upErr}, {&down, downErr}} {
-				x.f.Baseline = local.Name
-				if local.P50 > 0 {
-					x.f.Ratio = float64(x.f.P50) / float64(local.P50)
-				}
+				x.f.against(local)
 				if x.f.N == 0 {
 					x.f.Err = fmt.Sprintf("every try failed: %v", x.err)
 				}
@@ -277,10 +268,7 @@ func Density(ctx context.Context, cfg Config, n int) ([]Figure, error) {
 			f.Err = fmt.Sprintf("stopped at %d: %v", len(ids), firstErr)
 		}
 		busy := summarize(fmt.Sprintf("API GET /health with %d idle sandboxes", len(ids)), rt, repeat(50, func() error { return health(l.URL) }))
-		busy.Baseline = idle.Name
-		if idle.P50 > 0 {
-			busy.Ratio = float64(busy.P50) / float64(idle.P50)
-		}
+		busy.against(idle)
 		create := summarize(fmt.Sprintf("create with %d idle sandboxes", len(ids)), rt, repeat(3, func() error {
 			sb, err := l.Client.Create(ctx, client.CreateRequest{})
 			if err == nil {
