@@ -153,10 +153,10 @@ func (p *Proxy) answerDNS(sb *Sandbox, pkt []byte, local string) []byte {
 	ev := Event{Kind: "dns", Proto: "dns", Dst: local, Host: name}
 	ok, rule := pol.allowsName(name)
 	if !ok {
-		reason := fmt.Sprintf("%s is not allowed for this sandbox (%s); an operator can allow it with %s", name, pol.summary, p.cfg.OperatorHint)
+		ref := p.notAllowed(pol, name, rule)
 		m.Rcode = dns.RcodeNameError
-		ede(m, dns.ExtendedErrorCodeBlocked, "blocked by cella sandbox policy: "+reason)
-		ev.Decision, ev.Rule, ev.Reason = "blocked", rule, reason
+		ede(m, dns.ExtendedErrorCodeBlocked, blockedByPolicy+ref.msg)
+		ev.Decision, ev.Rule, ev.Reason = "blocked", ref.code, ref.msg
 		sb.emit(ev)
 		return pack(m)
 	}

@@ -9,8 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"net/netip"
-	"net/textproto"
 	"strconv"
 	"sync"
 	"time"
@@ -20,8 +18,6 @@ import (
 // hangs up mid-request) out of the daemon's log; events carry what
 // matters.
 var discardLog = log.New(io.Discard, "", 0)
-
-func httpCanonical(name string) string { return textproto.CanonicalMIMEHeaderKey(name) }
 
 // httpConn proxies the HTTP/1.x requests of one sandbox connection, in
 // the clear or inside intercepted TLS.
@@ -140,7 +136,7 @@ func (h *httpConn) serve(w http.ResponseWriter, r *http.Request) {
 	host := requestHost(r)
 	switch {
 	case t == nil:
-		nt, ref := h.p.decide(r.Context(), s, stripPort(r.Host), "the Host header")
+		nt, ref := h.p.decideName(r.Context(), s, host, "the Host header")
 		if ref != nil {
 			s.refuse(ref, nt)
 			writeRefusal(w, s, ref)
@@ -168,8 +164,8 @@ func (h *httpConn) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if t.name != "" {
-		if hdrs := headerRules(s.pol.rulesFor(t.name)); len(hdrs) > 0 {
-			if ref := h.p.inject(s, t.name, r.Header, hdrs); ref != nil {
+		if names, hdrs := s.pol.headersFor(t.name); len(names) > 0 {
+			if ref := h.p.inject(s, t.name, r.Header, names, hdrs); ref != nil {
 				s.refuse(ref, *t)
 				writeRefusal(w, s, ref)
 				return
@@ -186,11 +182,7 @@ func (h *httpConn) serve(w http.ResponseWriter, r *http.Request) {
 // requestHost is the normalized name a request is for: "" when it names
 // an address or nothing.
 func requestHost(r *http.Request) string {
-	host := normalizeName(stripPort(r.Host))
-	if _, err := netip.ParseAddr(host); err == nil {
-		return ""
-	}
-	return host
+	return hostName(stripPort(r.Host))
 }
 
 func stripPort(hostport string) string {

@@ -18,10 +18,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/cella-sandbox/cella/internal/secrets"
 )
@@ -270,14 +271,9 @@ func (p *Proxy) intercept(ctx context.Context, s *session, t target, client net.
 	p.serveHTTP(ctx, s, tc, &t, "https")
 }
 
-// inject sets a rule's headers on a request, replacing what the sandbox
-// sent for them.
-func (p *Proxy) inject(s *session, host string, h http.Header, headers map[string]string) *refusal {
-	names := make([]string, 0, len(headers))
-	for name := range headers {
-		names = append(names, name)
-	}
-	sort.Strings(names)
+// inject sets a rule's headers (as headersFor returns them) on a request,
+// replacing what the sandbox sent for them.
+func (p *Proxy) inject(s *session, host string, h http.Header, names []string, headers map[string]string) *refusal {
 	for _, name := range names {
 		v, err := s.expand(headers[name], p.cfg.Secrets)
 		if err != nil {
@@ -288,20 +284,6 @@ func (p *Proxy) inject(s *session, host string, h http.Header, headers map[strin
 		h[name] = []string{v}
 	}
 	return nil
-}
-
-// secretRefs returns the secrets a header value template names
-// (${e2b.secrets.NAME} or ${secret:NAME}).
-func secretRefs(tmpl string) ([]string, error) {
-	var names []string
-	_, err := secrets.Replace(tmpl, func(_, name string) (string, error) {
-		names = append(names, name)
-		return "", nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("malformed ${e2b.secrets.NAME} reference: %w", err)
-	}
-	return names, nil
 }
 
 // expand resolves the secrets in a header value template, remembering the
@@ -319,7 +301,7 @@ func (s *session) expand(tmpl string, lookup func(string) (string, error)) (stri
 			return "", fmt.Errorf("secret %s is not available: %s", name, s.redact(err.Error()))
 		}
 		s.remember(name, v)
-		if !validHeaderValue(v) {
+		if !httpguts.ValidHeaderFieldValue(v) {
 			return "", fmt.Errorf("secret %s holds characters not allowed in a header", name)
 		}
 		return v, nil
@@ -329,19 +311,25 @@ func (s *session) expand(tmpl string, lookup func(string) (string, error)) (stri
 func (s *session) remember(name, value string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if v, ok := s.secrets[name]; ok && v == value {
+		// The usual case on a kept-alive connection: nothing new to redact.
+		return
+	}
 	if s.secrets == nil {
 		s.secrets = map[string]string{}
 	}
 	s.secrets[name] = value
+	s.redactor = secrets.NewRedactor(s.secrets, 1)
 }
 
 // redact replaces the secret values seen on this connection with
-// [secret:NAME].
+// [secret:NAME], the longest first where values overlap.
 func (s *session) redact(text string) string {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	for name, v := range s.secrets {
-		text = strings.ReplaceAll(text, v, "[secret:"+name+"]")
+	r := s.redactor
+	s.mu.Unlock()
+	if r == nil {
+		return text
 	}
-	return text
+	return r.Replace(text)
 }

@@ -330,3 +330,35 @@ func TestLoadOrCreateCA(t *testing.T) {
 		t.Errorf("mismatched key: %v", err)
 	}
 }
+
+// TestRedactOverlappingSecrets: a secret value that contains another is
+// redacted whole, whatever order the values were resolved in, and the same
+// every time.
+func TestRedactOverlappingSecrets(t *testing.T) {
+	const in = "got abcdXYZ, then abcd, then abcdXY"
+	const want = "got [secret:B], then [secret:A], then [secret:A]XY"
+	for i := range 50 {
+		s := &session{}
+		if i%2 == 0 {
+			s.remember("A", "abcd")
+			s.remember("B", "abcdXYZ")
+		} else {
+			s.remember("B", "abcdXYZ")
+			s.remember("A", "abcd")
+		}
+		s.remember("A", "abcd") // again, as on a kept-alive connection
+		if got := s.redact(in); got != want {
+			t.Fatalf("round %d: redact = %q, want %q", i, got, want)
+		}
+	}
+	if got := (&session{}).redact(in); got != in {
+		t.Errorf("no secrets: redact = %q", got)
+	}
+	// A secret whose value changes is redacted by its new value.
+	s := &session{}
+	s.remember("A", "abcd")
+	s.remember("A", "wxyz")
+	if got := s.redact("abcd wxyz"); got != "abcd [secret:A]" {
+		t.Errorf("after a new value: redact = %q", got)
+	}
+}

@@ -4,10 +4,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"net/textproto"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
+
+	"golang.org/x/net/http/httpguts"
+
+	"github.com/cella-sandbox/cella/internal/secrets"
 )
 
 // Policy is a sandbox's egress policy in E2B's shapes: the create request's
@@ -71,7 +78,13 @@ func (p Policy) Validate() error {
 // reason code ("no-match", "invalid-name", "invalid-policy"). An IP literal
 // is checked with AllowsAddr.
 func (p Policy) AllowsHost(name string) (bool, string) {
-	return compile(p).allowsHost(name)
+	c, err := compileStrict(p)
+	if err != nil {
+		// A policy that does not validate allows nothing, since a bad deny
+		// entry must not open anything.
+		return false, "invalid-policy"
+	}
+	return c.allowsHost(name)
 }
 
 // AllowsAddr says whether the policy allows connecting to a raw address,
@@ -79,14 +92,22 @@ func (p Policy) AllowsHost(name string) (bool, string) {
 // "hard-deny:PREFIX", "invalid-policy"). Only the built-in hard-deny list
 // applies here; the proxy adds Config.HardDeny and loopback.
 func (p Policy) AllowsAddr(a netip.Addr) (bool, string) {
-	return compile(p).allowsAddr(a)
+	c, err := compileStrict(p)
+	if err != nil {
+		return false, "invalid-policy"
+	}
+	return c.allowsAddr(a)
 }
 
 // Summary describes what the policy allows, for explanations:
 // "allowed: pkg.test, *.github.com, 10.0.0.0/8" (with "; denied: ..." when
 // DenyOut is set), or "allowed: nothing (no egress)".
 func (p Policy) Summary() string {
-	return compile(p).summary
+	c, err := compileStrict(p)
+	if err != nil {
+		return "allowed: nothing (the policy is invalid: " + err.Error() + ")"
+	}
+	return c.summary
 }
 
 // OutsideCeilingError is Narrow's error for a request entry the operator's
@@ -189,8 +210,7 @@ func parseEntry(s string) (entry, error) {
 		if err != nil {
 			return entry{}, fmt.Errorf("not a valid CIDR: %w", err)
 		}
-		pfx = netip.PrefixFrom(pfx.Addr().Unmap(), unmappedBits(pfx))
-		pfx = pfx.Masked()
+		pfx = unmapPrefix(pfx)
 		return entry{text: pfx.String(), kind: kindAddr, prefix: pfx}, nil
 	}
 	if a, err := netip.ParseAddr(t); err == nil {
@@ -213,13 +233,14 @@ func parseEntry(s string) (entry, error) {
 	return entry{text: t, kind: kindDomain, domain: t}, nil
 }
 
-// unmappedBits keeps an IPv4-mapped CIDR (::ffff:10.0.0.0/104) meaning the
-// same once its address is unmapped.
-func unmappedBits(p netip.Prefix) int {
+// unmapPrefix returns p masked, an IPv4-mapped CIDR (::ffff:10.0.0.0/104)
+// as the IPv4 CIDR it means (10.0.0.0/8).
+func unmapPrefix(p netip.Prefix) netip.Prefix {
+	bits := p.Bits()
 	if p.Addr().Is4In6() {
-		return max(p.Bits()-96, 0)
+		bits = max(bits-96, 0)
 	}
-	return p.Bits()
+	return netip.PrefixFrom(p.Addr().Unmap(), bits).Masked()
 }
 
 var labelRe = regexp.MustCompile(`^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$`)
@@ -323,33 +344,31 @@ func builtinHardDeny(a netip.Addr) (netip.Prefix, string, bool) {
 	return netip.Prefix{}, "", false
 }
 
-// ruleSet is the rules for one key of Policy.Rules.
+// ruleSet is the rules for one key of Policy.Rules, with the headers they
+// set worked out once: a compiled policy never changes.
 type ruleSet struct {
 	key   entry
-	rules []Rule
+	rules []Rule            // as given, for Narrow
+	hdrs  map[string]string // canonical header name -> value template
+	names []string          // the keys of hdrs, sorted
 }
 
 // compiledPolicy is a Policy parsed once, so that each connection and
-// query only matches.
+// query only matches. Only a valid Policy is compiled.
 type compiledPolicy struct {
 	src         Policy
 	allow, deny []entry
 	rules       []ruleSet
-	// err is set when the source did not validate: such a policy allows
-	// nothing, since a bad deny entry must not open anything.
-	err     error
-	summary string
+	summary     string
 }
 
-var noEgress = compile(Policy{})
-
-func compile(p Policy) *compiledPolicy {
-	c, err := compileStrict(p)
+var noEgress = func() *compiledPolicy {
+	c, err := compileStrict(Policy{})
 	if err != nil {
-		return &compiledPolicy{src: p, err: err, summary: "allowed: nothing (the policy is invalid: " + err.Error() + ")"}
+		panic(err)
 	}
 	return c
-}
+}()
 
 func compileStrict(p Policy) (*compiledPolicy, error) {
 	c := &compiledPolicy{src: p}
@@ -421,7 +440,9 @@ func compileRules(key string, rules []Rule) (ruleSet, error) {
 	if len(errs) > 0 {
 		return ruleSet{}, errors.Join(errs...)
 	}
-	return ruleSet{key: e, rules: rules}, nil
+	hdrs := headerRules(rules)
+	names := slices.Sorted(maps.Keys(hdrs))
+	return ruleSet{key: e, rules: rules, hdrs: hdrs, names: names}, nil
 }
 
 // framingHeaders describe the connection or the message framing; setting
@@ -431,47 +452,25 @@ var framingHeaders = map[string]bool{
 	"Upgrade": true, "Te": true, "Trailer": true, "Keep-Alive": true, "Proxy-Connection": true,
 }
 
+// checkHeader accepts an RFC 9110 token as name, and a value without
+// control characters, which would let it end the header and start another
+// (CR, LF) or be cut short (NUL).
 func checkHeader(name, value string) error {
-	if !validHeaderName(name) {
+	if !httpguts.ValidHeaderFieldName(name) {
 		return errors.New("not a valid header name")
 	}
-	if framingHeaders[httpCanonical(name)] {
+	if framingHeaders[textproto.CanonicalMIMEHeaderKey(name)] {
 		return errors.New("a rule cannot set a header that frames the connection")
 	}
-	if _, err := secretRefs(value); err != nil {
-		return err
+	if _, err := secrets.Replace(value, func(_, _ string) (string, error) { return "", nil }); err != nil {
+		return fmt.Errorf("malformed ${e2b.secrets.NAME} reference: %w", err)
 	}
 	// Checked with the references in place: a secret's value is checked
 	// when it is resolved.
-	if !validHeaderValue(value) {
+	if !httpguts.ValidHeaderFieldValue(value) {
 		return errors.New("the value contains characters not allowed in a header")
 	}
 	return nil
-}
-
-// validHeaderName accepts RFC 9110 tokens.
-func validHeaderName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 0x80 || !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
-			return false
-		}
-	}
-	return true
-}
-
-// validHeaderValue refuses control characters, which would let a value
-// end the header and start another (CR, LF) or be cut short (NUL).
-func validHeaderValue(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 && c != '\t' || c == 0x7f {
-			return false
-		}
-	}
-	return true
 }
 
 func summarize(allow, deny []entry) string {
@@ -499,9 +498,6 @@ func listShort(s []string) string {
 }
 
 func (c *compiledPolicy) allowsHost(name string) (bool, string) {
-	if c.err != nil {
-		return false, "invalid-policy"
-	}
 	if a, err := netip.ParseAddr(name); err == nil {
 		return c.allowsAddr(a)
 	}
@@ -510,9 +506,6 @@ func (c *compiledPolicy) allowsHost(name string) (bool, string) {
 
 // allowsName is allowsHost for a name that is never an address (DNS).
 func (c *compiledPolicy) allowsName(name string) (bool, string) {
-	if c.err != nil {
-		return false, "invalid-policy"
-	}
 	name = normalizeName(name)
 	if checkDomain(name) != nil {
 		return false, "invalid-name"
@@ -521,9 +514,6 @@ func (c *compiledPolicy) allowsName(name string) (bool, string) {
 }
 
 func (c *compiledPolicy) allowsAddr(a netip.Addr) (bool, string) {
-	if c.err != nil {
-		return false, "invalid-policy"
-	}
 	a = a.Unmap()
 	if h, _, ok := builtinHardDeny(a); ok {
 		return false, "hard-deny:" + h.String()
@@ -581,9 +571,12 @@ func (c *compiledPolicy) covers(e entry) bool {
 	return false
 }
 
-// rulesFor returns the rules of the most specific key matching host: the
-// exact name, else the longest wildcard, else "*".
-func (c *compiledPolicy) rulesFor(host string) []Rule {
+// headersFor returns the headers set on requests to host by the rules of
+// the most specific key matching it (the exact name, else the longest
+// wildcard, else "*"): their canonical names, sorted, and the value
+// template of each. Both are shared by every caller and must not be
+// modified.
+func (c *compiledPolicy) headersFor(host string) (names []string, h map[string]string) {
 	best := -1
 	for i, rs := range c.rules {
 		if rs.key.matchesName(host) && (best < 0 || rs.key.specificity() > c.rules[best].key.specificity()) {
@@ -591,24 +584,27 @@ func (c *compiledPolicy) rulesFor(host string) []Rule {
 		}
 	}
 	if best < 0 {
-		return nil
+		return nil, nil
 	}
-	return c.rules[best].rules
+	return c.rules[best].names, c.rules[best].hdrs
 }
 
-// headerRules flattens rules into the headers they set, later rules
-// overriding earlier ones.
+// headerRules flattens rules into the headers they set, by canonical name,
+// later rules overriding earlier ones. Within one Transform, names that
+// differ only in case are applied in byte order of the names as written, so
+// the last in that order wins whatever the map's iteration order: "x-api-key"
+// over "X-Api-Key" over "X-API-KEY" (lower case sorts after upper case).
 func headerRules(rules []Rule) map[string]string {
 	var h map[string]string
 	for _, r := range rules {
 		if r.Transform == nil {
 			continue
 		}
-		for k, v := range r.Transform.Headers {
+		for _, k := range slices.Sorted(maps.Keys(r.Transform.Headers)) {
 			if h == nil {
 				h = map[string]string{}
 			}
-			h[httpCanonical(k)] = v
+			h[textproto.CanonicalMIMEHeaderKey(k)] = r.Transform.Headers[k]
 		}
 	}
 	return h

@@ -2,7 +2,9 @@ package egress
 
 import (
 	"errors"
+	"maps"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -218,5 +220,91 @@ func TestParsePolicy(t *testing.T) {
 	}
 	if _, err := ParsePolicy([]byte(`[1]`)); err == nil {
 		t.Error("ParsePolicy(array) succeeded")
+	}
+}
+
+// TestInvalidPolicyAllowsNothing: the exported checks of a policy that does
+// not validate allow nothing and say why.
+func TestInvalidPolicyAllowsNothing(t *testing.T) {
+	bad := Policy{AllowOut: []string{"bad entry", "0.0.0.0/0"}}
+	if ok, rule := bad.AllowsAddr(netip.MustParseAddr("1.1.1.1")); ok || rule != "invalid-policy" {
+		t.Errorf("AllowsAddr = %v, %q", ok, rule)
+	}
+	want := `allowed: nothing (the policy is invalid: egress: allowOut entry "bad entry": not an IP, CIDR or domain name)`
+	if s := bad.Summary(); s != want {
+		t.Errorf("Summary = %q, want %q", s, want)
+	}
+}
+
+// TestHeadersFor: the headers of the most specific matching key, by
+// canonical name, sorted, computed once at compile time; later rules win,
+// and names of one transform differing only in case resolve the same way
+// every time (byte order, the last wins).
+func TestHeadersFor(t *testing.T) {
+	c, err := compileStrict(Policy{Rules: map[string][]Rule{
+		"*":          {{Transform: &Transform{Headers: map[string]string{"x-any": "1"}}}},
+		"*.api.test": {{Transform: &Transform{Headers: map[string]string{"X-Wild": "2"}}}},
+		"a.api.test": {
+			{Transform: &Transform{Headers: map[string]string{"authorization": "first", "x-b": "b"}}},
+			{},
+			{Transform: &Transform{Headers: map[string]string{"Authorization": "second", "x-api-key": "lower", "X-API-KEY": "upper", "X-Api-Key": "canonical"}}},
+		},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		names, h := c.headersFor("a.api.test")
+		if !slices.Equal(names, []string{"Authorization", "X-Api-Key", "X-B"}) ||
+			!maps.Equal(h, map[string]string{"Authorization": "second", "X-Api-Key": "lower", "X-B": "b"}) {
+			t.Fatalf("round %d: headersFor(a.api.test) = %q, %q", i, names, h)
+		}
+	}
+	n1, _ := c.headersFor("a.api.test")
+	n2, _ := c.headersFor("a.api.test")
+	if &n1[0] != &n2[0] {
+		t.Error("headersFor builds its answer per call")
+	}
+	if names, h := c.headersFor("b.api.test"); !slices.Equal(names, []string{"X-Wild"}) || h["X-Wild"] != "2" {
+		t.Errorf("headersFor(b.api.test) = %q, %q", names, h)
+	}
+	if names, h := c.headersFor("other.test"); !slices.Equal(names, []string{"X-Any"}) || h["X-Any"] != "1" {
+		t.Errorf("headersFor(other.test) = %q, %q", names, h)
+	}
+	c, _ = compileStrict(Policy{Rules: map[string][]Rule{"api.test": {{}}}})
+	if names, h := c.headersFor("api.test"); names != nil || h != nil {
+		t.Errorf("a rule without transform: %q, %q", names, h)
+	}
+	if names, h := c.headersFor("other.test"); names != nil || h != nil {
+		t.Errorf("no matching key: %q, %q", names, h)
+	}
+}
+
+// TestCheckHeaderBytes: a rule's header name is an RFC 9110 token and its
+// value has no control character but tab, byte by byte.
+func TestCheckHeaderBytes(t *testing.T) {
+	const tchar = "!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+	for b := range 256 {
+		c := string([]byte{byte(b)})
+		nameOK := strings.Contains(tchar, c)
+		if err := checkHeader("X-"+c, "v"); (err == nil) != nameOK {
+			t.Errorf("name %q: %v", "X-"+c, err)
+		}
+		valueOK := b >= 0x20 && b != 0x7f || b == '\t'
+		if err := checkHeader("X-V", "a"+c+"b"); (err == nil) != valueOK {
+			t.Errorf("value byte %#x: %v", b, err)
+		}
+	}
+	if err := checkHeader("", "v"); err == nil || err.Error() != "not a valid header name" {
+		t.Errorf("empty name: %v", err)
+	}
+	if err := checkHeader("X-Ü", "v"); err == nil {
+		t.Error("a non-ASCII name is accepted")
+	}
+	if err := checkHeader("X-V", "Bearer ${secret:TOK"); err == nil || !strings.HasPrefix(err.Error(), "malformed ${e2b.secrets.NAME} reference: ") {
+		t.Errorf("unclosed reference: %v", err)
+	}
+	if err := checkHeader("X-V", "Bearer ${secret:TOK} ${e2b.secrets.X}"); err != nil {
+		t.Errorf("good references: %v", err)
 	}
 }

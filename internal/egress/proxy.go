@@ -191,7 +191,7 @@ func New(cfg Config) *Proxy {
 	}
 	hd := make([]netip.Prefix, 0, len(cfg.HardDeny))
 	for _, p := range cfg.HardDeny {
-		hd = append(hd, netip.PrefixFrom(p.Addr().Unmap(), unmappedBits(p)).Masked())
+		hd = append(hd, unmapPrefix(p))
 	}
 	cfg.HardDeny = hd
 	return &Proxy{cfg: cfg, serving: map[io.Closer]struct{}{}}
@@ -233,9 +233,6 @@ func (p *Proxy) Close() error {
 	p.wg.Wait()
 	return errors.Join(errs...)
 }
-
-// Wait blocks until every Serve and ServeDNS call has returned.
-func (p *Proxy) Wait() { p.wg.Wait() }
 
 // Serve handles the connections accepted on ln, the listener the sandbox's
 // TCP is redirected to, each in its own goroutine. origDst returns where a
@@ -290,6 +287,7 @@ type session struct {
 	upstream string
 	reason   string
 	secrets  map[string]string // values resolved on this connection, to redact
+	redactor *strings.Replacer // of secrets, nil while there are none
 }
 
 // target is where an allowed connection goes.
@@ -307,6 +305,10 @@ type refusal struct {
 	msg     string // the explanation, without the "blocked by" prefix
 }
 
+// blockedByPolicy starts what a sandbox is shown for a policy decision: a
+// plain HTTP answer's body and a DNS answer's extended error.
+const blockedByPolicy = "blocked by cella sandbox policy: "
+
 func policyRefusal(code, msg string) *refusal {
 	return &refusal{blocked: true, status: http.StatusForbidden, code: code, msg: msg}
 }
@@ -314,7 +316,7 @@ func policyRefusal(code, msg string) *refusal {
 // body is what a plain HTTP client reads.
 func (r *refusal) body() string {
 	if r.blocked {
-		return "blocked by cella sandbox policy: " + r.msg + "\n"
+		return blockedByPolicy + r.msg + "\n"
 	}
 	return "cella egress: " + r.msg + "\n"
 }
@@ -457,9 +459,11 @@ func (p *Proxy) handleTLS(ctx context.Context, s *session, serverName string, cl
 		s.refuse(ref, t)
 		return
 	}
-	if t.name != "" && len(headerRules(s.pol.rulesFor(t.name))) > 0 {
-		p.intercept(ctx, s, t, &replayConn{Conn: s.client, r: clientR})
-		return
+	if t.name != "" {
+		if names, _ := s.pol.headersFor(t.name); len(names) > 0 {
+			p.intercept(ctx, s, t, &replayConn{Conn: s.client, r: clientR})
+			return
+		}
 	}
 	s.allow(t)
 	p.pipe(ctx, s, t, clientR)
@@ -512,13 +516,23 @@ func closeWrite(c net.Conn) error {
 }
 
 // decide applies the policy to a connection to s.dst that names name
-// (from via, e.g. "the Host header"; "" when it names nothing).
+// (from via, e.g. "the TLS server name"; "" when it names nothing).
 func (p *Proxy) decide(ctx context.Context, s *session, name, via string) (target, *refusal) {
+	return p.decideName(ctx, s, hostName(name), via)
+}
+
+// hostName is the normalized name a Host header or server name gives: ""
+// when it is an address, which names nothing (the destination decides).
+func hostName(name string) string {
 	name = normalizeName(name)
 	if _, err := netip.ParseAddr(name); err == nil {
-		// An address in Host or SNI names nothing: the destination decides.
-		name = ""
+		return ""
 	}
+	return name
+}
+
+// decideName is decide for a name hostName returned.
+func (p *Proxy) decideName(ctx context.Context, s *session, name, via string) (target, *refusal) {
 	if s.fakeName != "" {
 		switch {
 		case name == "":
@@ -531,9 +545,12 @@ func (p *Proxy) decide(ctx context.Context, s *session, name, via string) (targe
 	if name == "" {
 		return p.decideAddr(s)
 	}
+	// allowsHost, not allowsName: a fake address's name can be an IPv4
+	// literal ("1.2.3.4" is a valid DNS name, and "*" lets it be looked
+	// up), which only an address entry may allow.
 	ok, rule := s.pol.allowsHost(name)
 	if !ok {
-		return target{name: name}, p.notAllowed(s, name, rule)
+		return target{name: name}, p.notAllowed(s.pol, name, rule)
 	}
 	rctx, cancel := context.WithTimeout(ctx, resolveTimeout)
 	addrs, err := p.resolve(rctx, name)
@@ -577,13 +594,15 @@ func (p *Proxy) decideAddr(s *session) (target, *refusal) {
 	}
 	ok, rule := s.pol.allowsAddr(a)
 	if !ok {
-		return target{}, p.notAllowed(s, a.String(), rule)
+		return target{}, p.notAllowed(s.pol, a.String(), rule)
 	}
 	return target{rule: rule, addrs: []netip.AddrPort{s.dst}}, nil
 }
 
-func (p *Proxy) notAllowed(s *session, host, rule string) *refusal {
-	return policyRefusal(rule, fmt.Sprintf("%s is not allowed for this sandbox (%s); an operator can allow it with %s", host, s.pol.summary, p.cfg.OperatorHint))
+// notAllowed is the refusal of host (a name or an address) by pol, which
+// rule decided.
+func (p *Proxy) notAllowed(pol *compiledPolicy, host, rule string) *refusal {
+	return policyRefusal(rule, fmt.Sprintf("%s is not allowed for this sandbox (%s); an operator can allow it with %s", host, pol.summary, p.cfg.OperatorHint))
 }
 
 // deniedUpstream describes why ap is never dialed, if it is not.

@@ -614,3 +614,16 @@ func echoServer(t *testing.T, banner string) string {
 	}()
 	return l.Addr().String()
 }
+
+// TestFakeAddressOfAnIPv4LiteralName: "1.2.3.4" is a valid DNS name, so "*"
+// lets the sandbox look it up and get a fake address; a connection there is
+// still decided as the address 1.2.3.4 (a domain entry never allows a raw
+// IP), not allowed by "*" and dialed.
+func TestFakeAddressOfAnIPv4LiteralName(t *testing.T) {
+	h := newHarness(t, Policy{AllowOut: []string{"*"}}, nil)
+	c := h.dial(netip.AddrPortFrom(h.fake("1.2.3.4"), 25)) // server-first: no peek
+	if got := readAll(t, c); got != "" {
+		t.Errorf("got %q", got)
+	}
+	h.waitEvent("blocked 1.2.3.4", blockedFor("1.2.3.4", "no-match"))
+}

@@ -398,28 +398,44 @@ func (m *Manager) Redact(text string) string {
 }
 
 func (m *Manager) rebuildLocked() {
-	es := make([]entry, 0, len(m.entries))
+	values := make(map[string]string, len(m.entries))
 	for _, e := range m.entries {
-		if len(e.value) >= MinRedactBytes {
-			es = append(es, e)
+		values[e.info.Name] = e.value
+	}
+	m.redactor.Store(NewRedactor(values, MinRedactBytes))
+}
+
+// NewRedactor returns a replacer of every value of values (secret name to
+// value) at least minLen bytes long with [secret:NAME], or nil when no
+// value is that long. A minLen below 1 is 1: an empty value would match
+// everywhere. Where values overlap the longest wins, so a value that
+// contains another is redacted as a whole, and equal values redact as the
+// name that sorts first. Manager.Redact and the egress proxy's per-
+// connection redaction both use it.
+func NewRedactor(values map[string]string, minLen int) *strings.Replacer {
+	minLen = max(minLen, 1)
+	type pair struct{ name, value string }
+	ps := make([]pair, 0, len(values))
+	for name, v := range values {
+		if len(v) >= minLen {
+			ps = append(ps, pair{name, v})
 		}
 	}
-	if len(es) == 0 {
-		m.redactor.Store(nil)
-		return
+	if len(ps) == 0 {
+		return nil
 	}
 	// strings.Replacer tries its patterns in argument order at each
 	// position: longest first makes a value that contains another redact
 	// as a whole, and names break ties so equal values redact stably.
-	sort.Slice(es, func(i, j int) bool {
-		if len(es[i].value) != len(es[j].value) {
-			return len(es[i].value) > len(es[j].value)
+	sort.Slice(ps, func(i, j int) bool {
+		if len(ps[i].value) != len(ps[j].value) {
+			return len(ps[i].value) > len(ps[j].value)
 		}
-		return es[i].info.Name < es[j].info.Name
+		return ps[i].name < ps[j].name
 	})
-	pairs := make([]string, 0, 2*len(es))
-	for _, e := range es {
-		pairs = append(pairs, e.value, "[secret:"+e.info.Name+"]")
+	pairs := make([]string, 0, 2*len(ps))
+	for _, p := range ps {
+		pairs = append(pairs, p.value, "[secret:"+p.name+"]")
 	}
-	m.redactor.Store(strings.NewReplacer(pairs...))
+	return strings.NewReplacer(pairs...)
 }
