@@ -53,6 +53,22 @@ func (v lifeDuration) Set(s string) error {
 }
 func (v lifeDuration) Type() string { return "duration" }
 
+// envLifeDuration sets *d from the environment variable env, read with
+// parseLifeDuration, when it is set; a bad value is an error naming env
+// and leaves *d as it was.
+func envLifeDuration(env string, d *time.Duration) error {
+	v := os.Getenv(env)
+	if v == "" {
+		return nil
+	}
+	parsed, err := parseLifeDuration(v)
+	if err != nil {
+		return fmt.Errorf("%s: %w", env, err)
+	}
+	*d = parsed
+	return nil
+}
+
 // registerLifecycleDefaults adds cella serve's default lifecycle policy
 // flags, each also read from CELLA_AUTO_STOP/ARCHIVE/DELETE.
 func registerLifecycleDefaults(fs *pflag.FlagSet, l *sandbox.Lifecycle) error {
@@ -64,12 +80,8 @@ func registerLifecycleDefaults(fs *pflag.FlagSet, l *sandbox.Lifecycle) error {
 		{"auto-archive", "CELLA_AUTO_ARCHIVE", "archive a paused sandbox (checkpoint + files to <data-dir>/archive, RAM freed) after this long; 0 = off", &l.AutoArchive},
 		{"auto-delete", "CELLA_AUTO_DELETE", "delete a paused sandbox after this long; 0 = off", &l.AutoDelete},
 	} {
-		if v := os.Getenv(f.env); v != "" {
-			d, err := parseLifeDuration(v)
-			if err != nil {
-				return fmt.Errorf("%s: %w", f.env, err)
-			}
-			*f.d = d
+		if err := envLifeDuration(f.env, f.d); err != nil {
+			return err
 		}
 		fs.Var(lifeDuration{f.d}, f.name, "default: "+f.help+", e.g. 15m or 7d ["+f.env+"]")
 	}

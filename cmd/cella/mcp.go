@@ -31,15 +31,13 @@ the admin key file). The daemon also serves the same tools at /mcp.`,
 			if err != nil {
 				return err
 			}
-			// Without a flag, the key's own budget applies (cella key create
-			// --mcp-max-calls), as it does on the daemon's /mcp.
-			if maxCalls == 0 {
-				if k, err := c.SelfKey(cmd.Context()); err == nil {
-					maxCalls = k.MCPMaxCalls
-				}
-			}
 			network := ""
 			if k, err := c.SelfKey(cmd.Context()); err == nil {
+				// Without a flag, the key's own budget applies (cella key
+				// create --mcp-max-calls), as it does on the daemon's /mcp.
+				if maxCalls == 0 {
+					maxCalls = k.MCPMaxCalls
+				}
 				network = k.Egress
 			}
 			s := mcpserver.New(mcpserver.Config{Client: c, DaemonURL: cfg.URL, MaxCalls: maxCalls, Network: network})

@@ -65,7 +65,10 @@ func newServeCmd() *cobra.Command {
 	if err := registerPoolFlag(f, &c.Pools); err != nil {
 		fmt.Fprintln(os.Stderr, "cella serve:", err)
 	}
-	c.AuditRetention, _ = parseLifeDuration(envOr("CELLA_AUDIT_RETENTION", "7d"))
+	c.AuditRetention = 7 * 24 * time.Hour
+	if err := envLifeDuration("CELLA_AUDIT_RETENTION", &c.AuditRetention); err != nil { // lifecycleflags.go
+		fmt.Fprintln(os.Stderr, "cella serve:", err)
+	}
 	f.Var(lifeDuration{&c.AuditRetention}, "audit-retention", "how long the audit log of a sandbox that is gone is kept, e.g. 7d or 12h [CELLA_AUDIT_RETENTION]")
 	f.DurationVar(&c.MetricsInterval, "metrics-interval", envDuration("CELLA_METRICS_INTERVAL", sandbox.DefaultMetricsInterval), "how often each running sandbox's CPU, memory and disk use is sampled (GET /sandboxes/{id}/metrics keeps an hour) [CELLA_METRICS_INTERVAL]")
 	f.StringVar(&c.LogLevel, "log-level", envOr("CELLA_LOG_LEVEL", "info"), "debug, info, warn or error [CELLA_LOG_LEVEL]")

@@ -167,14 +167,11 @@ func parseLogQuery(r *http.Request, v2 bool) (audit.Query, bool, error) {
 	if q.Decision != "" && q.Decision != audit.DecisionAllowed && q.Decision != audit.DecisionBlocked {
 		return q, false, errdefs.InvalidArgument("decision must be %s or %s (got %q)", audit.DecisionAllowed, audit.DecisionBlocked, q.Decision)
 	}
-	q.Limit = audit.DefaultLimit
-	if l := v.Get("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > maxLogLimit {
-			return q, false, errdefs.InvalidArgument("limit must be an integer from 1 to %d (got %q)", maxLogLimit, l)
-		}
-		q.Limit = n
+	limit, err := intParam(v, "limit", audit.DefaultLimit, maxLogLimit) // json.go
+	if err != nil {
+		return q, false, err
 	}
+	q.Limit = limit
 	return q, backward, nil
 }
 

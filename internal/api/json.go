@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/cella-sandbox/cella/internal/errdefs"
@@ -100,3 +102,17 @@ func (w *jsonStatusWriter) Flush() {
 }
 
 func (w *jsonStatusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// intParam reads the query parameter name as an integer from 1 to max; def
+// when it is absent or empty.
+func intParam(q url.Values, name string, def, max int) (int, error) {
+	v := q.Get(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > max {
+		return 0, errdefs.InvalidArgument("%s must be an integer from 1 to %d (got %q)", name, max, v)
+	}
+	return n, nil
+}

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"regexp"
@@ -34,11 +35,11 @@ func (s *Server) keyBody(k store.APIKey) keyInfo {
 // egressText describes a key's ceiling for people and agents (MCP tool
 // descriptions are built from it).
 func (s *Server) egressText(k store.APIKey) string {
-	c, err := s.egressCeiling(k)
+	c := s.egressCeiling(k)
 	switch {
 	case s.cfg.EgressCeiling == nil:
 		return "none: sandboxes have no network at all on this daemon"
-	case err != nil || c == nil || len(c.AllowOut) == 0:
+	case c == nil || len(c.AllowOut) == 0:
 		return "none: no egress is allowed (an operator can allow hosts with cella serve --egress-allow)"
 	}
 	return "only through cella's egress proxy, to at most " + strings.Join(c.AllowOut, ", ") +
@@ -47,11 +48,17 @@ func (s *Server) egressText(k store.APIKey) string {
 
 var keyNameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 
-// adminOnly lets only the admin key manage keys.
-func (s *Server) adminOnly(h http.HandlerFunc) http.HandlerFunc {
+// isAdmin says whether the request was made with the admin key.
+func isAdmin(ctx context.Context) bool {
+	return apiKeyFrom(ctx).ID == store.AdminKeyID
+}
+
+// adminOnly lets only the admin key through to h; any other key gets 403
+// "only the admin key (<data-dir>/admin.key) may " + what.
+func (s *Server) adminOnly(what string, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if apiKeyFrom(r.Context()).ID != store.AdminKeyID {
-			s.writeErr(w, r, errdefs.Forbidden("only the admin key (<data-dir>/admin.key) may manage API keys"))
+		if !isAdmin(r.Context()) {
+			s.writeErr(w, r, errdefs.Forbidden("only the admin key (<data-dir>/admin.key) may %s", what))
 			return
 		}
 		h(w, r)
@@ -86,17 +93,10 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	k, key, err := s.cfg.Store.CreateAPIKey(r.Context(), req.Name, req.MCPMaxCalls)
+	k, key, err := s.cfg.Store.CreateAPIKey(r.Context(), req.Name, req.MCPMaxCalls, req.EgressAllow)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
-	}
-	if len(req.EgressAllow) > 0 {
-		if err := s.cfg.Store.SetKeyEgress(r.Context(), k.ID, req.EgressAllow); err != nil {
-			s.writeErr(w, r, err)
-			return
-		}
-		k.EgressAllow = req.EgressAllow
 	}
 	body := s.keyBody(k)
 	body.Key = key

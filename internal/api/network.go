@@ -20,13 +20,13 @@ const ceilingHint = "an operator can raise it with `cella serve --egress-allow H
 // egressCeiling is what the caller's key may reach at most: the daemon's
 // ceiling, narrowed by the key's own list when it has one. nil means the
 // daemon runs sandboxes with no network at all.
-func (s *Server) egressCeiling(k store.APIKey) (*egress.Policy, error) {
+func (s *Server) egressCeiling(k store.APIKey) *egress.Policy {
 	if s.cfg.EgressCeiling == nil {
-		return nil, nil
+		return nil
 	}
 	c := *s.cfg.EgressCeiling
 	if len(k.EgressAllow) == 0 {
-		return &c, nil
+		return &c
 	}
 	narrowed, err := egress.Policy{AllowOut: k.EgressAllow}.Narrow(c)
 	if err != nil {
@@ -38,10 +38,18 @@ func (s *Server) egressCeiling(k store.APIKey) (*egress.Policy, error) {
 				allow = append(allow, e)
 			}
 		}
-		return &egress.Policy{AllowOut: allow, DenyOut: c.DenyOut}, nil
+		return &egress.Policy{AllowOut: allow, DenyOut: c.DenyOut}
 	}
 	narrowed.DenyOut = c.DenyOut
-	return &narrowed, nil
+	return &narrowed
+}
+
+// requestEgress is the policy a request's allow_internet_access and network
+// fields give the sandbox, within the ceiling of the caller's key; only the
+// admin key may attach secrets. The daemon must have a ceiling
+// (cfg.EgressCeiling != nil).
+func (s *Server) requestEgress(ctx context.Context, allowInternet *bool, network json.RawMessage) (*egress.Policy, error) {
+	return effectiveEgress(allowInternet, network, *s.egressCeiling(apiKeyFrom(ctx)), isAdmin(ctx))
 }
 
 // effectiveEgress turns E2B's request fields into the policy the proxy
@@ -72,7 +80,10 @@ func effectiveEgress(allowInternet *bool, network json.RawMessage, ceiling egres
 					continue
 				}
 				for h, v := range r.Transform.Headers {
-					if strings.Contains(v, secrets.PlaceholderPrefix) || strings.Contains(v, secrets.AliasPrefix) {
+					// A malformed placeholder is an error here, and counts as
+					// a secret as its prefix always did (ParsePolicy has
+					// rejected it already).
+					if names, err := secrets.Names(v); err != nil || len(names) > 0 {
 						return nil, errdefs.Forbidden("network.rules[%q] header %q uses a secret: only admin keys may attach secrets to requests", host, h)
 					}
 				}
@@ -137,21 +148,13 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, errdefs.Forbidden("this daemon gives sandboxes no network at all (cella serve --network=false), so there is no egress policy to update"))
 		return
 	}
-	key := apiKeyFrom(r.Context())
-	ceiling, err := s.egressCeiling(key)
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	raw, _ := json.Marshal(struct {
-		AllowOut []string                 `json:"allowOut,omitempty"`
-		DenyOut  []string                 `json:"denyOut,omitempty"`
-		Rules    map[string][]egress.Rule `json:"rules,omitempty"`
-	}{req.AllowOut, req.DenyOut, req.Rules})
+	// egress.Policy's JSON: allowOut, denyOut and rules, each left out
+	// when empty (AllowInternet is false, so left out too).
+	raw, _ := json.Marshal(egress.Policy{AllowOut: req.AllowOut, DenyOut: req.DenyOut, Rules: req.Rules})
 	// Fields of the original request other than egress (allowPublicTraffic
 	// and friends) stay as they were.
 	merged := mergeNetwork(sb.Options.Network, raw)
-	p, err := effectiveEgress(req.AllowInternetAccess, raw, *ceiling, key.ID == store.AdminKeyID)
+	p, err := s.requestEgress(r.Context(), req.AllowInternetAccess, raw)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -240,7 +243,7 @@ func redactRules(rules map[string][]egress.Rule) map[string][]egress.Rule {
 			if r.Transform != nil {
 				h := map[string]string{}
 				for k, v := range r.Transform.Headers {
-					if names := secretNames(v); len(names) > 0 {
+					if names, _ := secrets.Names(v); len(names) > 0 {
 						h[k] = "[secret:" + strings.Join(names, ",") + "]"
 					} else {
 						h[k] = "[redacted]"
@@ -254,11 +257,6 @@ func redactRules(rules map[string][]egress.Rule) map[string][]egress.Rule {
 	return out
 }
 
-func secretNames(v string) []string {
-	_, names, _ := secrets.Expand(v, func(string) (string, error) { return "", nil })
-	return names
-}
-
 func nonNil(s []string) []string {
 	if s == nil {
 		return []string{}
@@ -270,7 +268,7 @@ func nonNil(s []string) []string {
 // in the environment is readable by everything in the sandbox), and every
 // named secret must exist.
 func (s *Server) checkSecretEnv(ctx context.Context, env map[string]string) error {
-	if apiKeyFrom(ctx).ID != store.AdminKeyID {
+	if !isAdmin(ctx) {
 		return errdefs.Forbidden("secretEnvVars: only admin keys may put secrets in a sandbox's environment")
 	}
 	if s.cfg.Secrets == nil {

@@ -5,14 +5,13 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/sandbox"
-	"github.com/cella-sandbox/cella/internal/store"
 )
 
 // Warm pools (sandbox/pool.go): GET /pools for any key, PUT
 // /pools/{template} {"size": N} for the admin key (0 removes the pool).
 func (s *Server) poolRoutes(auth func(http.HandlerFunc) http.Handler) {
 	s.mux.Handle("GET /pools", auth(s.listPools))
-	s.mux.Handle("PUT /pools/{template}", auth(s.setPool))
+	s.mux.Handle("PUT /pools/{template}", auth(s.adminOnly("size warm pools", s.setPool)))
 }
 
 // poolResponse is one template's warm pool.
@@ -42,10 +41,6 @@ func (s *Server) listPools(w http.ResponseWriter, r *http.Request) {
 // setPool is PUT /pools/{template} {"size": N}: 200 with the pool; the size
 // is kept in SQLite and restored when the daemon starts again.
 func (s *Server) setPool(w http.ResponseWriter, r *http.Request) {
-	if apiKeyFrom(r.Context()).ID != store.AdminKeyID {
-		s.writeErr(w, r, errdefs.Forbidden("only the admin key (<data-dir>/admin.key) may size warm pools"))
-		return
-	}
 	var req struct {
 		Size *int `json:"size"`
 	}

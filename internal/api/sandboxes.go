@@ -12,7 +12,6 @@ import (
 	"github.com/cella-sandbox/cella/internal/agent"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/sandbox"
-	"github.com/cella-sandbox/cella/internal/store"
 )
 
 // newSandboxRequest is E2B's NewSandbox / NewSandboxV2 plus cella's limit
@@ -94,13 +93,8 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		opts.SecretEnv = req.SecretEnvVars
 	}
 	if s.cfg.EgressCeiling != nil {
-		key := apiKeyFrom(r.Context())
-		ceiling, err := s.egressCeiling(key) // network.go
-		if err != nil {
-			s.writeErr(w, r, err)
-			return
-		}
-		if opts.Egress, err = effectiveEgress(req.AllowInternetAccess, req.Network, *ceiling, key.ID == store.AdminKeyID); err != nil {
+		var err error
+		if opts.Egress, err = s.requestEgress(r.Context(), req.AllowInternetAccess, req.Network); err != nil { // network.go
 			s.writeErr(w, r, err)
 			return
 		}
@@ -448,14 +442,10 @@ func (s *Server) listSandboxesV2(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	limit := 100
-	if l := q.Get("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > 100 {
-			s.writeErr(w, r, errdefs.InvalidArgument("limit must be an integer from 1 to 100 (got %q)", l))
-			return
-		}
-		limit = n
+	limit, err := intParam(q, "limit", 100, 100) // json.go
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
 	}
 	var startedAfter time.Time
 	if sa := q.Get("startedAfter"); sa != "" {

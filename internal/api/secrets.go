@@ -4,12 +4,10 @@ import (
 	"encoding/base64"
 	"net/http"
 	"sort"
-	"strconv"
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/secrets"
-	"github.com/cella-sandbox/cella/internal/store"
 )
 
 // Secrets speak E2B's /secrets API (e2b SDK >= 2.51, class Secret):
@@ -60,17 +58,13 @@ func secretBody(i secrets.Info) secretInfo {
 
 // secretsAdmin admits the admin key only, then needs a configured manager.
 func (s *Server) secretsAdmin(h func(http.ResponseWriter, *http.Request, *secrets.Manager)) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if apiKeyFrom(r.Context()).ID != store.AdminKeyID {
-			s.writeErr(w, r, errdefs.Forbidden("only the admin key (<data-dir>/admin.key) may manage secrets"))
-			return
-		}
+	return s.adminOnly("manage secrets", func(w http.ResponseWriter, r *http.Request) {
 		if s.cfg.Secrets == nil {
 			s.writeErr(w, r, errdefs.NotImplemented("secrets are not configured on this daemon"))
 			return
 		}
 		h(w, r, s.cfg.Secrets)
-	}
+	})
 }
 
 // createSecret is POST /secrets. It never replaces: E2B keeps create and
@@ -122,14 +116,10 @@ const maxSecretPage = 100
 // secrets are added or removed around it.
 func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request, sm *secrets.Manager) {
 	q := r.URL.Query()
-	limit := maxSecretPage
-	if l := q.Get("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > maxSecretPage {
-			s.writeErr(w, r, errdefs.InvalidArgument("limit must be an integer from 1 to %d (got %q)", maxSecretPage, l))
-			return
-		}
-		limit = n
+	limit, err := intParam(q, "limit", maxSecretPage, maxSecretPage) // json.go
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
 	}
 	all := sm.List()
 	start := 0

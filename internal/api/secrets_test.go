@@ -53,7 +53,7 @@ func startLight(t *testing.T, withSecrets, withAudit bool) *lightEnv {
 	if err := st.AddAPIKey(ctx, store.AdminKeyID, "admin", e.adminKey); err != nil {
 		t.Fatal(err)
 	}
-	if _, e.userKey, err = st.CreateAPIKey(ctx, "user", 0); err != nil {
+	if _, e.userKey, err = st.CreateAPIKey(ctx, "user", 0, nil); err != nil {
 		t.Fatal(err)
 	}
 	cfg := api.Config{Store: st, Log: slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}

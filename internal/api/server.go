@@ -94,10 +94,10 @@ func (s *Server) routes() {
 	s.interactRoutes(auth) // pty.go, wait.go: PTY WebSocket, readiness waits, process logs
 	s.poolRoutes(auth)     // pools.go: warm pools
 	m.Handle("/mcp", auth(mcpserver.HTTPHandler(s.mcpBudget, func(r *http.Request) string { return s.egressText(apiKeyFrom(r.Context())) }, "").ServeHTTP))
-	m.Handle("POST /keys", auth(s.adminOnly(s.createKey)))
-	m.Handle("GET /keys", auth(s.adminOnly(s.listKeys)))
+	m.Handle("POST /keys", auth(s.adminOnly("manage API keys", s.createKey)))
+	m.Handle("GET /keys", auth(s.adminOnly("manage API keys", s.listKeys)))
 	m.Handle("GET /keys/self", auth(s.selfKey))
-	m.Handle("DELETE /keys/{id}", auth(s.adminOnly(s.deleteKey)))
+	m.Handle("DELETE /keys/{id}", auth(s.adminOnly("manage API keys", s.deleteKey)))
 
 	// Later work answers 501 naming the feature, so clients fail clearly.
 	for pattern, feature := range map[string]string{

@@ -6,8 +6,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -316,15 +314,14 @@ func ensureAdminKey(ctx context.Context, st *store.Store, dataDir string, log *s
 		log.Info("admin API key", "file", path)
 		return path, nil
 	}
-	b := make([]byte, 16)
-	if _, err := rand.Read(b); err != nil {
+	key, err := store.NewKeySecret()
+	if err != nil {
 		return "", err
 	}
-	key := "e2b_" + hex.EncodeToString(b)
 	if err := os.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
 		return "", fmt.Errorf("write admin key: %w", err)
 	}
-	if err := st.AddAPIKey(ctx, "admin", "admin", key); err != nil {
+	if err := st.AddAPIKey(ctx, store.AdminKeyID, "admin", key); err != nil {
 		return "", err
 	}
 	log.Info("created the admin API key", "file", path)

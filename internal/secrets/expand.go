@@ -52,6 +52,25 @@ func Expand(s string, get func(name string) (string, error)) (string, []string, 
 	return out, names, nil
 }
 
+// Names returns the secret names the placeholders of s use, each once, in
+// order of first use; nil when s has none. A placeholder that is not closed
+// or names no valid secret name is Replace's error, with no names.
+func Names(s string) ([]string, error) {
+	var names []string
+	seen := map[string]bool{}
+	_, err := Replace(s, func(_, name string) (string, error) {
+		if !seen[name] {
+			seen[name] = true
+			names = append(names, name)
+		}
+		return "", nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return names, nil
+}
+
 // Replace puts what fn returns for each placeholder of s in its place, in
 // one pass, and returns fn's first error as it is. A placeholder that is
 // not closed or names no valid secret name is an InvalidArgument error.

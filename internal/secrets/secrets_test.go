@@ -566,3 +566,62 @@ func TestReplace(t *testing.T) {
 		}
 	}
 }
+
+// TestNames: the secret names a text's placeholders use, each once in order
+// of first use, nil without placeholders, and Replace's error (no names) for
+// a malformed one. A text has a placeholder prefix exactly when Names finds
+// a name or fails: the API's secret check relies on it.
+func TestNames(t *testing.T) {
+	for _, tc := range []struct {
+		in    string
+		names []string
+	}{
+		{"plain {text}", nil},
+		{"", nil},
+		{"Bearer ${e2b.secrets.B}", []string{"B"}},
+		{"${secret:B} ${e2b.secrets.A} ${secret:B} ${e2b.secrets.c-1.d_2}", []string{"B", "A", "c-1.d_2"}},
+		{"${e2b.secrets.X}${secret:X}", []string{"X"}},
+		{"$ {secret:A} ${secret} ${e2b.secret.A}", nil},
+	} {
+		names, err := secrets.Names(tc.in)
+		if err != nil || !slices.Equal(names, tc.names) || (tc.names == nil) != (names == nil) {
+			t.Errorf("Names(%q) = %q, %v; want %q", tc.in, names, err, tc.names)
+		}
+	}
+	for _, bad := range []string{"${secret:A", "x ${e2b.secrets.}", "${secret:a b}", "${secret:A} ${secret:", "${secret:" + strings.Repeat("a", 129) + "}"} {
+		if names, err := secrets.Names(bad); !errdefs.Is(err, errdefs.KindInvalidArgument) || names != nil {
+			t.Errorf("Names(%q) = %q, %v; want no names and InvalidArgument", bad, names, err)
+		}
+	}
+	for _, s := range []string{"plain", "${secret:A}", "a ${e2b.secrets.B} b", "${secret:", "${e2b.secrets.bad name}", "${secret}", "{secret:A}"} {
+		hasPrefix := strings.Contains(s, secrets.PlaceholderPrefix) || strings.Contains(s, secrets.AliasPrefix)
+		names, err := secrets.Names(s)
+		if got := err != nil || len(names) > 0; got != hasPrefix {
+			t.Errorf("Names(%q) = %q, %v: found a placeholder %v, but the text has a prefix: %v", s, names, err, got, hasPrefix)
+		}
+	}
+}
+
+// TestNewRedactor: the redactor Manager.Redact uses, built from a name to
+// value map: values shorter than minLen are left alone (an empty one always
+// is), the longest of overlapping values wins, and equal values redact as
+// the name that sorts first.
+func TestNewRedactor(t *testing.T) {
+	if r := secrets.NewRedactor(nil, 1); r != nil {
+		t.Fatal("a redactor for no values")
+	}
+	if r := secrets.NewRedactor(map[string]string{"PIN": "123", "EMPTY": ""}, 4); r != nil {
+		t.Fatal("a redactor for values all too short")
+	}
+	values := map[string]string{"A": "abcd", "B": "abcdXYZ", "PIN": "123", "SAME2": "same-value", "SAME1": "same-value", "EMPTY": ""}
+	for i := range 20 {
+		r := secrets.NewRedactor(values, 4)
+		in := "abcdXYZ abcd abcdXY 123 same-value"
+		if got, want := r.Replace(in), "[secret:B] [secret:A] [secret:A]XY 123 [secret:SAME1]"; got != want {
+			t.Fatalf("round %d: minLen 4:\n got %q\nwant %q", i, got, want)
+		}
+		if got, want := secrets.NewRedactor(values, 0).Replace(in), "[secret:B] [secret:A] [secret:A]XY [secret:PIN] [secret:SAME1]"; got != want {
+			t.Fatalf("round %d: minLen 0:\n got %q\nwant %q", i, got, want)
+		}
+	}
+}

@@ -11,34 +11,38 @@ import (
 	"time"
 )
 
-// migrateKeys adds the per-key MCP budget to databases made before it.
+// migrateKeys adds the per-key MCP budget and egress ceiling to databases
+// made before them.
 func migrateKeys(db *sql.DB) error {
-	_, err := db.Exec(`ALTER TABLE api_keys ADD COLUMN mcp_max_calls INTEGER NOT NULL DEFAULT 0`)
-	if err != nil && !strings.Contains(err.Error(), "duplicate column") {
-		return fmt.Errorf("add api_keys.mcp_max_calls: %w", err)
-	}
-	_, err = db.Exec(`ALTER TABLE api_keys ADD COLUMN egress_allow TEXT NOT NULL DEFAULT ''`)
-	if err != nil && !strings.Contains(err.Error(), "duplicate column") {
-		return fmt.Errorf("add api_keys.egress_allow: %w", err)
+	return addColumns(context.Background(), db, "api_keys",
+		column{"mcp_max_calls", "INTEGER NOT NULL DEFAULT 0"},
+		column{"egress_allow", "TEXT NOT NULL DEFAULT ''"})
+}
+
+// column is a column a later cella added to a table: its name and its
+// definition.
+type column struct{ name, def string }
+
+// addColumns adds cols to table, each unless it is there already, so that
+// a database of an older cella gets them.
+func addColumns(ctx context.Context, db *sql.DB, table string, cols ...column) error {
+	for _, col := range cols {
+		_, err := db.ExecContext(ctx, `ALTER TABLE `+table+` ADD COLUMN `+col.name+` `+col.def)
+		if err != nil && !strings.Contains(err.Error(), "duplicate column") {
+			return fmt.Errorf("add %s.%s: %w", table, col.name, err)
+		}
 	}
 	return nil
 }
 
-// SetKeyEgress sets a key's own egress ceiling (nil: the daemon's).
-func (s *Store) SetKeyEgress(ctx context.Context, id string, allow []string) error {
-	v := ""
-	if len(allow) > 0 {
-		b, _ := json.Marshal(allow)
-		v = string(b)
+// encodeEgressAllow is how a key's egress ceiling is stored: its JSON, or
+// "" for none (the daemon's ceiling).
+func encodeEgressAllow(allow []string) string {
+	if len(allow) == 0 {
+		return ""
 	}
-	res, err := s.db.ExecContext(ctx, `UPDATE api_keys SET egress_allow=? WHERE id=?`, v, id)
-	if err != nil {
-		return fmt.Errorf("set egress ceiling of key %s: %w", id, err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return ErrNotFound
-	}
-	return nil
+	b, _ := json.Marshal(allow)
+	return string(b)
 }
 
 func parseEgressAllow(v string) []string {
@@ -53,24 +57,44 @@ func parseEgressAllow(v string) []string {
 // AdminKeyID is the ID of the key made on first start.
 const AdminKeyID = "admin"
 
-// CreateAPIKey makes a new key and returns it; only its hash is kept.
-func (s *Store) CreateAPIKey(ctx context.Context, name string, mcpMaxCalls int64) (APIKey, string, error) {
+// NewKeySecret returns a new API key: "e2b_" and 32 hex digits (128
+// random bits), the form E2B's SDKs expect.
+func NewKeySecret() (string, error) {
 	b := make([]byte, 16)
 	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("generate api key: %w", err)
+	}
+	return "e2b_" + hex.EncodeToString(b), nil
+}
+
+// CreateAPIKey makes a new key with its MCP budget and its own egress
+// ceiling (nil: the daemon's), and returns it; only its hash is kept.
+func (s *Store) CreateAPIKey(ctx context.Context, name string, mcpMaxCalls int64, egressAllow []string) (APIKey, string, error) {
+	key, err := NewKeySecret()
+	if err != nil {
 		return APIKey{}, "", err
 	}
-	key := "e2b_" + hex.EncodeToString(b)
 	idb := make([]byte, 6)
 	if _, err := rand.Read(idb); err != nil {
 		return APIKey{}, "", err
 	}
-	k := APIKey{ID: "k" + hex.EncodeToString(idb), Name: name, CreatedAt: time.Now().Truncate(time.Second), MCPMaxCalls: mcpMaxCalls}
-	_, err := s.db.ExecContext(ctx, `INSERT INTO api_keys(id,name,hash,created_at,mcp_max_calls) VALUES(?,?,?,?,?)`,
-		k.ID, k.Name, HashKey(key), k.CreatedAt.Unix(), k.MCPMaxCalls)
-	if err != nil {
-		return APIKey{}, "", fmt.Errorf("store api key %s: %w", name, err)
+	k := APIKey{ID: "k" + hex.EncodeToString(idb), Name: name, MCPMaxCalls: mcpMaxCalls, EgressAllow: egressAllow}
+	if k, err = s.insertAPIKey(ctx, k, key); err != nil {
+		return APIKey{}, "", err
 	}
 	return k, key, nil
+}
+
+// insertAPIKey stores the hash of key with k's fields, created now, and
+// returns k with its CreatedAt set.
+func (s *Store) insertAPIKey(ctx context.Context, k APIKey, key string) (APIKey, error) {
+	k.CreatedAt = time.Now().Truncate(time.Second)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO api_keys(id,name,hash,created_at,mcp_max_calls,egress_allow) VALUES(?,?,?,?,?,?)`,
+		k.ID, k.Name, HashKey(key), k.CreatedAt.Unix(), k.MCPMaxCalls, encodeEgressAllow(k.EgressAllow))
+	if err != nil {
+		return APIKey{}, fmt.Errorf("store api key %s: %w", k.Name, err)
+	}
+	return k, nil
 }
 
 // ListAPIKeys returns every key's public part.

@@ -14,6 +14,7 @@ type PoolSize struct {
 	UpdatedAt time.Time
 }
 
+// poolsSchema is part of the schema Open creates.
 const poolsSchema = `
 CREATE TABLE IF NOT EXISTS pools (
 	template   TEXT PRIMARY KEY,
@@ -22,20 +23,8 @@ CREATE TABLE IF NOT EXISTS pools (
 );
 `
 
-// InitPools creates the pools table if it does not exist yet. The sandbox
-// manager calls it when it starts its pools.
-func (s *Store) InitPools(ctx context.Context) error {
-	if _, err := s.db.ExecContext(ctx, poolsSchema); err != nil {
-		return fmt.Errorf("init pools table: %w", err)
-	}
-	return nil
-}
-
 // PutPoolSize records a template's pool size, replacing an earlier one.
 func (s *Store) PutPoolSize(ctx context.Context, p PoolSize) error {
-	if err := s.InitPools(ctx); err != nil {
-		return err
-	}
 	_, err := s.db.ExecContext(ctx, `INSERT INTO pools(template,size,updated_at) VALUES(?,?,?)
 		ON CONFLICT(template) DO UPDATE SET size=excluded.size, updated_at=excluded.updated_at`,
 		p.Template, p.Size, p.UpdatedAt.UnixMilli())
@@ -47,9 +36,6 @@ func (s *Store) PutPoolSize(ctx context.Context, p PoolSize) error {
 
 // ListPoolSizes returns every recorded pool size, by template.
 func (s *Store) ListPoolSizes(ctx context.Context) ([]PoolSize, error) {
-	if err := s.InitPools(ctx); err != nil {
-		return nil, err
-	}
 	rows, err := s.db.QueryContext(ctx, `SELECT template,size,updated_at FROM pools ORDER BY template`)
 	if err != nil {
 		return nil, fmt.Errorf("list pool sizes: %w", err)

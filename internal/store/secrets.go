@@ -78,15 +78,11 @@ func (s *Store) InitSecrets(ctx context.Context) error {
 	if _, err := s.db.ExecContext(ctx, secretsSchema); err != nil {
 		return fmt.Errorf("init secrets table: %w", err)
 	}
-	for _, col := range []struct{ name, def string }{
-		{"id", "TEXT"},
-		{"version", "INTEGER NOT NULL DEFAULT 1"},
-		{"metadata", "TEXT NOT NULL DEFAULT '{}'"},
-	} {
-		_, err := s.db.ExecContext(ctx, `ALTER TABLE secrets ADD COLUMN `+col.name+` `+col.def)
-		if err != nil && !strings.Contains(err.Error(), "duplicate column") {
-			return fmt.Errorf("add secrets.%s: %w", col.name, err)
-		}
+	if err := addColumns(ctx, s.db, "secrets",
+		column{"id", "TEXT"},
+		column{"version", "INTEGER NOT NULL DEFAULT 1"},
+		column{"metadata", "TEXT NOT NULL DEFAULT '{}'"}); err != nil {
+		return err
 	}
 	if err := s.backfillSecretIDs(ctx); err != nil {
 		return err

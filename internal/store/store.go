@@ -54,7 +54,7 @@ func Open(path string) (*Store, error) {
 	// One writer at a time is what SQLite does anyway; a single connection
 	// avoids SQLITE_BUSY storms under concurrent creates.
 	db.SetMaxOpenConns(1)
-	if _, err := db.Exec(schema); err != nil {
+	if _, err := db.Exec(schema + poolsSchema); err != nil { // pools.go
 		db.Close()
 		return nil, fmt.Errorf("init schema in %s: %w", path, err)
 	}
@@ -89,12 +89,8 @@ type APIKey struct {
 
 // AddAPIKey stores the hash of key under name.
 func (s *Store) AddAPIKey(ctx context.Context, id, name, key string) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO api_keys(id,name,hash,created_at) VALUES(?,?,?,?)`,
-		id, name, HashKey(key), time.Now().Unix())
-	if err != nil {
-		return fmt.Errorf("store api key %s: %w", name, err)
-	}
-	return nil
+	_, err := s.insertAPIKey(ctx, APIKey{ID: id, Name: name}, key)
+	return err
 }
 
 // CountAPIKeys returns how many keys exist.
