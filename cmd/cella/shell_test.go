@@ -90,9 +90,9 @@ func TestShellWaitExpose(t *testing.T) {
 			time.Sleep(500 * time.Millisecond)
 		}
 		// Ctrl-C goes to the sandbox, not to the local cella: sent once
-		// the sleep runs (the marker is computed, so the echoed command
-		// line cannot match it).
-		_, _ = ptmx.Write([]byte("echo sleeping-$((2+3)); sleep 100\r"))
+		// the foreground job, which becomes the sleep, has printed the
+		// marker (computed, so the echoed command line cannot match it).
+		_, _ = ptmx.Write([]byte("sh -c 'echo sleeping-$((2+3)); exec sleep 100'\r"))
 		waitOutput(t, out, "sleeping-5", 10*time.Second)
 		_, _ = ptmx.Write([]byte{3})
 		_, _ = ptmx.Write([]byte("echo after-$((1+1))\r"))

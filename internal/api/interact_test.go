@@ -179,9 +179,11 @@ func TestInteract(t *testing.T) {
 		p.waitFor("37 101", 10*time.Second)
 
 		// Ctrl-C interrupts a foreground sleep.
-		// The marker (computed, so not the echo of the typed line) shows
-		// the shell has got to the sleep before the ^C is sent.
-		p.send("echo started-$((6+7)); sleep 100\r")
+		// The marker (computed, so not the echo of the typed line) is
+		// printed by the foreground job itself, which then becomes the
+		// sleep: once it shows, a ^C reaches the job. (Printed by the shell
+		// before it starts the job, a ^C could land in between and be lost.)
+		p.send("sh -c 'echo started-$((6+7)); exec sleep 100'\r")
 		p.waitFor("started-13", 10*time.Second)
 		start := time.Now()
 		p.send("\x03")
