@@ -3,15 +3,17 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+
+	"github.com/cella-sandbox/cella/internal/client"
 )
 
 func newKeyCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "key", Short: "Manage API keys (with the admin key)"}
-	var budget int64
-	var egressAllow []string
+	var nk client.NewKey
 	create := &cobra.Command{
 		Use:   "create NAME",
 		Short: "Create an API key and print it (it is shown only once)",
@@ -21,17 +23,20 @@ func newKeyCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			k, err := c.CreateKey(cmd.Context(), args[0], budget, egressAllow...)
+			nk.Name = args[0]
+			k, err := c.CreateKey(cmd.Context(), nk)
 			if err != nil {
 				return err
 			}
 			fmt.Println(k.Key)
-			fmt.Fprintf(os.Stderr, "key %s (%s) created; store it now, cella keeps only its hash\n", k.ID, k.Name)
+			fmt.Fprintf(os.Stderr, "key %s (%s) of team %s created; store it now, cella keeps only its hash\n", k.ID, k.Name, k.Team)
 			return nil
 		},
 	}
-	create.Flags().Int64Var(&budget, "mcp-max-calls", 0, "tool calls each MCP session with this key may make (0 = the daemon's default)")
-	create.Flags().StringSliceVar(&egressAllow, "egress-allow", nil, "the key's own egress ceiling, within the daemon's (repeatable; default: the daemon's ceiling)")
+	create.Flags().StringVar(&nk.Team, "team", "", "the team the key joins (made if it does not exist; default: a team of its own, named after the key); a team's keys share its sandboxes, snapshots and volumes")
+	create.Flags().StringSliceVar(&nk.Secrets, "secrets", nil, "secrets the key may attach to requests (network.rules) or put in environments (secretEnvVars); '*' for all (repeatable; default: none)")
+	create.Flags().Int64Var(&nk.MCPMaxCalls, "mcp-max-calls", 0, "tool calls each MCP session with this key may make (0 = the daemon's default)")
+	create.Flags().StringSliceVar(&nk.EgressAllow, "egress-allow", nil, "the key's own egress ceiling, within the daemon's (repeatable; default: the daemon's ceiling)")
 	ls := &cobra.Command{
 		Use: "ls", Short: "List API keys", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -44,9 +49,13 @@ func newKeyCmd() *cobra.Command {
 				return err
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tMCP MAX CALLS\tCREATED")
+			fmt.Fprintln(tw, "ID\tNAME\tTEAM\tSECRETS\tMCP MAX CALLS\tCREATED")
 			for _, k := range keys {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", k.ID, k.Name, k.MCPMaxCalls, k.CreatedAt.Format("2006-01-02 15:04"))
+				sec := strings.Join(k.Secrets, ",")
+				if sec == "" {
+					sec = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", k.ID, k.Name, k.Team, sec, k.MCPMaxCalls, k.CreatedAt.Format("2006-01-02 15:04"))
 			}
 			return tw.Flush()
 		},

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"net/http"
 
 	"github.com/cella-sandbox/cella/internal/channel"
@@ -33,9 +32,10 @@ func (t agentTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return conn.Transport().RoundTrip(r)
 }
 
-// runningSandbox returns a running sandbox or the error to answer.
-func (s *Server) runningSandbox(ctx context.Context, id string) (*sandbox.Sandbox, error) {
-	sb, err := s.cfg.Manager.Get(id)
+// runningSandbox returns a running sandbox of the caller's or the error to
+// answer.
+func (s *Server) runningSandbox(r *http.Request, id string) (*sandbox.Sandbox, error) {
+	sb, err := s.cfg.Manager.Lookup(caller(r), id)
 	if err != nil {
 		return nil, err
 	}

@@ -247,12 +247,12 @@ func TestAPI(t *testing.T) {
 		}
 		st, _, body = a.do(t, "POST", "/v2/sandboxes", key, map[string]any{"templateID": "base", "secretEnvVars": map[string]string{"TOKEN": "NO_SUCH"}}, nil)
 		a.wantError(t, 400, st, body, "does not exist")
-		other, err := env.Client.CreateKey(context.Background(), "no-secrets", 0)
+		other, err := env.Client.CreateKey(context.Background(), client.NewKey{Name: "no-secrets"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		st, _, body = a.do(t, "POST", "/v2/sandboxes", other.Key, map[string]any{"templateID": "base", "secretEnvVars": map[string]string{"TOKEN": "ENV_SECRET"}}, nil)
-		a.wantError(t, 403, st, body, "only admin keys")
+		a.wantError(t, 403, st, body, "may not be used by this API key")
 	})
 	t.Run("List", func(t *testing.T) {
 		st, _, body := a.do(t, "GET", "/sandboxes", key, nil, nil)

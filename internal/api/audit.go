@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"net/http"
 	"slices"
 	"strconv"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/audit"
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/store"
+	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
 // maxLogLimit bounds one answer of the logs routes.
@@ -99,8 +102,10 @@ func (s *Server) auditEntries(w http.ResponseWriter, r *http.Request, v2 bool) (
 		return nil, false
 	}
 	id := r.PathValue("id")
-	// A killed sandbox's log stays readable for as long as its file exists.
-	if !s.sandboxKnown(id) && !s.cfg.Audit.Exists(id) {
+	// A killed sandbox's log stays readable, to its owner, for as long as
+	// its file exists. A log without a recorded owner (kept from before
+	// teams) is the admin's.
+	if !s.mayReadAudit(r, id) {
 		s.writeErr(w, r, errdefs.NotFound("sandbox %q not found", id))
 		return nil, false
 	}
@@ -115,12 +120,25 @@ func (s *Server) auditEntries(w http.ResponseWriter, r *http.Request, v2 bool) (
 	return entries, true
 }
 
-func (s *Server) sandboxKnown(id string) bool {
-	if s.cfg.Manager == nil {
+func (s *Server) mayReadAudit(r *http.Request, id string) bool {
+	live := s.cfg.Manager != nil && s.cfg.Manager.Tracked(id)
+	if !live && !s.cfg.Audit.Exists(id) {
 		return false
 	}
-	_, err := s.cfg.Manager.Get(id)
-	return err == nil
+	var team, key string
+	var err error
+	if live {
+		var o tenant.Owner
+		o, err = s.cfg.Manager.Owner(r.Context(), id)
+		team, key = o.Team, o.Key
+	} else {
+		team, key, err = s.cfg.Store.SandboxOwner(r.Context(), id)
+	}
+	if err != nil {
+		// No owner recorded: a log kept from before teams, the admin's.
+		return errors.Is(err, store.ErrNotFound) && caller(r).Admin
+	}
+	return caller(r).Can(tenant.Owner{Team: team, Key: key})
 }
 
 func parseLogQuery(r *http.Request, v2 bool) (audit.Query, bool, error) {

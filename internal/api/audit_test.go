@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/audit"
+	"github.com/cella-sandbox/cella/internal/store"
 )
 
 type logsV1 struct {
@@ -37,8 +38,12 @@ type logsV2 struct {
 
 func TestAuditLogsAPI(t *testing.T) {
 	e := startLight(t, true, true)
-	key := e.userKey // any key reads logs; values are redacted anyway
+	key := e.userKey // the owner's key; values are redacted anyway
 	if _, err := e.secrets.Set(context.Background(), "GH_TOKEN", "ghp_leaky_value"); err != nil {
+		t.Fatal(err)
+	}
+	// The sandbox is gone; who owned it is recorded beside its log.
+	if err := e.store.PutSandboxOwner(context.Background(), "isb1", e.userTeam, "k"); err != nil {
 		t.Fatal(err)
 	}
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -131,6 +136,18 @@ func TestAuditLogsAPI(t *testing.T) {
 			e.wantError(t, 400, st, b, contains)
 		}
 	})
+
+	// Another team's key: the answer of an unknown sandbox; the admin
+	// reads every log.
+	_, other, err := e.store.CreateAPIKey(context.Background(), store.NewKey{Name: "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _, body = e.do(t, "GET", "/sandboxes/isb1/logs", other, nil, nil)
+	e.wantError(t, 404, st, body, `sandbox "isb1" not found`)
+	if st, _, body = e.do(t, "GET", "/v2/sandboxes/isb1/logs", e.adminKey, nil, nil); st != 200 {
+		t.Fatalf("the admin reading a log: %d %s", st, body)
+	}
 
 	// Unknown sandbox without a file: 404; a gone sandbox's file is still
 	// served; once removed it is 404.

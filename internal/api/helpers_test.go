@@ -67,7 +67,9 @@ func TestAdminOnly(t *testing.T) {
 	h := s.adminOnly("size warm pools", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) })
 	for id, want := range map[string]int{store.AdminKeyID: http.StatusTeapot, "k0123": http.StatusForbidden, "": http.StatusForbidden} {
 		rec := httptest.NewRecorder()
-		h(rec, httptest.NewRequest("PUT", "/pools/base", nil).WithContext(context.WithValue(context.Background(), keyCtx{}, store.APIKey{ID: id})))
+		k := store.APIKey{ID: id}
+		ctx := context.WithValue(context.WithValue(context.Background(), keyCtx{}, k), principalCtx{}, s.principal(k))
+		h(rec, httptest.NewRequest("PUT", "/pools/base", nil).WithContext(ctx))
 		if rec.Code != want {
 			t.Fatalf("key %q: %d %s, want %d", id, rec.Code, rec.Body, want)
 		}

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"errors"
 	"net/http"
 	"regexp"
@@ -10,15 +9,24 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/secrets"
 	"github.com/cella-sandbox/cella/internal/store"
+	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
 // keyInfo is an API key's public part; Key is set only in the answer that
 // creates it.
 type keyInfo struct {
-	ID          string    `json:"id"`
-	Name        string    `json:"name"`
-	Key         string    `json:"key,omitempty"`
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	Key  string `json:"key,omitempty"`
+	// TeamID and Team are the team whose sandboxes, snapshots and volumes
+	// the key shares.
+	TeamID string `json:"teamID"`
+	Team   string `json:"team"`
+	// Secrets are the secrets the key may attach ("*": all; the admin key
+	// may use every secret).
+	Secrets     []string  `json:"secrets"`
 	MCPMaxCalls int64     `json:"mcpMaxCalls"`
 	CreatedAt   time.Time `json:"createdAt"`
 	// EgressAllow is the key's own egress ceiling (empty: the daemon's).
@@ -28,8 +36,12 @@ type keyInfo struct {
 }
 
 func (s *Server) keyBody(k store.APIKey) keyInfo {
-	return keyInfo{ID: k.ID, Name: k.Name, MCPMaxCalls: k.MCPMaxCalls, CreatedAt: k.CreatedAt.UTC(),
-		EgressAllow: nonNil(k.EgressAllow), Egress: s.egressText(k)}
+	secrets := nonNil(k.Secrets)
+	if k.ID == store.AdminKeyID {
+		secrets = []string{"*"}
+	}
+	return keyInfo{ID: k.ID, Name: k.Name, TeamID: k.TeamID, Team: k.TeamName, Secrets: secrets,
+		MCPMaxCalls: k.MCPMaxCalls, CreatedAt: k.CreatedAt.UTC(), EgressAllow: nonNil(k.EgressAllow), Egress: s.egressText(k)}
 }
 
 // egressText describes a key's ceiling for people and agents (MCP tool
@@ -49,15 +61,13 @@ func (s *Server) egressText(k store.APIKey) string {
 var keyNameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 
 // isAdmin says whether the request was made with the admin key.
-func isAdmin(ctx context.Context) bool {
-	return apiKeyFrom(ctx).ID == store.AdminKeyID
-}
+func isAdmin(r *http.Request) bool { return caller(r).Admin }
 
 // adminOnly lets only the admin key through to h; any other key gets 403
 // "only the admin key (<data-dir>/admin.key) may " + what.
 func (s *Server) adminOnly(what string, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !isAdmin(r.Context()) {
+		if !isAdmin(r) {
 			s.writeErr(w, r, errdefs.Forbidden("only the admin key (<data-dir>/admin.key) may %s", what))
 			return
 		}
@@ -67,9 +77,13 @@ func (s *Server) adminOnly(what string, h http.HandlerFunc) http.HandlerFunc {
 
 func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
 	var req struct {
-		Name        string   `json:"name"`
+		Name string `json:"name"`
+		// Team is the team to join (made if it does not exist); "" makes a
+		// team of the key's own, named after it.
+		Team        string   `json:"team"`
 		MCPMaxCalls int64    `json:"mcpMaxCalls"`
 		EgressAllow []string `json:"egressAllow"`
+		Secrets     []string `json:"secrets"`
 	}
 	if err := decodeBody(r, &req); err != nil {
 		s.writeErr(w, r, err)
@@ -78,6 +92,23 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
 	if !keyNameRe.MatchString(req.Name) {
 		s.writeErr(w, r, errdefs.InvalidArgument("invalid key name %q: use letters, digits, '.', '_' and '-'", req.Name))
 		return
+	}
+	if req.Team != "" && !store.TeamNameRe.MatchString(req.Team) {
+		s.writeErr(w, r, errdefs.InvalidArgument("invalid team name %q: use 1-63 lower-case letters, digits, '.', '_' and '-', starting with a letter or digit", req.Team))
+		return
+	}
+	if req.Team == tenant.AdminTeam {
+		s.writeErr(w, r, errdefs.InvalidArgument("the admin team is the admin key's alone: give the key another team"))
+		return
+	}
+	for _, name := range req.Secrets {
+		if name == "*" {
+			continue
+		}
+		if err := secrets.ValidateName(name); err != nil {
+			s.writeErr(w, r, errdefs.InvalidArgument("secrets: %v", err))
+			return
+		}
 	}
 	if req.MCPMaxCalls < 0 {
 		s.writeErr(w, r, errdefs.InvalidArgument("mcpMaxCalls must not be negative (got %d)", req.MCPMaxCalls))
@@ -93,7 +124,8 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	k, key, err := s.cfg.Store.CreateAPIKey(r.Context(), req.Name, req.MCPMaxCalls, req.EgressAllow)
+	k, key, err := s.cfg.Store.CreateAPIKey(r.Context(), store.NewKey{Name: req.Name, Team: req.Team,
+		MCPMaxCalls: req.MCPMaxCalls, EgressAllow: req.EgressAllow, Secrets: req.Secrets})
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

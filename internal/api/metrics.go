@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/cella-sandbox/cella/internal/sandbox"
+	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
 // EgressCounters counts egress decisions for /metrics; the daemon's event
@@ -47,7 +48,7 @@ func (c *metricsCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	m := c.s.cfg.Manager
 	counts := map[string]int{sandbox.StateRunning: 0, sandbox.StatePaused: 0}
-	for _, sb := range m.List() {
+	for _, sb := range m.List(tenant.System) { // the whole daemon: /metrics is the admin's
 		counts[sb.State()]++
 	}
 	for state, n := range counts {

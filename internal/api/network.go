@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -48,8 +47,9 @@ func (s *Server) egressCeiling(k store.APIKey) *egress.Policy {
 // fields give the sandbox, within the ceiling of the caller's key; only the
 // admin key may attach secrets. The daemon must have a ceiling
 // (cfg.EgressCeiling != nil).
-func (s *Server) requestEgress(ctx context.Context, allowInternet *bool, network json.RawMessage) (*egress.Policy, error) {
-	return effectiveEgress(allowInternet, network, *s.egressCeiling(apiKeyFrom(ctx)), isAdmin(ctx))
+func (s *Server) requestEgress(r *http.Request, allowInternet *bool, network json.RawMessage) (*egress.Policy, error) {
+	p := caller(r)
+	return effectiveEgress(allowInternet, network, *p.Ceiling, p.MayUseSecret)
 }
 
 // effectiveEgress turns E2B's request fields into the policy the proxy
@@ -58,7 +58,7 @@ func (s *Server) requestEgress(ctx context.Context, allowInternet *bool, network
 // no catch-all deny, the sandbox gets the whole ceiling minus its denyOut;
 // with one, exactly its allowOut. A request can never reach past the
 // ceiling: an explicit allowOut entry outside it is a 403.
-func effectiveEgress(allowInternet *bool, network json.RawMessage, ceiling egress.Policy, mayUseSecrets bool) (*egress.Policy, error) {
+func effectiveEgress(allowInternet *bool, network json.RawMessage, ceiling egress.Policy, mayUseSecret func(name string) bool) (*egress.Policy, error) {
 	req, err := egress.ParsePolicy(network)
 	if err != nil {
 		return nil, errdefs.InvalidArgument("network: %v", err)
@@ -73,18 +73,22 @@ func effectiveEgress(allowInternet *bool, network json.RawMessage, ceiling egres
 			return nil, errdefs.InvalidArgument("network.allowOut: %v", err)
 		}
 	}
-	if !mayUseSecrets {
-		for host, rules := range req.Rules {
-			for _, r := range rules {
-				if r.Transform == nil {
-					continue
+	for host, rules := range req.Rules {
+		for _, r := range rules {
+			if r.Transform == nil {
+				continue
+			}
+			for h, v := range r.Transform.Headers {
+				// A malformed placeholder is refused (ParsePolicy has
+				// rejected it already).
+				names, err := secrets.Names(v)
+				if err != nil {
+					return nil, errdefs.InvalidArgument("network.rules[%q] header %q: %v", host, h, err)
 				}
-				for h, v := range r.Transform.Headers {
-					// A malformed placeholder is an error here, and counts as
-					// a secret as its prefix always did (ParsePolicy has
-					// rejected it already).
-					if names, err := secrets.Names(v); err != nil || len(names) > 0 {
-						return nil, errdefs.Forbidden("network.rules[%q] header %q uses a secret: only admin keys may attach secrets to requests", host, h)
+				for _, n := range names {
+					if !mayUseSecret(n) {
+						return nil, errdefs.Forbidden("network.rules[%q] header %q uses secret %q, which this API key may not use: "+
+							"only the admin key and keys made with `cella key create --secrets %s` may attach it", host, h, n, n)
 					}
 				}
 			}
@@ -134,7 +138,7 @@ type networkUpdate struct {
 // every connection and DNS query that starts after the 204.
 func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	sb, err := s.cfg.Manager.Get(id)
+	sb, err := s.cfg.Manager.Lookup(caller(r), id)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -154,12 +158,12 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 	// Fields of the original request other than egress (allowPublicTraffic
 	// and friends) stay as they were.
 	merged := mergeNetwork(sb.Options.Network, raw)
-	p, err := s.requestEgress(r.Context(), req.AllowInternetAccess, raw)
+	p, err := s.requestEgress(r, req.AllowInternetAccess, raw)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
-	if err := s.cfg.Manager.SetNetwork(r.Context(), id, p, merged, req.AllowInternetAccess); err != nil {
+	if err := s.cfg.Manager.SetNetwork(r.Context(), caller(r), id, p, merged, req.AllowInternetAccess); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
@@ -202,6 +206,8 @@ type networkInfo struct {
 type effectivePolicy struct {
 	AllowOut []string `json:"allowOut"`
 	DenyOut  []string `json:"denyOut"`
+	// Rules are the header rules the proxy applies, values redacted.
+	Rules map[string][]egress.Rule `json:"rules,omitempty"`
 }
 
 func networkInfoOf(raw json.RawMessage, p *egress.Policy, enabled bool) networkInfo {
@@ -224,7 +230,7 @@ func networkInfoOf(raw json.RawMessage, p *egress.Policy, enabled bool) networkI
 	case p == nil || len(p.AllowOut) == 0:
 		ni.Summary = "no egress: nothing is allowed for this sandbox"
 	default:
-		ni.Effective = &effectivePolicy{AllowOut: nonNil(p.AllowOut), DenyOut: nonNil(p.DenyOut)}
+		ni.Effective = &effectivePolicy{AllowOut: nonNil(p.AllowOut), DenyOut: nonNil(p.DenyOut), Rules: redactRules(p.Rules)}
 		ni.Summary = p.Summary()
 	}
 	return ni
@@ -264,12 +270,17 @@ func nonNil(s []string) []string {
 	return s
 }
 
-// checkSecretEnv vets a request's secretEnvVars: admin keys only (a secret
-// in the environment is readable by everything in the sandbox), and every
+// checkSecretEnv vets a request's secretEnvVars: only secrets the key may
+// use (a secret in the environment is readable by everything in the
+// sandbox, and by every key of its team, which may exec in it), and every
 // named secret must exist.
-func (s *Server) checkSecretEnv(ctx context.Context, env map[string]string) error {
-	if !isAdmin(ctx) {
-		return errdefs.Forbidden("secretEnvVars: only admin keys may put secrets in a sandbox's environment")
+func (s *Server) checkSecretEnv(r *http.Request, env map[string]string) error {
+	p := caller(r)
+	for k, name := range env {
+		if !p.MayUseSecret(name) {
+			return errdefs.Forbidden("secretEnvVars[%q]: secret %q may not be used by this API key: "+
+				"only the admin key and keys made with `cella key create --secrets %s` may put it in an environment", k, name, name)
+		}
 	}
 	if s.cfg.Secrets == nil {
 		return errdefs.InvalidArgument("secretEnvVars: this daemon has no secret store")

@@ -18,6 +18,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/sandbox"
+	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
 // poolInfo is GET /pools' item, as the client reads it.
@@ -226,7 +227,7 @@ func TestPool(t *testing.T) {
 		if !strings.Contains(string(d.Network), "allowed.test") {
 			t.Fatalf("detail network: %s", d.Network)
 		}
-		live, err := env.Daemon.Manager.Get(id)
+		live, err := env.Daemon.Manager.Lookup(tenant.System, id)
 		if err != nil || live.Options.APIKeyID != user.ID {
 			t.Fatalf("handed-out sandbox's API key: %v %q, want %q", err, live.Options.APIKeyID, user.ID)
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/sandbox"
+	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
 // Routing headers E2B's SDKs send on every sandbox request.
@@ -93,7 +94,7 @@ func writeBadGateway(w http.ResponseWriter, id, msg string) {
 // and so do paused ones unless they were created with autoResume, which the
 // request then resumes.
 func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target) {
-	sb, err := s.cfg.Manager.Get(t.id)
+	sb, err := s.cfg.Manager.Lookup(tenant.Traffic, t.id)
 	if err == nil {
 		defer sb.BeginActivity()() // the idle clock of lifecycle autoStop
 	}
@@ -106,7 +107,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target) {
 			return
 		}
 		// autoResume: the first request resumes it, with the usual TTL.
-		if _, _, err := s.cfg.Manager.Connect(r.Context(), t.id, sandbox.DefaultTimeout, true); err != nil {
+		if _, _, err := s.cfg.Manager.Connect(r.Context(), tenant.Traffic, t.id, sandbox.DefaultTimeout, true); err != nil {
 			s.log.Warn("auto-resume failed", "id", t.id, "err", err)
 			writeBadGateway(w, t.id, "The sandbox is paused and could not be resumed: "+err.Error())
 			return

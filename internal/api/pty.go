@@ -447,7 +447,7 @@ func queryUint(r *http.Request, name string, def uint32) (uint32, error) {
 
 func (s *Server) ptyHandler(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	sb, err := s.runningSandbox(r.Context(), id)
+	sb, err := s.runningSandbox(r, id)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

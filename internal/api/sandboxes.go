@@ -79,14 +79,14 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		TemplateID: req.TemplateID, Metadata: req.Metadata, EnvVars: req.EnvVars,
 		AllowInternetAccess: req.AllowInternetAccess, Network: req.Network, AutoPause: req.AutoPause, AutoPauseMemory: req.AutoPauseMemory,
 		VolumeMounts: req.VolumeMounts, CPUs: req.CPUCount, MemoryMB: req.MemoryMB, DiskMB: req.DiskSizeMB,
-		Pids: req.PidsLimit, OutputMB: req.OutputMB, APIKeyID: apiKeyFrom(r.Context()).ID,
+		Pids: req.PidsLimit, OutputMB: req.OutputMB,
 	}
 	if req.AutoResume != nil {
 		opts.AutoResume = req.AutoResume.Enabled
 	}
 	opts.TrafficAccessToken = trafficTokenFor(req.Network) // traffic.go
 	if len(req.SecretEnvVars) > 0 {
-		if err := s.checkSecretEnv(r.Context(), req.SecretEnvVars); err != nil { // network.go
+		if err := s.checkSecretEnv(r, req.SecretEnvVars); err != nil { // network.go
 			s.writeErr(w, r, err)
 			return
 		}
@@ -94,7 +94,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.cfg.EgressCeiling != nil {
 		var err error
-		if opts.Egress, err = s.requestEgress(r.Context(), req.AllowInternetAccess, req.Network); err != nil { // network.go
+		if opts.Egress, err = s.requestEgress(r, req.AllowInternetAccess, req.Network); err != nil { // network.go
 			s.writeErr(w, r, err)
 			return
 		}
@@ -117,7 +117,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	sb, err := s.cfg.Manager.Create(r.Context(), opts)
+	sb, err := s.cfg.Manager.Create(r.Context(), caller(r), opts)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -186,7 +186,7 @@ func onTimeout(o sandbox.Options) string {
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.cfg.Manager.Get(r.PathValue("id"))
+	sb, err := s.cfg.Manager.Lookup(caller(r), r.PathValue("id"))
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -195,7 +195,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) killSandbox(w http.ResponseWriter, r *http.Request) {
-	if err := s.cfg.Manager.Kill(r.Context(), r.PathValue("id")); err != nil {
+	if err := s.cfg.Manager.Kill(r.Context(), caller(r), r.PathValue("id")); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
@@ -218,7 +218,7 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, errdefs.InvalidArgument("timeout must not be negative (got %d)", *req.Timeout))
 		return
 	}
-	if err := s.cfg.Manager.SetTimeout(r.Context(), r.PathValue("id"), time.Duration(*req.Timeout)*time.Second); err != nil {
+	if err := s.cfg.Manager.SetTimeout(r.Context(), caller(r), r.PathValue("id"), time.Duration(*req.Timeout)*time.Second); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
@@ -241,7 +241,7 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, errdefs.InvalidArgument("duration must not be negative (got %d)", d))
 		return
 	}
-	if _, err := s.cfg.Manager.Extend(r.Context(), r.PathValue("id"), time.Duration(d)*time.Second); err != nil {
+	if _, err := s.cfg.Manager.Extend(r.Context(), caller(r), r.PathValue("id"), time.Duration(d)*time.Second); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
@@ -268,7 +268,7 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
 	// "memory": false asks for a cold boot of a paused sandbox on its kept
 	// filesystem (the SDK's onResume: 'reboot').
 	keepMemory := req.Memory == nil || *req.Memory
-	sb, resumed, err := s.cfg.Manager.Connect(r.Context(), r.PathValue("id"), d, keepMemory)
+	sb, resumed, err := s.cfg.Manager.Connect(r.Context(), caller(r), r.PathValue("id"), d, keepMemory)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -290,7 +290,7 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	if err := s.cfg.Manager.Pause(r.Context(), r.PathValue("id"), req.Memory == nil || *req.Memory); err != nil {
+	if err := s.cfg.Manager.Pause(r.Context(), caller(r), r.PathValue("id"), req.Memory == nil || *req.Memory); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
@@ -316,7 +316,7 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 		d = time.Duration(*req.Timeout) * time.Second
 	}
 	id := r.PathValue("id")
-	sb, err := s.cfg.Manager.Get(id)
+	sb, err := s.cfg.Manager.Lookup(caller(r), id)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -325,7 +325,7 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, errdefs.Conflict("sandbox %q is %s, not paused", id, st))
 		return
 	}
-	sb, resumed, err := s.cfg.Manager.Connect(r.Context(), id, d, true)
+	sb, resumed, err := s.cfg.Manager.Connect(r.Context(), caller(r), id, d, true)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -411,7 +411,7 @@ func (s *Server) listSandboxesV1(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := []listedSandbox{}
-	for _, sb := range s.cfg.Manager.List() {
+	for _, sb := range s.cfg.Manager.List(caller(r)) {
 		in := sb.Info()
 		if in.State == sandbox.StateRunning && matchesMetadata(in.Options.Metadata, want) {
 			out = append(out, listed(in))
@@ -464,7 +464,7 @@ func (s *Server) listSandboxesV2(w http.ResponseWriter, r *http.Request) {
 	}
 
 	var all []sandbox.Info
-	for _, sb := range s.cfg.Manager.List() {
+	for _, sb := range s.cfg.Manager.List(caller(r)) {
 		in := sb.Info()
 		if !states[in.State] || !matchesMetadata(in.Options.Metadata, want) {
 			continue

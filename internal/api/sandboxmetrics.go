@@ -55,7 +55,7 @@ func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) {
 	if !end.IsZero() {
 		end = end.Add(time.Second - time.Nanosecond) // the whole second named
 	}
-	ms, err := s.cfg.Manager.Metrics(r.PathValue("id"), start, end, end.IsZero())
+	ms, err := s.cfg.Manager.Metrics(caller(r), r.PathValue("id"), start, end, end.IsZero())
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -82,7 +82,7 @@ func (s *Server) sandboxesMetrics(w http.ResponseWriter, r *http.Request) {
 	}
 	out := map[string]sandboxMetric{}
 	for _, id := range ids {
-		m, ok, err := s.cfg.Manager.LatestMetric(strings.TrimSpace(id))
+		m, ok, err := s.cfg.Manager.LatestMetric(caller(r), strings.TrimSpace(id))
 		if err != nil || !ok {
 			continue // unknown or not yet sampled: left out, as E2B does
 		}

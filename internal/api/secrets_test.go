@@ -35,6 +35,8 @@ type lightEnv struct {
 	dataDir  string
 	adminKey string
 	userKey  string
+	userTeam string
+	store    *store.Store
 	secrets  *secrets.Manager
 	audit    *audit.Log
 	logs     *bytes.Buffer
@@ -49,13 +51,15 @@ func startLight(t *testing.T, withSecrets, withAudit bool) *lightEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	e := &lightEnv{dataDir: dir, adminKey: "e2b_admin_test_key", logs: &bytes.Buffer{}}
+	e := &lightEnv{dataDir: dir, adminKey: "e2b_admin_test_key", logs: &bytes.Buffer{}, store: st}
 	if err := st.AddAPIKey(ctx, store.AdminKeyID, "admin", e.adminKey); err != nil {
 		t.Fatal(err)
 	}
-	if _, e.userKey, err = st.CreateAPIKey(ctx, "user", 0, nil); err != nil {
+	user, userKey, err := st.CreateAPIKey(ctx, store.NewKey{Name: "user"})
+	if err != nil {
 		t.Fatal(err)
 	}
+	e.userKey, e.userTeam = userKey, user.TeamID
 	cfg := api.Config{Store: st, Log: slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	if withSecrets {
 		box, err := secrets.OpenBox(dir)

@@ -17,6 +17,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/secrets"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/template"
+	"github.com/cella-sandbox/cella/internal/tenant"
 	"github.com/cella-sandbox/cella/internal/ui"
 	"github.com/cella-sandbox/cella/internal/volume"
 )
@@ -64,6 +65,8 @@ func New(cfg Config) *Server {
 
 type keyCtx struct{}
 
+type principalCtx struct{}
+
 func (s *Server) routes() {
 	m := s.mux
 	m.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
@@ -82,9 +85,9 @@ func (s *Server) routes() {
 	m.Handle("POST /v2/sandboxes/{id}/connect", auth(s.connectSandbox))
 	m.Handle("POST /sandboxes/{id}/pause", auth(s.pauseSandbox))
 	m.Handle("POST /sandboxes/{id}/resume", auth(s.resumeSandbox))
-	m.Handle("PUT /sandboxes/{id}/network", auth(s.updateNetwork))  // network.go
-	m.Handle("GET /metrics", auth(s.metricsHandler().ServeHTTP))    // metrics.go
-	m.Handle("GET /sandboxes/{id}/metrics", auth(s.sandboxMetrics)) // sandboxmetrics.go
+	m.Handle("PUT /sandboxes/{id}/network", auth(s.updateNetwork))                                         // network.go
+	m.Handle("GET /metrics", auth(s.adminOnly("read the daemon's metrics", s.metricsHandler().ServeHTTP))) // metrics.go
+	m.Handle("GET /sandboxes/{id}/metrics", auth(s.sandboxMetrics))                                        // sandboxmetrics.go
 	m.Handle("GET /sandboxes/metrics", auth(s.sandboxesMetrics))
 	m.Handle("GET /templates", auth(s.listTemplates))
 	s.snapshotRoutes(auth) // snapshots.go
@@ -144,11 +147,32 @@ func (s *Server) requireKey(h http.HandlerFunc) http.Handler {
 			s.writeErr(w, r, errdefs.Unauthenticated("invalid API key"))
 			return
 		}
-		h(w, r.WithContext(context.WithValue(r.Context(), keyCtx{}, k)))
+		ctx := context.WithValue(r.Context(), keyCtx{}, k)
+		ctx = context.WithValue(ctx, principalCtx{}, s.principal(k))
+		h(w, r.WithContext(ctx))
 	})
+}
+
+// principal is who a key is: its team, whether it is the admin, which
+// secrets it may use and its egress ceiling. Every handler acts on the
+// core as this principal.
+func (s *Server) principal(k store.APIKey) tenant.Principal {
+	admin := k.ID == store.AdminKeyID
+	team := k.TeamID
+	if team == "" && admin {
+		team = tenant.AdminTeam
+	}
+	return tenant.Principal{Key: k.ID, Team: team, Admin: admin, Secrets: k.Secrets, Ceiling: s.egressCeiling(k)}
 }
 
 func apiKeyFrom(ctx context.Context) store.APIKey {
 	k, _ := ctx.Value(keyCtx{}).(store.APIKey)
 	return k
+}
+
+// caller is the principal of an authenticated request (requireKey). A
+// request that did not pass requireKey has no team and can act on nothing.
+func caller(r *http.Request) tenant.Principal {
+	p, _ := r.Context().Value(principalCtx{}).(tenant.Principal)
+	return p
 }

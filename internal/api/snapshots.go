@@ -45,7 +45,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	in, err := s.cfg.Manager.Snapshot(r.Context(), r.PathValue("id"), req.Name)
+	in, err := s.cfg.Manager.Snapshot(r.Context(), caller(r), r.PathValue("id"), req.Name)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -76,7 +76,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		}
 		offset = n
 	}
-	all, err := s.cfg.Manager.ListSnapshots(r.Context(), sandbox.SnapshotFilter{SandboxID: q.Get("sandboxID"), Name: q.Get("name")})
+	all, err := s.cfg.Manager.ListSnapshots(r.Context(), caller(r), sandbox.SnapshotFilter{SandboxID: q.Get("sandboxID"), Name: q.Get("name")})
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -96,8 +96,8 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 // `cella template`.
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	if s.cfg.Manager.IsSnapshot(r.Context(), id) {
-		if err := s.cfg.Manager.DeleteSnapshot(r.Context(), id); err != nil {
+	if s.cfg.Manager.IsSnapshot(r.Context(), caller(r), id) {
+		if err := s.cfg.Manager.DeleteSnapshot(r.Context(), caller(r), id); err != nil {
 			s.writeErr(w, r, err)
 			return
 		}
@@ -151,7 +151,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		}
 		timeout = time.Duration(*req.Timeout) * time.Second
 	}
-	res, err := s.cfg.Manager.Fork(r.Context(), r.PathValue("id"), count, timeout, apiKeyFrom(r.Context()).ID)
+	res, err := s.cfg.Manager.Fork(r.Context(), caller(r), r.PathValue("id"), count, timeout)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

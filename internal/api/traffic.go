@@ -32,12 +32,17 @@ func trafficTokenFor(network json.RawMessage) string {
 	return hex.EncodeToString(b)
 }
 
-// trafficAllowed checks the traffic token on requests to a sandbox's own
-// ports (the agent's port is guarded by the envd access token instead).
-// It answers 403 itself when the token is missing or wrong.
+// trafficAllowed checks the credential of a request to a sandbox's port
+// (tenant.Traffic): the envd access token for the agent's port, checked here
+// before the agent checks it again, so that nothing reaches a sandbox's
+// agent — genuine or not — without its owner's token; the traffic token for
+// the others, when the sandbox has one. It answers the refusal itself.
 func trafficAllowed(w http.ResponseWriter, r *http.Request, sb *sandbox.Sandbox, port int) bool {
+	if port == channel.AgentPort {
+		return envdAllowed(w, r, sb)
+	}
 	want := sb.Options.TrafficAccessToken
-	if want == "" || port == channel.AgentPort {
+	if want == "" {
 		return true
 	}
 	got := r.Header.Get(hdrTrafficToken)
@@ -49,6 +54,30 @@ func trafficAllowed(w http.ResponseWriter, r *http.Request, sb *sandbox.Sandbox,
 		msg = "invalid e2b-traffic-access-token for this sandbox"
 	}
 	writeJSON(w, http.StatusForbidden, sandboxGone{SandboxID: sb.ID, Message: msg, Code: http.StatusForbidden})
+	return false
+}
+
+// envdAllowed is envd's WithAuthorization at the daemon's edge: every agent
+// request carries the sandbox's X-Access-Token, except the health check and
+// /files requests authorized by a URL signature (uploadUrl/downloadUrl),
+// which the agent verifies itself. A refusal reads as the agent's.
+func envdAllowed(w http.ResponseWriter, r *http.Request, sb *sandbox.Sandbox) bool {
+	if sb.EnvdAccessToken == "" {
+		return true
+	}
+	got := r.Header.Get("X-Access-Token")
+	switch {
+	case got != "":
+		if subtle.ConstantTimeCompare([]byte(got), []byte(sb.EnvdAccessToken)) == 1 {
+			return true
+		}
+	case r.Method == http.MethodGet && r.URL.Path == "/health":
+		return true
+	case (r.Method == http.MethodGet || r.Method == http.MethodPost) && r.URL.Path == "/files" && r.URL.Query().Get("signature") != "":
+		return true
+	}
+	writeJSON(w, http.StatusUnauthorized, errorBody{Code: http.StatusUnauthorized,
+		Message: "unauthorized access, please provide a valid access token or method signing if supported"})
 	return false
 }
 

@@ -32,12 +32,16 @@ type volumeResponse struct {
 	UsedBy    []string  `json:"usedBy"`
 }
 
-func (s *Server) volumeBody(v volume.Volume) volumeResponse {
-	users := s.cfg.Manager.VolumeUsers(v.Name)
-	if users == nil {
-		users = []string{}
+// volumeBody shows v to the caller, with the sandboxes that mount it that
+// the caller may see.
+func (s *Server) volumeBody(r *http.Request, v volume.Volume) volumeResponse {
+	users := []string{}
+	for _, id := range s.cfg.Manager.VolumeUsers(v.ID) {
+		if _, err := s.cfg.Manager.Lookup(caller(r), id); err == nil {
+			users = append(users, id)
+		}
 	}
-	return volumeResponse{VolumeID: v.Name, Name: v.Name, SizeMB: v.SizeBytes >> 20, UsedBytes: v.UsedBytes,
+	return volumeResponse{VolumeID: v.ID, Name: v.Name, SizeMB: v.SizeBytes >> 20, UsedBytes: v.UsedBytes,
 		Mounted: v.Mounted, CreatedAt: v.CreatedAt, UsedBy: users}
 }
 
@@ -102,12 +106,12 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	v, err := vm.Create(r.Context(), req.Name, size)
+	v, err := vm.Create(r.Context(), caller(r).Owner(), req.Name, size)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, s.volumeBody(v))
+	writeJSON(w, http.StatusCreated, s.volumeBody(r, v))
 }
 
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
@@ -115,14 +119,14 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
 	if vm == nil {
 		return
 	}
-	vs, err := vm.List(r.Context())
+	vs, err := vm.List(r.Context(), caller(r))
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
 	out := make([]volumeResponse, 0, len(vs))
 	for _, v := range vs {
-		out = append(out, s.volumeBody(v))
+		out = append(out, s.volumeBody(r, v))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -132,12 +136,12 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 	if vm == nil {
 		return
 	}
-	v, err := vm.Get(r.Context(), r.PathValue("name"))
+	v, err := vm.Get(r.Context(), caller(r), r.PathValue("name"))
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.volumeBody(v))
+	writeJSON(w, http.StatusOK, s.volumeBody(r, v))
 }
 
 // deleteVolume is DELETE /volumes/{name}: 204; 409 while a live sandbox
@@ -147,7 +151,7 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
 	if vm == nil {
 		return
 	}
-	if err := vm.Delete(r.Context(), r.PathValue("name"), s.cfg.Manager.VolumeUsers); err != nil {
+	if err := vm.Delete(r.Context(), caller(r), r.PathValue("name"), s.cfg.Manager.VolumeUsers); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}

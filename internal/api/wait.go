@@ -108,7 +108,7 @@ func (s *Server) processLogs(w http.ResponseWriter, r *http.Request) {
 
 // forwardAgent makes a GET to the sandbox's agent and copies the answer.
 func (s *Server) forwardAgent(w http.ResponseWriter, r *http.Request, path string, q url.Values) {
-	sb, err := s.runningSandbox(r.Context(), r.PathValue("id"))
+	sb, err := s.runningSandbox(r, r.PathValue("id"))
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

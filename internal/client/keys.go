@@ -9,9 +9,14 @@ import (
 
 // Key is an API key's public part; Key is set only when it was just created.
 type Key struct {
-	ID          string    `json:"id"`
-	Name        string    `json:"name"`
-	Key         string    `json:"key,omitempty"`
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	Key  string `json:"key,omitempty"`
+	// TeamID and Team are the team whose sandboxes the key shares.
+	TeamID string `json:"teamID"`
+	Team   string `json:"team"`
+	// Secrets are the secrets the key may attach ("*": all).
+	Secrets     []string  `json:"secrets"`
 	MCPMaxCalls int64     `json:"mcpMaxCalls"`
 	CreatedAt   time.Time `json:"createdAt"`
 	EgressAllow []string  `json:"egressAllow"`
@@ -19,10 +24,22 @@ type Key struct {
 	Egress string `json:"egress"`
 }
 
+// NewKey is what CreateKey makes a key from.
+type NewKey struct {
+	Name string `json:"name"`
+	// Team is the team to join (made if needed); "" gives the key a team
+	// of its own.
+	Team        string   `json:"team,omitempty"`
+	MCPMaxCalls int64    `json:"mcpMaxCalls,omitempty"`
+	EgressAllow []string `json:"egressAllow,omitempty"`
+	// Secrets the key may attach to requests or environments ("*": all).
+	Secrets []string `json:"secrets,omitempty"`
+}
+
 // CreateKey makes an API key (admin key only).
-func (c *Client) CreateKey(ctx context.Context, name string, mcpMaxCalls int64, egressAllow ...string) (Key, error) {
+func (c *Client) CreateKey(ctx context.Context, nk NewKey) (Key, error) {
 	var k Key
-	_, err := c.do(ctx, http.MethodPost, "/keys", map[string]any{"name": name, "mcpMaxCalls": mcpMaxCalls, "egressAllow": egressAllow}, &k)
+	_, err := c.do(ctx, http.MethodPost, "/keys", nk, &k)
 	return k, err
 }
 

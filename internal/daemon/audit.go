@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"log/slog"
 	"time"
 
@@ -41,12 +42,16 @@ func pruneAuditLogs(al *audit.Log, mgr *sandbox.Manager, retention time.Duration
 		retention = 7 * 24 * time.Hour
 	}
 	done := make(chan struct{})
-	keep := func(id string) bool { _, err := mgr.Get(id); return err == nil }
+	keep := func(id string) bool { return mgr.Tracked(id) }
 	prune := func() {
 		if n, err := al.Prune(retention, keep); err != nil {
 			log.Warn("prune audit logs", "err", err)
 		} else if n > 0 {
 			log.Info("pruned audit logs of sandboxes gone", "count", n, "retention", retention)
+		}
+		// Who owned a sandbox is kept for as long as its log is.
+		if err := mgr.PruneOwners(context.Background(), al.Exists); err != nil {
+			log.Warn("prune sandbox owners", "err", err)
 		}
 	}
 	go func() {

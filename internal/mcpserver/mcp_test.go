@@ -158,7 +158,7 @@ func TestMCP(t *testing.T) {
 	}
 	t.Run("Stdio", func(t *testing.T) { exercise(t, stdio(t)) })
 	t.Run("PerKeyBudget", func(t *testing.T) {
-		k, err := env.Client.CreateKey(ctx, "agent-one", 2)
+		k, err := env.Client.CreateKey(ctx, cellaclient.NewKey{Name: "agent-one", MCPMaxCalls: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -201,7 +201,7 @@ func TestMCP(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := other.CreateKey(ctx, "sneaky", 0); err == nil || !strings.Contains(err.Error(), "403") {
+		if _, err := other.CreateKey(ctx, cellaclient.NewKey{Name: "sneaky"}); err == nil || !strings.Contains(err.Error(), "403") {
 			t.Fatalf("a non-admin key created a key: %v", err)
 		}
 		if err := env.Client.DeleteKey(ctx, "admin"); err == nil || !strings.Contains(err.Error(), "409") {
@@ -229,5 +229,79 @@ func TestMCP(t *testing.T) {
 		if !res.IsError || !strings.Contains(text(res), "budget") || !strings.Contains(text(res), "max_calls") {
 			t.Fatalf("call past the budget: %s", text(res))
 		}
+	})
+}
+
+// TestMCPTenancy: an MCP session acts with its key's rights, over both
+// transports: another team's sandbox is not listed, and every tool that
+// names it answers as for an unknown sandbox while the sandbox stays
+// unharmed.
+func TestMCPTenancy(t *testing.T) {
+	env := daemontest.Start(t, runtime.GVisor, daemontest.Options{})
+	cella, _ := daemontest.Binaries(t)
+	ctx := context.Background()
+	newKey := func(name, team string) cellaclient.Key {
+		k, err := env.Client.CreateKey(ctx, cellaclient.NewKey{Name: name, Team: team})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	alice, bob := newKey("alice", "red"), newKey("bob", "blue")
+	ac, err := daemontestClient(env.URL, alice.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := ac.Create(ctx, cellaclient.CreateRequest{TemplateID: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Client.Kill(ctx, sb.SandboxID)
+	mc := mcp.NewClient(&mcp.Implementation{Name: "cella-test", Version: "1"}, nil)
+	attack := func(t *testing.T, cs *mcp.ClientSession) {
+		out, res := call(t, cs, "sandbox_list", nil)
+		if b, _ := json.Marshal(out); res.IsError || strings.Contains(string(b), sb.SandboxID) {
+			t.Fatalf("another team's sandbox_list: %s %s", b, text(res))
+		}
+		for _, tc := range []struct {
+			tool string
+			args map[string]any
+		}{
+			{"sandbox_exec", map[string]any{"command": "id"}},
+			{"sandbox_read_file", map[string]any{"path": "/etc/hostname"}},
+			{"sandbox_write_file", map[string]any{"path": "/tmp/x", "content": "x"}},
+			{"sandbox_list_files", map[string]any{"path": "/"}},
+			{"sandbox_expose_port", map[string]any{"port": 8000}},
+			{"sandbox_kill", map[string]any{}},
+		} {
+			tc.args["sandbox_id"] = sb.SandboxID
+			if _, res := call(t, cs, tc.tool, tc.args); !res.IsError || !strings.Contains(text(res), "not found") {
+				t.Fatalf("%s on another team's sandbox: %s", tc.tool, text(res))
+			}
+		}
+		if d, err := ac.Get(ctx, sb.SandboxID); err != nil || d.State != "running" {
+			t.Fatalf("the sandbox after the attack: %+v %v", d, err)
+		}
+	}
+	t.Run("HTTP", func(t *testing.T) {
+		cs, err := mc.Connect(ctx, &mcp.StreamableClientTransport{
+			Endpoint:   env.URL + "/mcp",
+			HTTPClient: &http.Client{Transport: keyTransport{key: bob.Key, base: http.DefaultTransport}},
+		}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cs.Close()
+		attack(t, cs)
+	})
+	t.Run("Stdio", func(t *testing.T) {
+		cmd := exec.Command(cella, "mcp")
+		cmd.Env = append(os.Environ(), "CELLA_URL="+env.URL, "CELLA_API_KEY="+bob.Key)
+		cs, err := mc.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cs.Close()
+		attack(t, cs)
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/store"
+	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
 // MaxForkCount bounds one fork request.
@@ -39,19 +41,28 @@ type ForkResult struct {
 // starts count sandboxes from that state. Each fork gets its own ID, tokens
 // and writable layer over the shared snapshot layer; under gVisor each
 // restores the original's processes. timeout 0 means the default TTL. The
-// snapshot is hidden and goes away with the last fork.
-func (m *Manager) Fork(ctx context.Context, id string, count int, timeout time.Duration, apiKeyID string) ([]ForkResult, error) {
+// snapshot is hidden and goes away with the last fork. The forks belong to
+// p and have only p's rights (restrictTo).
+func (m *Manager) Fork(ctx context.Context, p tenant.Principal, id string, count int, timeout time.Duration) ([]ForkResult, error) {
 	if count < 1 || count > MaxForkCount {
 		return nil, errdefs.InvalidArgument("count must be between 1 and %d (got %d)", MaxForkCount, count)
 	}
 	if timeout < 0 || timeout > MaxTimeout {
 		return nil, errdefs.InvalidArgument("timeout must be between 0 and %v (got %v)", MaxTimeout, timeout)
 	}
-	sn, err := m.snapshot(ctx, id, "", true)
+	sb, err := m.Lookup(p, id)
 	if err != nil {
 		return nil, err
 	}
-	row, err := m.cfg.Store.GetSnapshot(ctx, sn.ID)
+	// Refuse before the snapshot when the forks could not be made anyway.
+	if _, _, err := restrictTo(p, sb.Options, m.memorySnapshots()); err != nil {
+		return nil, err
+	}
+	sn, err := m.snapshot(ctx, p, id, "", true)
+	if err != nil {
+		return nil, err
+	}
+	row, err := m.cfg.Store.GetSnapshot(ctx, "", sn.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -64,7 +75,6 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, timeout time.D
 	if timeout == 0 {
 		opts.Timeout = DefaultTimeout
 	}
-	opts.APIKeyID = apiKeyID
 	out := make([]ForkResult, count)
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, forkParallel)
@@ -74,7 +84,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, timeout time.D
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			sb, err := m.fromSnapshot(ctx, opts, row, rec, false)
+			sb, err := m.fromSnapshot(ctx, p, opts, row, rec, false)
 			out[i] = ForkResult{Sandbox: sb, Err: err}
 		}()
 	}
@@ -89,8 +99,9 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, timeout time.D
 
 // CreateFromSnapshot is Create when the template ID names a snapshot: the
 // sandbox starts from the snapshot's state with the request's timeout,
-// metadata, env vars and lifecycle, and the snapshot's resources.
-func (m *Manager) createFromSnapshot(ctx context.Context, req Options, row store.Snapshot, rec snapshotRecord) (*Sandbox, error) {
+// metadata, env vars and lifecycle, and the snapshot's resources, owned by
+// p with p's rights (restrictTo).
+func (m *Manager) createFromSnapshot(ctx context.Context, p tenant.Principal, req Options, row store.Snapshot, rec snapshotRecord) (*Sandbox, error) {
 	opts := rec.Options
 	opts.Timeout = req.Timeout
 	opts.Metadata = req.Metadata
@@ -100,14 +111,31 @@ func (m *Manager) createFromSnapshot(ctx context.Context, req Options, row store
 	}
 	maps.Copy(opts.EnvVars, req.EnvVars)
 	opts.AutoPause, opts.AutoPauseMemory, opts.AutoResume = req.AutoPause, req.AutoPauseMemory, req.AutoResume
-	opts.APIKeyID = req.APIKeyID
-	return m.fromSnapshot(ctx, opts, row, rec, true)
+	return m.fromSnapshot(ctx, p, opts, row, rec, true)
 }
 
-func (m *Manager) fromSnapshot(ctx context.Context, opts Options, row store.Snapshot, rec snapshotRecord, named bool) (*Sandbox, error) {
+// memorySnapshots says whether this daemon's snapshots hold memory.
+func (m *Manager) memorySnapshots() bool {
+	_, ok := m.cfg.Runtime.(runtime.Snapshotter)
+	return ok && m.cfg.Runtime.Capabilities().MemoryCheckpoint
+}
+
+func (m *Manager) fromSnapshot(ctx context.Context, p tenant.Principal, opts Options, row store.Snapshot, rec snapshotRecord, named bool) (*Sandbox, error) {
+	rt := m.cfg.Runtime
+	snap, memory := rt.(runtime.Snapshotter)
+	memory = memory && rec.Memory && rec.Runtime == rt.Name()
+	opts, dropped, err := restrictTo(p, opts, memory) // rights.go
+	if err != nil {
+		return nil, err
+	}
 	if err := opts.Normalize(); err != nil {
 		return nil, err
 	}
+	releaseVolumes, err := m.holdVolumes(ctx, p, &opts) // the original's volumes, if p may use them
+	if err != nil {
+		return nil, err
+	}
+	defer releaseVolumes()
 	m.mu.Lock()
 	closed := m.closed
 	m.mu.Unlock()
@@ -118,9 +146,6 @@ func (m *Manager) fromSnapshot(ctx context.Context, opts Options, row store.Snap
 	if err != nil {
 		return nil, err
 	}
-	rt := m.cfg.Runtime
-	snap, memory := rt.(runtime.Snapshotter)
-	memory = memory && rec.Memory && rec.Runtime == rt.Name()
 
 	sb := &Sandbox{
 		ID:              newID(),
@@ -203,7 +228,7 @@ func (m *Manager) fromSnapshot(ctx context.Context, opts Options, row store.Snap
 			return fail(fmt.Errorf("sandbox %s from snapshot %s: %w", sb.ID, row.ID, err))
 		}
 	}
-	if err := m.persist(ctx, sb); err != nil {
+	if err := m.persistNew(ctx, sb); err != nil {
 		return fail(err)
 	}
 	m.mu.Lock()
@@ -216,6 +241,9 @@ func (m *Manager) fromSnapshot(ctx context.Context, opts Options, row store.Snap
 	go m.supervise(sb, sb.gen)
 	m.log.Info("sandbox created from snapshot", "id", sb.ID, "snapshot", row.ID, "memory", memory, "opts", opts.String())
 	m.lifecycleEvent(sb.ID, "created from snapshot %s (memory %v): %s; egress %s", row.ID, memory, opts.String(), egressSummary(opts.Egress))
+	if len(dropped) > 0 {
+		m.lifecycleEvent(sb.ID, "not carried over from snapshot %s (beyond the rights of API key %s): %s", row.ID, p.Key, strings.Join(dropped, "; "))
+	}
 	return sb, nil
 }
 

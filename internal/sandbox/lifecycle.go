@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/tenant"
+
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 )
@@ -182,14 +184,14 @@ func (m *Manager) lifecycleTick(sb *Sandbox, now time.Time) bool {
 			if sb.lc.inflight.Load() > 0 || time.Since(sb.lastActivity()) < p.AutoStop {
 				return
 			}
-			if err := m.Pause(ctx, sb.ID, keepMemory); err != nil && !errdefs.Is(err, errdefs.KindConflict) {
+			if err := m.Pause(ctx, tenant.System, sb.ID, keepMemory); err != nil && !errdefs.Is(err, errdefs.KindConflict) {
 				m.log.Error("auto-stop failed", "id", sb.ID, "err", err)
 			}
 		}
 	case state == StatePaused && p.AutoDelete > 0 && !pausedAt.IsZero() && now.Sub(pausedAt) >= p.AutoDelete:
 		action = func() {
 			m.log.Info("sandbox paused for its autoDelete time: deleting it", "id", sb.ID, "paused_at", pausedAt)
-			if err := m.Kill(context.Background(), sb.ID); err != nil {
+			if err := m.Kill(context.Background(), tenant.System, sb.ID); err != nil {
 				m.log.Debug("auto-delete", "id", sb.ID, "err", err)
 			}
 		}
@@ -228,7 +230,7 @@ func (m *Manager) archiveFile(sb *Sandbox) string {
 // Resume unpacks the archive again. Archiving a running sandbox is a
 // Conflict.
 func (m *Manager) Archive(ctx context.Context, id string) error {
-	sb, err := m.Get(id)
+	sb, err := m.get(id)
 	if err != nil {
 		return err
 	}
@@ -402,7 +404,7 @@ func (m *Manager) removeOrphanArchives() {
 	entries, _ := os.ReadDir(archiveDir(m.cfg.DataDir))
 	for _, e := range entries {
 		id := strings.TrimSuffix(strings.TrimSuffix(e.Name(), ".tmp"), ".tar.gz")
-		if _, err := m.Get(id); err == nil && !strings.HasSuffix(e.Name(), ".tmp") {
+		if _, err := m.get(id); err == nil && !strings.HasSuffix(e.Name(), ".tmp") {
 			continue
 		}
 		m.log.Warn("removing archive without a sandbox", "file", e.Name())

@@ -23,6 +23,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/template"
+	"github.com/cella-sandbox/cella/internal/tenant"
 	"github.com/cella-sandbox/cella/internal/volume"
 )
 
@@ -146,12 +147,13 @@ type record struct {
 	NetSlot string `json:"net_slot,omitempty"`
 }
 
-// Create makes a sandbox and returns once its agent answers.
-func (m *Manager) Create(ctx context.Context, opts Options) (*Sandbox, error) {
+// Create makes a sandbox owned by p and returns once its agent answers.
+func (m *Manager) Create(ctx context.Context, p tenant.Principal, opts Options) (*Sandbox, error) {
+	opts.APIKeyID, opts.TeamID = p.Key, p.Team
 	if err := opts.Normalize(); err != nil {
 		return nil, err
 	}
-	releaseVolumes, err := m.holdVolumes(ctx, &opts) // volumes.go
+	releaseVolumes, err := m.holdVolumes(ctx, p, &opts) // volumes.go
 	if err != nil {
 		return nil, err
 	}
@@ -163,8 +165,8 @@ func (m *Manager) Create(ctx context.Context, opts Options) (*Sandbox, error) {
 		return nil, errdefs.Unavailable("daemon is shutting down")
 	}
 	defer m.pools.creating()() // pool.go: refills wait while creates run
-	if row, rec, ok := m.lookupSnapshot(ctx, opts.TemplateID); ok {
-		return m.createFromSnapshot(ctx, opts, row, rec) // fork.go
+	if row, rec, ok := m.lookupSnapshot(ctx, p, opts.TemplateID); ok {
+		return m.createFromSnapshot(ctx, p, opts, row, rec) // fork.go
 	}
 	if sb, ok := m.fromPool(ctx, opts); ok { // pool.go: a warm sandbox, else cold below
 		return sb, nil
@@ -191,7 +193,7 @@ func (m *Manager) Create(ctx context.Context, opts Options) (*Sandbox, error) {
 		m.cleanup(context.WithoutCancel(ctx), sb)
 		return nil, err
 	}
-	if err := m.persist(ctx, sb); err != nil {
+	if err := m.persistNew(ctx, sb); err != nil {
 		m.cleanup(context.WithoutCancel(ctx), sb)
 		return nil, err
 	}
@@ -390,7 +392,7 @@ func (m *Manager) persist(ctx context.Context, sb *Sandbox) error {
 		rec.NetSlot = sb.net.slot.ID
 	}
 	row := store.Sandbox{ID: sb.ID, TemplateID: sb.TemplateID, Runtime: sb.Runtime, State: sb.state,
-		StartedAt: sb.StartedAt, EndAt: sb.endAt, APIKeyID: sb.Options.APIKeyID}
+		StartedAt: sb.StartedAt, EndAt: sb.endAt, APIKeyID: sb.Options.APIKeyID, TeamID: sb.Options.TeamID}
 	sb.mu.Unlock()
 	b, err := json.Marshal(rec)
 	if err != nil {
@@ -398,6 +400,15 @@ func (m *Manager) persist(ctx context.Context, sb *Sandbox) error {
 	}
 	row.Record = b
 	return m.cfg.Store.PutSandbox(ctx, row)
+}
+
+// persistNew stores the record of a sandbox that has just been made, and
+// who owns it: the owner row outlives the record, for its audit log.
+func (m *Manager) persistNew(ctx context.Context, sb *Sandbox) error {
+	if err := m.cfg.Store.PutSandboxOwner(ctx, sb.ID, sb.Options.TeamID, sb.Options.APIKeyID); err != nil {
+		return err
+	}
+	return m.persist(ctx, sb)
 }
 
 // supervise keeps the agent channel of a running sandbox: when the agent's
@@ -497,23 +508,82 @@ func (m *Manager) markDead(sb *Sandbox, gen uint64, reason string) {
 	}
 }
 
-// Get returns a sandbox by ID.
-func (m *Manager) Get(id string) (*Sandbox, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	sb, ok := m.sandboxes[id]
-	if !ok {
-		return nil, errdefs.NotFound("sandbox %q not found", id)
+// notFound is the answer for a sandbox that does not exist and for one the
+// caller may not see: the same words, so that IDs of other teams cannot be
+// probed.
+func notFound(id string) error { return errdefs.NotFound("sandbox %q not found", id) }
+
+// Lookup returns the sandbox id if p may act on it. Every request that acts
+// on a sandbox — the API's routes, the sandbox proxy, PTY sessions, MCP —
+// gets it here.
+func (m *Manager) Lookup(p tenant.Principal, id string) (*Sandbox, error) {
+	sb, err := m.get(id)
+	if err != nil || !p.Can(sb.Owner()) {
+		return nil, notFound(id)
 	}
 	return sb, nil
 }
 
-// List returns every tracked sandbox, oldest first.
-func (m *Manager) List() []*Sandbox {
+// get returns a tracked sandbox by ID, whoever owns it.
+func (m *Manager) get(id string) (*Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, ok := m.sandboxes[id]
+	if !ok {
+		return nil, notFound(id)
+	}
+	return sb, nil
+}
+
+// Owner returns who owns sandbox id, live or gone (as long as its audit log
+// may be read); ErrNotFound-kind error when nobody recorded one.
+func (m *Manager) Owner(ctx context.Context, id string) (tenant.Owner, error) {
+	if sb, err := m.get(id); err == nil {
+		return sb.Owner(), nil
+	}
+	team, key, err := m.cfg.Store.SandboxOwner(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return tenant.Owner{}, notFound(id)
+	}
+	if err != nil {
+		return tenant.Owner{}, err
+	}
+	return tenant.Owner{Team: team, Key: key}, nil
+}
+
+// Tracked reports whether sandbox id is one of this manager's (running,
+// paused or dead), whoever owns it.
+func (m *Manager) Tracked(id string) bool {
+	_, err := m.get(id)
+	return err == nil
+}
+
+// PruneOwners forgets the owners of sandboxes that are gone and whose audit
+// log is gone too (hasLog reports a log that is still there).
+func (m *Manager) PruneOwners(ctx context.Context, hasLog func(id string) bool) error {
+	ids, err := m.cfg.Store.SandboxOwnerIDs(ctx)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if m.Tracked(id) || hasLog(id) {
+			continue
+		}
+		if err := m.cfg.Store.DeleteSandboxOwner(ctx, id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// List returns the tracked sandboxes p may see, oldest first.
+func (m *Manager) List(p tenant.Principal) []*Sandbox {
 	m.mu.Lock()
 	out := make([]*Sandbox, 0, len(m.sandboxes))
 	for _, sb := range m.sandboxes {
-		out = append(out, sb)
+		if p.Can(sb.Owner()) {
+			out = append(out, sb)
+		}
 	}
 	m.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool {
@@ -526,15 +596,15 @@ func (m *Manager) List() []*Sandbox {
 }
 
 // Kill destroys a sandbox and forgets it.
-func (m *Manager) Kill(ctx context.Context, id string) error {
+func (m *Manager) Kill(ctx context.Context, p tenant.Principal, id string) error {
 	m.mu.Lock()
 	sb, ok := m.sandboxes[id]
-	if ok {
+	if ok && p.Can(sb.Owner()) {
 		delete(m.sandboxes, id)
 	}
 	m.mu.Unlock()
-	if !ok {
-		return errdefs.NotFound("sandbox %q not found", id)
+	if !ok || !p.Can(sb.Owner()) {
+		return notFound(id)
 	}
 	// Wait for a pause or resume in flight to finish first.
 	sb.opMu.Lock()
@@ -547,14 +617,14 @@ func (m *Manager) Kill(ctx context.Context, id string) error {
 }
 
 // SetTimeout makes the sandbox expire d from now (E2B: replaces the TTL).
-func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) error {
+func (m *Manager) SetTimeout(ctx context.Context, p tenant.Principal, id string, d time.Duration) error {
 	if d < 0 {
 		return errdefs.InvalidArgument("timeout must not be negative (got %v)", d)
 	}
 	if d > MaxTimeout {
 		return errdefs.InvalidArgument("timeout %v is above the maximum of %v", d, MaxTimeout)
 	}
-	sb, err := m.Get(id)
+	sb, err := m.Lookup(p, id)
 	if err != nil {
 		return err
 	}
@@ -570,8 +640,8 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) er
 
 // Extend makes the sandbox live at least d from now (E2B connect: TTL is
 // only extended, never shortened).
-func (m *Manager) Extend(ctx context.Context, id string, d time.Duration) (*Sandbox, error) {
-	sb, err := m.Get(id)
+func (m *Manager) Extend(ctx context.Context, p tenant.Principal, id string, d time.Duration) (*Sandbox, error) {
+	sb, err := m.Lookup(p, id)
 	if err != nil {
 		return nil, err
 	}
@@ -635,11 +705,6 @@ func (m *Manager) releaseHost(ctx context.Context, sb *Sandbox) {
 		}
 	}
 	m.removeArchive(sb) // lifecycle.go
-}
-
-// Forget removes a dead sandbox's record.
-func (m *Manager) Forget(ctx context.Context, id string) error {
-	return m.Kill(ctx, id)
 }
 
 // Shutdown stops every running sandbox (SIGTERM of the daemon) and removes

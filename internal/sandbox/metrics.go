@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/tenant"
+
 	"github.com/cella-sandbox/cella/internal/cgroup"
 )
 
@@ -95,7 +97,7 @@ func (m *Manager) sampleMetrics() {
 		case <-m.reaperStop:
 			return
 		case now := <-t.C:
-			for _, sb := range m.List() {
+			for _, sb := range m.List(tenant.System) {
 				// One just sampled on request is left to the next tick:
 				// CPU % over a few milliseconds would only be noise.
 				if now.Sub(sb.lastSampled()) >= m.cfg.MetricsInterval/2 {
@@ -163,8 +165,8 @@ const firstSampleWait = 250 * time.Millisecond
 // (inclusive; zero times leave that side open), oldest first. With fresh
 // set and the sandbox running, a sample is taken now unless the newest
 // is under a second old, so that a caller sees the present.
-func (m *Manager) Metrics(id string, start, end time.Time, fresh bool) ([]Metric, error) {
-	sb, err := m.Get(id)
+func (m *Manager) Metrics(p tenant.Principal, id string, start, end time.Time, fresh bool) ([]Metric, error) {
+	sb, err := m.Lookup(p, id)
 	if err != nil {
 		return nil, err
 	}
@@ -209,8 +211,8 @@ func (m *Manager) sampleNow(sb *Sandbox) {
 
 // LatestMetric returns the newest sample of sandbox id, taking one now if
 // the newest is over a second old and it runs; ok is false when it has none.
-func (m *Manager) LatestMetric(id string) (mt Metric, ok bool, err error) {
-	sb, err := m.Get(id)
+func (m *Manager) LatestMetric(p tenant.Principal, id string) (mt Metric, ok bool, err error) {
+	sb, err := m.Lookup(p, id)
 	if err != nil {
 		return Metric{}, false, err
 	}

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/cella-sandbox/cella/internal/tenant"
+
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/network"
@@ -235,8 +237,8 @@ func readGuestFile(root, guestPath string) ([]byte, error) {
 // SetNetwork replaces a running sandbox's egress policy; connections and
 // queries that start afterwards see it (the proxy decides per connection,
 // so no restart and no rule rewrite is needed).
-func (m *Manager) SetNetwork(ctx context.Context, id string, p *egress.Policy, network json.RawMessage, allowInternet *bool) error {
-	sb, err := m.Get(id)
+func (m *Manager) SetNetwork(ctx context.Context, caller tenant.Principal, id string, p *egress.Policy, network json.RawMessage, allowInternet *bool) error {
+	sb, err := m.Lookup(caller, id)
 	if err != nil {
 		return err
 	}

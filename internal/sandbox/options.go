@@ -3,11 +3,12 @@ package sandbox
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/cella-sandbox/cella/internal/egress"
 	"regexp"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
 // Defaults of a sandbox's limits, as documented in the README.
@@ -58,11 +59,17 @@ type Options struct {
 	Volumes   []VolumeMount `json:"volumes,omitempty"`
 	Lifecycle Lifecycle     `json:"lifecycle"`
 
+	// APIKeyID and TeamID own the sandbox (tenant.Owner): set by Create
+	// from the caller, never from the request.
 	APIKeyID string `json:"api_key_id,omitempty"`
+	TeamID   string `json:"team_id,omitempty"`
 	// TrafficAccessToken guards the non-agent ports when the create request
 	// set network.allowPublicTraffic to false (api/traffic.go).
 	TrafficAccessToken string `json:"traffic_access_token,omitempty"`
 }
+
+// Owner is who a sandbox made with these options belongs to.
+func (o Options) Owner() tenant.Owner { return tenant.Owner{Team: o.TeamID, Key: o.APIKeyID} }
 
 var templateNameRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`)
 

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/tenant"
+
 	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/runtime"
@@ -22,8 +24,8 @@ func checkpointDir(sb *Sandbox) string { return filepath.Join(sb.Dir, "checkpoin
 // freezes them in RAM (namespaces). Without keepMemory only the filesystem
 // is kept and resume boots a fresh container on it. The writable layer stays
 // mounted either way (a tmpfs: host RAM). A second pause is a Conflict.
-func (m *Manager) Pause(ctx context.Context, id string, keepMemory bool) error {
-	sb, err := m.Get(id)
+func (m *Manager) Pause(ctx context.Context, p tenant.Principal, id string, keepMemory bool) error {
+	sb, err := m.Lookup(p, id)
 	if err != nil {
 		return err
 	}
@@ -126,8 +128,8 @@ func (m *Manager) pauseFailed(sb *Sandbox, mode string, cause error) {
 // saved processes and boots fresh on the kept filesystem (E2B's connect
 // with "memory": false). A sandbox whose resume fails stays paused when
 // what it was paused with is still there.
-func (m *Manager) Resume(ctx context.Context, id string, keepMemory bool) (resumed bool, err error) {
-	sb, err := m.Get(id)
+func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, keepMemory bool) (resumed bool, err error) {
+	sb, err := m.Lookup(p, id)
 	if err != nil {
 		return false, err
 	}
@@ -246,11 +248,11 @@ func (m *Manager) setPauseMode(ctx context.Context, sb *Sandbox, mode string) st
 
 // Connect is E2B's connect: a paused sandbox is resumed (resumed = true),
 // and the TTL is extended to at least d from now, never shortened.
-func (m *Manager) Connect(ctx context.Context, id string, d time.Duration, keepMemory bool) (sb *Sandbox, resumed bool, err error) {
-	resumed, err = m.Resume(ctx, id, keepMemory)
+func (m *Manager) Connect(ctx context.Context, p tenant.Principal, id string, d time.Duration, keepMemory bool) (sb *Sandbox, resumed bool, err error) {
+	resumed, err = m.Resume(ctx, p, id, keepMemory)
 	if err != nil {
 		return nil, false, err
 	}
-	sb, err = m.Extend(ctx, id, d)
+	sb, err = m.Extend(ctx, p, id, d)
 	return sb, resumed, err
 }

@@ -36,6 +36,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/template"
+	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
 // MaxPoolSize bounds one template's warm pool.
@@ -236,7 +237,7 @@ func (m *Manager) SetPool(ctx context.Context, name string, size int) (PoolStatu
 				return PoolStatus{}, errdefs.NotFound("template %q not found (build it with: cella template build %s ...)", name, name)
 			}
 		}
-		if m.IsSnapshot(ctx, name) {
+		if m.IsSnapshot(ctx, tenant.System, name) {
 			return PoolStatus{}, errdefs.InvalidArgument("%q is a snapshot: warm pools hold template sandboxes only", name)
 		}
 	}
@@ -427,7 +428,7 @@ func (m *Manager) handOut(ctx context.Context, pd *pooled, opts Options) (*Sandb
 			return nil, err
 		}
 	}
-	if err := m.persist(ctx, sb); err != nil {
+	if err := m.persistNew(ctx, sb); err != nil {
 		return nil, err
 	}
 	m.mu.Lock()

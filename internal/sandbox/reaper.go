@@ -3,6 +3,8 @@ package sandbox
 import (
 	"context"
 	"time"
+
+	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
 // deadRetention is how long a dead sandbox's record stays readable.
@@ -19,7 +21,7 @@ func (m *Manager) reaper() {
 		case <-m.reaperStop:
 			return
 		case now := <-t.C:
-			for _, sb := range m.List() {
+			for _, sb := range m.List(tenant.System) {
 				if m.lifecycleTick(sb, now) { // lifecycle.go: idle stop, archive, delete
 					continue
 				}
@@ -37,7 +39,7 @@ func (m *Manager) reaper() {
 						continue
 					}
 				}
-				if err := m.Kill(context.Background(), sb.ID); err != nil {
+				if err := m.Kill(context.Background(), tenant.System, sb.ID); err != nil {
 					m.log.Debug("reap sandbox", "id", sb.ID, "err", err)
 				}
 			}
@@ -51,7 +53,7 @@ func (m *Manager) pauseOnTimeout(sb *Sandbox) bool {
 	keepMemory := sb.Options.AutoPauseMemory == nil || *sb.Options.AutoPauseMemory
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	err := m.Pause(ctx, sb.ID, keepMemory)
+	err := m.Pause(ctx, tenant.System, sb.ID, keepMemory)
 	if err == nil || sb.State() == StatePaused {
 		return true // paused now, by us or by a concurrent API call
 	}

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
+	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
 // ReconcileReport says what reconciliation found and did.
@@ -62,6 +64,11 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 			m.log.Error("unreadable sandbox record, dropping it", "id", row.ID, "err", err)
 			_ = m.cfg.Store.DeleteSandbox(ctx, row.ID)
 			continue
+		}
+		if rec.Options.TeamID == "" {
+			// A record from before teams: the team its key had (the
+			// migration's backfill of the column), else the admin's.
+			rec.Options.TeamID = cmp.Or(row.TeamID, tenant.AdminTeam)
 		}
 		sb := &Sandbox{
 			ID: row.ID, TemplateID: row.TemplateID, Runtime: row.Runtime, Options: rec.Options,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/rootfs"
+	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
 // States a sandbox can be in.
@@ -76,6 +77,9 @@ const (
 	// on it (a new agent, no processes).
 	PauseStopped = "stopped"
 )
+
+// Owner is who the sandbox belongs to.
+func (s *Sandbox) Owner() tenant.Owner { return s.Options.Owner() }
 
 // State returns the current state.
 func (s *Sandbox) State() string {

@@ -16,6 +16,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/store"
+	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
 // A snapshot is a sandbox frozen in time, under <data>/snapshots/<id>/:
@@ -88,16 +89,17 @@ func readOrigin(sandboxDir string) (origin, bool) {
 // Snapshot freezes a running sandbox into a new snapshot; the sandbox keeps
 // running. Under gVisor the memory is checkpointed first (the sandbox stops
 // for the checkpoint only), then the container is frozen for as long as its
-// writable layer takes to copy. name may be empty.
-func (m *Manager) Snapshot(ctx context.Context, id, name string) (SnapshotInfo, error) {
-	return m.snapshot(ctx, id, name, false)
+// writable layer takes to copy. name may be empty. The snapshot belongs to
+// p (who must be able to act on the sandbox).
+func (m *Manager) Snapshot(ctx context.Context, p tenant.Principal, id, name string) (SnapshotInfo, error) {
+	return m.snapshot(ctx, p, id, name, false)
 }
 
-func (m *Manager) snapshot(ctx context.Context, id, name string, hidden bool) (SnapshotInfo, error) {
+func (m *Manager) snapshot(ctx context.Context, p tenant.Principal, id, name string, hidden bool) (SnapshotInfo, error) {
 	if name != "" && !templateNameRe.MatchString(name) {
 		return SnapshotInfo{}, errdefs.InvalidArgument("invalid snapshot name %q: use letters, digits, '.', '_' and '-'", name)
 	}
-	sb, err := m.Get(id)
+	sb, err := m.Lookup(p, id)
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
@@ -171,7 +173,7 @@ func (m *Manager) snapshot(ctx context.Context, id, name string, hidden bool) (S
 		return SnapshotInfo{}, err
 	}
 	row := store.Snapshot{ID: snID, SandboxID: sb.ID, TemplateID: sb.TemplateID, Name: name, Hidden: hidden,
-		CreatedAt: time.Now().UTC(), APIKeyID: sb.Options.APIKeyID, Record: b}
+		CreatedAt: time.Now().UTC(), APIKeyID: p.Key, TeamID: p.Team, Record: b}
 	if err := m.cfg.Store.PutSnapshot(context.WithoutCancel(ctx), row); err != nil {
 		return SnapshotInfo{}, err
 	}
@@ -192,8 +194,13 @@ func snapshotInfo(row store.Snapshot, rec snapshotRecord) SnapshotInfo {
 // SnapshotFilter selects snapshots for ListSnapshots.
 type SnapshotFilter = store.SnapshotFilter
 
-// ListSnapshots returns the snapshots matching f, newest first.
-func (m *Manager) ListSnapshots(ctx context.Context, f SnapshotFilter) ([]SnapshotInfo, error) {
+// ListSnapshots returns the snapshots p may see that match f, newest
+// first.
+func (m *Manager) ListSnapshots(ctx context.Context, p tenant.Principal, f SnapshotFilter) ([]SnapshotInfo, error) {
+	f.TeamID = ""
+	if !p.Admin {
+		f.TeamID = p.Team
+	}
 	rows, err := m.cfg.Store.ListSnapshots(ctx, f)
 	if err != nil {
 		return nil, err
@@ -207,11 +214,12 @@ func (m *Manager) ListSnapshots(ctx context.Context, f SnapshotFilter) ([]Snapsh
 	return out, nil
 }
 
-// lookupSnapshot finds a visible snapshot by ID or name.
-func (m *Manager) lookupSnapshot(ctx context.Context, idOrName string) (store.Snapshot, snapshotRecord, bool) {
+// lookupSnapshot finds a visible snapshot that p may use, by ID or by the
+// name it has in p's team. Another team's snapshot is not found.
+func (m *Manager) lookupSnapshot(ctx context.Context, p tenant.Principal, idOrName string) (store.Snapshot, snapshotRecord, bool) {
 	var rec snapshotRecord
-	row, err := m.cfg.Store.GetSnapshot(ctx, idOrName)
-	if err != nil || row.Hidden {
+	row, err := m.cfg.Store.GetSnapshot(ctx, p.Team, idOrName)
+	if err != nil || row.Hidden || !p.Can(tenant.Owner{Team: row.TeamID, Key: row.APIKeyID}) {
 		return row, rec, false
 	}
 	if json.Unmarshal(row.Record, &rec) != nil {
@@ -220,16 +228,16 @@ func (m *Manager) lookupSnapshot(ctx context.Context, idOrName string) (store.Sn
 	return row, rec, true
 }
 
-// IsSnapshot reports whether idOrName names a snapshot.
-func (m *Manager) IsSnapshot(ctx context.Context, idOrName string) bool {
-	_, _, ok := m.lookupSnapshot(ctx, idOrName)
+// IsSnapshot reports whether idOrName names a snapshot p may use.
+func (m *Manager) IsSnapshot(ctx context.Context, p tenant.Principal, idOrName string) bool {
+	_, _, ok := m.lookupSnapshot(ctx, p, idOrName)
 	return ok
 }
 
 // DeleteSnapshot removes a snapshot. Sandboxes made from it keep running:
 // its layer goes when the last of them does.
-func (m *Manager) DeleteSnapshot(ctx context.Context, idOrName string) error {
-	row, _, ok := m.lookupSnapshot(ctx, idOrName)
+func (m *Manager) DeleteSnapshot(ctx context.Context, p tenant.Principal, idOrName string) error {
+	row, _, ok := m.lookupSnapshot(ctx, p, idOrName)
 	if !ok {
 		return errdefs.NotFound("snapshot %q not found", idOrName)
 	}

@@ -5,6 +5,8 @@ import (
 	"path"
 	"strings"
 
+	"github.com/cella-sandbox/cella/internal/tenant"
+
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/volume"
@@ -16,6 +18,17 @@ type VolumeMount struct {
 	Name     string `json:"name"`
 	Path     string `json:"path"`
 	ReadOnly bool   `json:"read_only,omitempty"`
+	// ID is the volume the name meant for the sandbox's owner when it was
+	// created (records from before volume IDs have the name as ID).
+	ID string `json:"id,omitempty"`
+}
+
+// volumeID is the ID of the mounted volume.
+func (vm VolumeMount) volumeID() string {
+	if vm.ID != "" {
+		return vm.ID
+	}
+	return vm.Name
 }
 
 // forbiddenMountRoots are guest paths a volume may not cover: the kernel's
@@ -54,9 +67,10 @@ func ValidateVolumeMounts(vms []VolumeMount) error {
 	return nil
 }
 
-// holdVolumes validates a create's volume mounts and keeps their volumes
-// from being deleted until release (after the sandbox is registered).
-func (m *Manager) holdVolumes(ctx context.Context, o *Options) (release func(), err error) {
+// holdVolumes validates a create's volume mounts, resolves each name among
+// the volumes p may use (recording its ID), and keeps those volumes from
+// being deleted until release (after the sandbox is registered).
+func (m *Manager) holdVolumes(ctx context.Context, p tenant.Principal, o *Options) (release func(), err error) {
 	if len(o.Volumes) == 0 {
 		return func() {}, nil
 	}
@@ -66,11 +80,22 @@ func (m *Manager) holdVolumes(ctx context.Context, o *Options) (release func(), 
 	if m.cfg.Volumes == nil {
 		return nil, errdefs.NotImplemented("this daemon has no volume store")
 	}
-	names := make([]string, 0, len(o.Volumes))
+	refs := make([]string, 0, len(o.Volumes))
 	for _, vm := range o.Volumes {
-		names = append(names, vm.Name)
+		ref := vm.Name
+		if vm.ID != "" { // a fork's or a snapshot's: the original's volume
+			ref = vm.ID
+		}
+		refs = append(refs, ref)
 	}
-	return m.cfg.Volumes.Hold(ctx, names)
+	ids, release, err := m.cfg.Volumes.Hold(ctx, p, refs)
+	if err != nil {
+		return nil, err
+	}
+	for i := range o.Volumes {
+		o.Volumes[i].ID = ids[i]
+	}
+	return release, nil
 }
 
 // volumeMounts are the bind mounts of a sandbox's volumes.
@@ -80,21 +105,21 @@ func (m *Manager) volumeMounts(sb *Sandbox) []runtime.Mount {
 	}
 	out := make([]runtime.Mount, 0, len(sb.Options.Volumes))
 	for _, vm := range sb.Options.Volumes {
-		out = append(out, runtime.Mount{Source: m.cfg.Volumes.HostPath(vm.Name), Destination: vm.Path, ReadOnly: vm.ReadOnly})
+		out = append(out, runtime.Mount{Source: m.cfg.Volumes.HostPath(vm.volumeID()), Destination: vm.Path, ReadOnly: vm.ReadOnly})
 	}
 	return out
 }
 
 // VolumeUsers returns the IDs of the live (running or paused) sandboxes that
-// mount the named volume.
-func (m *Manager) VolumeUsers(name string) []string {
+// mount the volume with this ID.
+func (m *Manager) VolumeUsers(id string) []string {
 	var ids []string
-	for _, sb := range m.List() {
+	for _, sb := range m.List(tenant.System) {
 		if sb.State() == StateDead {
 			continue
 		}
 		for _, vm := range sb.Options.Volumes {
-			if vm.Name == name {
+			if vm.volumeID() == id {
 				ids = append(ids, sb.ID)
 				break
 			}

@@ -169,14 +169,10 @@ type Manager struct {
 	redactor atomic.Pointer[strings.Replacer]
 }
 
-// NewManager creates the secrets table if needed and decrypts every stored
-// secret. A secret that does not open is an error: it means master.key is
+// NewManager decrypts every stored secret. A secret that does not open is an error: it means master.key is
 // not the key the secrets were stored under, and serving without them would
 // break every rule that injects one.
 func NewManager(ctx context.Context, st *store.Store, box *Box) (*Manager, error) {
-	if err := st.InitSecrets(ctx); err != nil {
-		return nil, err
-	}
 	recs, err := st.ListSecrets(ctx)
 	if err != nil {
 		return nil, err

@@ -3,49 +3,24 @@ package store
 import (
 	"context"
 	"crypto/rand"
-	"database/sql"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"strings"
 	"time"
 )
 
-// migrateKeys adds the per-key MCP budget and egress ceiling to databases
-// made before them.
-func migrateKeys(db *sql.DB) error {
-	return addColumns(context.Background(), db, "api_keys",
-		column{"mcp_max_calls", "INTEGER NOT NULL DEFAULT 0"},
-		column{"egress_allow", "TEXT NOT NULL DEFAULT ''"})
-}
-
-// column is a column a later cella added to a table: its name and its
-// definition.
-type column struct{ name, def string }
-
-// addColumns adds cols to table, each unless it is there already, so that
-// a database of an older cella gets them.
-func addColumns(ctx context.Context, db *sql.DB, table string, cols ...column) error {
-	for _, col := range cols {
-		_, err := db.ExecContext(ctx, `ALTER TABLE `+table+` ADD COLUMN `+col.name+` `+col.def)
-		if err != nil && !strings.Contains(err.Error(), "duplicate column") {
-			return fmt.Errorf("add %s.%s: %w", table, col.name, err)
-		}
-	}
-	return nil
-}
-
-// encodeEgressAllow is how a key's egress ceiling is stored: its JSON, or
-// "" for none (the daemon's ceiling).
-func encodeEgressAllow(allow []string) string {
-	if len(allow) == 0 {
+// encodeList is how a key's lists (egress ceiling, secrets) are stored:
+// their JSON, or "" for none.
+func encodeList(list []string) string {
+	if len(list) == 0 {
 		return ""
 	}
-	b, _ := json.Marshal(allow)
+	b, _ := json.Marshal(list)
 	return string(b)
 }
 
-func parseEgressAllow(v string) []string {
+func parseList(v string) []string {
 	if v == "" {
 		return nil
 	}
@@ -67,9 +42,22 @@ func NewKeySecret() (string, error) {
 	return "e2b_" + hex.EncodeToString(b), nil
 }
 
-// CreateAPIKey makes a new key with its MCP budget and its own egress
-// ceiling (nil: the daemon's), and returns it; only its hash is kept.
-func (s *Store) CreateAPIKey(ctx context.Context, name string, mcpMaxCalls int64, egressAllow []string) (APIKey, string, error) {
+// NewKey is what CreateAPIKey makes a key from.
+type NewKey struct {
+	Name string
+	// Team is the name of the team the key joins; "" makes a new team named
+	// after the key. A team that does not exist yet is made.
+	Team        string
+	MCPMaxCalls int64
+	// EgressAllow is the key's own egress ceiling (nil: the daemon's).
+	EgressAllow []string
+	// Secrets are the secrets the key may attach ("*": all).
+	Secrets []string
+}
+
+// CreateAPIKey makes a new key (and its team when it has none yet) and
+// returns it; only its hash is kept.
+func (s *Store) CreateAPIKey(ctx context.Context, nk NewKey) (APIKey, string, error) {
 	key, err := NewKeySecret()
 	if err != nil {
 		return APIKey{}, "", err
@@ -78,48 +66,88 @@ func (s *Store) CreateAPIKey(ctx context.Context, name string, mcpMaxCalls int64
 	if _, err := rand.Read(idb); err != nil {
 		return APIKey{}, "", err
 	}
-	k := APIKey{ID: "k" + hex.EncodeToString(idb), Name: name, MCPMaxCalls: mcpMaxCalls, EgressAllow: egressAllow}
-	if k, err = s.insertAPIKey(ctx, k, key); err != nil {
+	if nk.Team != "" && !TeamNameRe.MatchString(nk.Team) {
+		return APIKey{}, "", fmt.Errorf("invalid team name %q", nk.Team)
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
 		return APIKey{}, "", err
+	}
+	defer tx.Rollback()
+	var team Team
+	switch t, err := teamByName(ctx, tx, nk.Team); {
+	case nk.Team != "" && err == nil:
+		team = t
+	case nk.Team != "" && !errors.Is(err, ErrNotFound):
+		return APIKey{}, "", err
+	default:
+		base := nk.Team
+		if base == "" {
+			base = nk.Name
+		}
+		if team, err = insertTeam(ctx, tx, base); err != nil {
+			return APIKey{}, "", err
+		}
+	}
+	k := APIKey{ID: "k" + hex.EncodeToString(idb), Name: nk.Name, TeamID: team.ID, TeamName: team.Name,
+		MCPMaxCalls: nk.MCPMaxCalls, EgressAllow: nk.EgressAllow, Secrets: nk.Secrets}
+	if k, err = insertAPIKey(ctx, tx, k, key); err != nil {
+		return APIKey{}, "", err
+	}
+	if err := tx.Commit(); err != nil {
+		return APIKey{}, "", fmt.Errorf("store api key %s: %w", k.Name, err)
 	}
 	return k, key, nil
 }
 
 // insertAPIKey stores the hash of key with k's fields, created now, and
 // returns k with its CreatedAt set.
-func (s *Store) insertAPIKey(ctx context.Context, k APIKey, key string) (APIKey, error) {
+func insertAPIKey(ctx context.Context, db execQuerier, k APIKey, key string) (APIKey, error) {
 	k.CreatedAt = time.Now().Truncate(time.Second)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO api_keys(id,name,hash,created_at,mcp_max_calls,egress_allow) VALUES(?,?,?,?,?,?)`,
-		k.ID, k.Name, HashKey(key), k.CreatedAt.Unix(), k.MCPMaxCalls, encodeEgressAllow(k.EgressAllow))
+	_, err := db.ExecContext(ctx, `INSERT INTO api_keys(id,name,hash,created_at,mcp_max_calls,egress_allow,team_id,secrets) VALUES(?,?,?,?,?,?,?,?)`,
+		k.ID, k.Name, HashKey(key), k.CreatedAt.Unix(), k.MCPMaxCalls, encodeList(k.EgressAllow), k.TeamID, encodeList(k.Secrets))
 	if err != nil {
 		return APIKey{}, fmt.Errorf("store api key %s: %w", k.Name, err)
 	}
 	return k, nil
 }
 
+// keyCols are the columns scanKey reads.
+const keyCols = `k.id,k.name,k.created_at,k.mcp_max_calls,k.egress_allow,k.team_id,COALESCE(t.name,''),k.secrets`
+
+func scanKey(r scanner) (APIKey, error) {
+	var k APIKey
+	var created int64
+	var egressAllow, secrets string
+	if err := r.Scan(&k.ID, &k.Name, &created, &k.MCPMaxCalls, &egressAllow, &k.TeamID, &k.TeamName, &secrets); err != nil {
+		return k, err
+	}
+	k.EgressAllow = parseList(egressAllow)
+	k.Secrets = parseList(secrets)
+	k.CreatedAt = time.Unix(created, 0)
+	return k, nil
+}
+
 // ListAPIKeys returns every key's public part.
 func (s *Store) ListAPIKeys(ctx context.Context) ([]APIKey, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id,name,created_at,mcp_max_calls,egress_allow FROM api_keys ORDER BY created_at, id`)
+	rows, err := s.db.QueryContext(ctx, `SELECT `+keyCols+` FROM api_keys k LEFT JOIN teams t ON t.id=k.team_id ORDER BY k.created_at, k.id`)
 	if err != nil {
 		return nil, fmt.Errorf("list api keys: %w", err)
 	}
 	defer rows.Close()
 	var out []APIKey
 	for rows.Next() {
-		var k APIKey
-		var created int64
-		var egressAllow string
-		if err := rows.Scan(&k.ID, &k.Name, &created, &k.MCPMaxCalls, &egressAllow); err != nil {
+		k, err := scanKey(rows)
+		if err != nil {
 			return nil, err
 		}
-		k.EgressAllow = parseEgressAllow(egressAllow)
-		k.CreatedAt = time.Unix(created, 0)
 		out = append(out, k)
 	}
 	return out, rows.Err()
 }
 
-// DeleteAPIKey removes a key; it reports ErrNotFound for an unknown ID.
+// DeleteAPIKey removes a key; it reports ErrNotFound for an unknown ID. Its
+// team and the team's resources stay.
 func (s *Store) DeleteAPIKey(ctx context.Context, id string) error {
 	res, err := s.db.ExecContext(ctx, `DELETE FROM api_keys WHERE id=?`, id)
 	if err != nil {

@@ -14,15 +14,6 @@ type PoolSize struct {
 	UpdatedAt time.Time
 }
 
-// poolsSchema is part of the schema Open creates.
-const poolsSchema = `
-CREATE TABLE IF NOT EXISTS pools (
-	template   TEXT PRIMARY KEY,
-	size       INTEGER NOT NULL,
-	updated_at INTEGER NOT NULL
-);
-`
-
 // PutPoolSize records a template's pool size, replacing an earlier one.
 func (s *Store) PutPoolSize(ctx context.Context, p PoolSize) error {
 	_, err := s.db.ExecContext(ctx, `INSERT INTO pools(template,size,updated_at) VALUES(?,?,?)

@@ -57,9 +57,11 @@ func NewSecretID() (string, error) {
 	return SecretIDPrefix + string(out), nil
 }
 
-// The id, version and metadata columns came after the first release of the
-// table; InitSecrets adds them to an older one.
-const secretsSchema = `
+// migrateSecrets makes the secrets table, and brings a table of an older
+// cella up to date: the id, version and metadata columns came after its
+// first release, and secrets stored before IDs existed get one.
+func migrateSecrets(ctx context.Context, tx *sql.Tx) error {
+	if _, err := tx.ExecContext(ctx, `
 CREATE TABLE IF NOT EXISTS secrets (
 	name       TEXT PRIMARY KEY,
 	ciphertext BLOB NOT NULL,
@@ -68,34 +70,16 @@ CREATE TABLE IF NOT EXISTS secrets (
 	id         TEXT,
 	version    INTEGER NOT NULL DEFAULT 1,
 	metadata   TEXT NOT NULL DEFAULT '{}'
-);
-`
-
-// InitSecrets creates the secrets table if it does not exist yet, and
-// brings a table of an older cella up to date. The secrets manager calls it
-// once at start.
-func (s *Store) InitSecrets(ctx context.Context) error {
-	if _, err := s.db.ExecContext(ctx, secretsSchema); err != nil {
-		return fmt.Errorf("init secrets table: %w", err)
+);`); err != nil {
+		return err
 	}
-	if err := addColumns(ctx, s.db, "secrets",
+	if err := addColumns("secrets",
 		column{"id", "TEXT"},
 		column{"version", "INTEGER NOT NULL DEFAULT 1"},
-		column{"metadata", "TEXT NOT NULL DEFAULT '{}'"}); err != nil {
+		column{"metadata", "TEXT NOT NULL DEFAULT '{}'"})(ctx, tx); err != nil {
 		return err
 	}
-	if err := s.backfillSecretIDs(ctx); err != nil {
-		return err
-	}
-	if _, err := s.db.ExecContext(ctx, `CREATE UNIQUE INDEX IF NOT EXISTS secrets_id ON secrets(id)`); err != nil {
-		return fmt.Errorf("index secrets.id: %w", err)
-	}
-	return nil
-}
-
-// backfillSecretIDs gives secrets stored before IDs existed one, once.
-func (s *Store) backfillSecretIDs(ctx context.Context) error {
-	rows, err := s.db.QueryContext(ctx, `SELECT name FROM secrets WHERE id IS NULL OR id = ''`)
+	rows, err := tx.QueryContext(ctx, `SELECT name FROM secrets WHERE id IS NULL OR id = ''`)
 	if err != nil {
 		return fmt.Errorf("find secrets without id: %w", err)
 	}
@@ -118,9 +102,12 @@ func (s *Store) backfillSecretIDs(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if _, err := s.db.ExecContext(ctx, `UPDATE secrets SET id=? WHERE name=?`, id, n); err != nil {
+		if _, err := tx.ExecContext(ctx, `UPDATE secrets SET id=? WHERE name=?`, id, n); err != nil {
 			return fmt.Errorf("assign an id to secret %s: %w", n, err)
 		}
+	}
+	if _, err := tx.ExecContext(ctx, `CREATE UNIQUE INDEX IF NOT EXISTS secrets_id ON secrets(id)`); err != nil {
+		return fmt.Errorf("index secrets.id: %w", err)
 	}
 	return nil
 }

@@ -24,26 +24,6 @@ type Store struct {
 	db *sql.DB
 }
 
-const schema = `
-CREATE TABLE IF NOT EXISTS api_keys (
-	id         TEXT PRIMARY KEY,
-	name       TEXT NOT NULL,
-	hash       TEXT NOT NULL UNIQUE,
-	created_at INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS sandboxes (
-	id           TEXT PRIMARY KEY,
-	template_id  TEXT NOT NULL,
-	runtime      TEXT NOT NULL,
-	state        TEXT NOT NULL,
-	started_at   INTEGER NOT NULL,
-	end_at       INTEGER NOT NULL,
-	api_key_id   TEXT NOT NULL DEFAULT '',
-	record       TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state);
-`
-
 // Open opens (creating if needed) the database at path.
 func Open(path string) (*Store, error) {
 	dsn := "file:" + path + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)"
@@ -54,11 +34,7 @@ func Open(path string) (*Store, error) {
 	// One writer at a time is what SQLite does anyway; a single connection
 	// avoids SQLITE_BUSY storms under concurrent creates.
 	db.SetMaxOpenConns(1)
-	if _, err := db.Exec(schema + poolsSchema); err != nil { // pools.go
-		db.Close()
-		return nil, fmt.Errorf("init schema in %s: %w", path, err)
-	}
-	if err := migrateKeys(db); err != nil {
+	if err := migrate(context.Background(), db); err != nil { // migrate.go
 		db.Close()
 		return nil, fmt.Errorf("migrate %s: %w", path, err)
 	}
@@ -76,8 +52,11 @@ func HashKey(key string) string {
 
 // APIKey is a stored key's public part.
 type APIKey struct {
-	ID        string
-	Name      string
+	ID   string
+	Name string
+	// TeamID is the team whose sandboxes the key shares; TeamName its name.
+	TeamID    string
+	TeamName  string
 	CreatedAt time.Time
 	// MCPMaxCalls is the tool-call budget of each MCP session opened with
 	// this key (0 = the daemon's default).
@@ -85,11 +64,15 @@ type APIKey struct {
 	// EgressAllow is the key's own egress ceiling, within the daemon's
 	// (nil: the daemon's ceiling).
 	EgressAllow []string
+	// Secrets are the names of the secrets the key may attach to requests
+	// or environments ("*": all); the admin key may use all.
+	Secrets []string
 }
 
-// AddAPIKey stores the hash of key under name.
+// AddAPIKey stores the hash of key under name, in the admin team (the
+// daemon's first key).
 func (s *Store) AddAPIKey(ctx context.Context, id, name, key string) error {
-	_, err := s.insertAPIKey(ctx, APIKey{ID: id, Name: name}, key)
+	_, err := insertAPIKey(ctx, s.db, APIKey{ID: id, Name: name, TeamID: AdminTeamID}, key)
 	return err
 }
 
@@ -102,19 +85,13 @@ func (s *Store) CountAPIKeys(ctx context.Context) (int, error) {
 
 // LookupAPIKey finds the key whose hash matches key.
 func (s *Store) LookupAPIKey(ctx context.Context, key string) (APIKey, error) {
-	var k APIKey
-	var created int64
-	var egressAllow string
-	err := s.db.QueryRowContext(ctx, `SELECT id,name,created_at,mcp_max_calls,egress_allow FROM api_keys WHERE hash=?`, HashKey(key)).
-		Scan(&k.ID, &k.Name, &created, &k.MCPMaxCalls, &egressAllow)
-	k.EgressAllow = parseEgressAllow(egressAllow)
+	k, err := scanKey(s.db.QueryRowContext(ctx, `SELECT `+keyCols+` FROM api_keys k LEFT JOIN teams t ON t.id=k.team_id WHERE k.hash=?`, HashKey(key)))
 	if errors.Is(err, sql.ErrNoRows) {
 		return k, ErrNotFound
 	}
 	if err != nil {
 		return k, fmt.Errorf("look up api key: %w", err)
 	}
-	k.CreatedAt = time.Unix(created, 0)
 	return k, nil
 }
 
@@ -128,16 +105,17 @@ type Sandbox struct {
 	StartedAt  time.Time
 	EndAt      time.Time
 	APIKeyID   string
+	TeamID     string
 	Record     json.RawMessage
 }
 
 // PutSandbox inserts or replaces a sandbox record.
 func (s *Store) PutSandbox(ctx context.Context, sb Sandbox) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes(id,template_id,runtime,state,started_at,end_at,api_key_id,record)
-		VALUES(?,?,?,?,?,?,?,?)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes(id,template_id,runtime,state,started_at,end_at,api_key_id,team_id,record)
+		VALUES(?,?,?,?,?,?,?,?,?)
 		ON CONFLICT(id) DO UPDATE SET template_id=excluded.template_id, runtime=excluded.runtime, state=excluded.state,
-		started_at=excluded.started_at, end_at=excluded.end_at, api_key_id=excluded.api_key_id, record=excluded.record`,
-		sb.ID, sb.TemplateID, sb.Runtime, sb.State, sb.StartedAt.UnixMilli(), sb.EndAt.UnixMilli(), sb.APIKeyID, string(sb.Record))
+		started_at=excluded.started_at, end_at=excluded.end_at, api_key_id=excluded.api_key_id, team_id=excluded.team_id, record=excluded.record`,
+		sb.ID, sb.TemplateID, sb.Runtime, sb.State, sb.StartedAt.UnixMilli(), sb.EndAt.UnixMilli(), sb.APIKeyID, sb.TeamID, string(sb.Record))
 	if err != nil {
 		return fmt.Errorf("store sandbox %s: %w", sb.ID, err)
 	}
@@ -146,7 +124,7 @@ func (s *Store) PutSandbox(ctx context.Context, sb Sandbox) error {
 
 // GetSandbox returns one sandbox record.
 func (s *Store) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
-	row := s.db.QueryRowContext(ctx, `SELECT id,template_id,runtime,state,started_at,end_at,api_key_id,record FROM sandboxes WHERE id=?`, id)
+	row := s.db.QueryRowContext(ctx, `SELECT id,template_id,runtime,state,started_at,end_at,api_key_id,team_id,record FROM sandboxes WHERE id=?`, id)
 	sb, err := scanSandbox(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return sb, ErrNotFound
@@ -156,7 +134,7 @@ func (s *Store) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
 
 // ListSandboxes returns every sandbox record, oldest first.
 func (s *Store) ListSandboxes(ctx context.Context) ([]Sandbox, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id,template_id,runtime,state,started_at,end_at,api_key_id,record FROM sandboxes ORDER BY started_at, id`)
+	rows, err := s.db.QueryContext(ctx, `SELECT id,template_id,runtime,state,started_at,end_at,api_key_id,team_id,record FROM sandboxes ORDER BY started_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("list sandboxes: %w", err)
 	}
@@ -187,11 +165,61 @@ func scanSandbox(r scanner) (Sandbox, error) {
 	var sb Sandbox
 	var started, end int64
 	var rec string
-	if err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Runtime, &sb.State, &started, &end, &sb.APIKeyID, &rec); err != nil {
+	if err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Runtime, &sb.State, &started, &end, &sb.APIKeyID, &sb.TeamID, &rec); err != nil {
 		return sb, err
 	}
 	sb.StartedAt = time.UnixMilli(started)
 	sb.EndAt = time.UnixMilli(end)
 	sb.Record = json.RawMessage(rec)
 	return sb, nil
+}
+
+// PutSandboxOwner records who owns a sandbox. The row outlives the
+// sandbox's record, so that its audit log stays its owner's until it is
+// pruned (DeleteSandboxOwner).
+func (s *Store) PutSandboxOwner(ctx context.Context, id, team, key string) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandbox_owners(sandbox_id,team_id,key_id,created_at) VALUES(?,?,?,?)
+		ON CONFLICT(sandbox_id) DO UPDATE SET team_id=excluded.team_id, key_id=excluded.key_id`, id, team, key, time.Now().Unix())
+	if err != nil {
+		return fmt.Errorf("store owner of sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// SandboxOwner returns the team and key that own a sandbox, or ErrNotFound.
+func (s *Store) SandboxOwner(ctx context.Context, id string) (team, key string, err error) {
+	err = s.db.QueryRowContext(ctx, `SELECT team_id,key_id FROM sandbox_owners WHERE sandbox_id=?`, id).Scan(&team, &key)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", "", ErrNotFound
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("look up owner of sandbox %s: %w", id, err)
+	}
+	return team, key, nil
+}
+
+// SandboxOwnerIDs lists the sandboxes whose owner is recorded.
+func (s *Store) SandboxOwnerIDs(ctx context.Context) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT sandbox_id FROM sandbox_owners ORDER BY sandbox_id`)
+	if err != nil {
+		return nil, fmt.Errorf("list sandbox owners: %w", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
+}
+
+// DeleteSandboxOwner forgets who owned a sandbox (its audit log is gone).
+func (s *Store) DeleteSandboxOwner(ctx context.Context, id string) error {
+	if _, err := s.db.ExecContext(ctx, `DELETE FROM sandbox_owners WHERE sandbox_id=?`, id); err != nil {
+		return fmt.Errorf("delete owner of sandbox %s: %w", id, err)
+	}
+	return nil
 }

@@ -41,14 +41,14 @@ func TestAPIKeys(t *testing.T) {
 	if err := st.AddAPIKey(ctx, AdminKeyID, "admin", "e2b_admin"); err != nil {
 		t.Fatal(err)
 	}
-	k, key, err := st.CreateAPIKey(ctx, "ci", 7, []string{"pkg.test", "*.github.com"})
+	k, key, err := st.CreateAPIKey(ctx, NewKey{Name: "ci", MCPMaxCalls: 7, EgressAllow: []string{"pkg.test", "*.github.com"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !regexp.MustCompile(`^e2b_[0-9a-f]{32}$`).MatchString(key) || !regexp.MustCompile(`^k[0-9a-f]{12}$`).MatchString(k.ID) {
 		t.Fatalf("key %q, id %q", key, k.ID)
 	}
-	plain, plainKey, err := st.CreateAPIKey(ctx, "plain", 0, nil)
+	plain, plainKey, err := st.CreateAPIKey(ctx, NewKey{Name: "plain"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestAPIKeys(t *testing.T) {
 	if err != nil || admin.ID != AdminKeyID || admin.Name != "admin" || admin.MCPMaxCalls != 0 || admin.EgressAllow != nil || admin.CreatedAt.Before(before) {
 		t.Fatalf("admin key: %+v %v", admin, err)
 	}
-	if _, _, err := st.CreateAPIKey(ctx, "x", 0, nil); err != nil {
+	if _, _, err := st.CreateAPIKey(ctx, NewKey{Name: "x"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.AddAPIKey(ctx, AdminKeyID, "again", "e2b_other"); err == nil {
@@ -108,7 +108,9 @@ func TestOpenMigrates(t *testing.T) {
 		if err := st.PutPoolSize(ctx, PoolSize{Template: "base", Size: 2, UpdatedAt: time.UnixMilli(1700000000123)}); err != nil {
 			t.Fatal(err)
 		}
-		if err := st.InitSecrets(ctx); err != nil {
+		if err := st.CreateSecret(ctx, Secret{ID: "sec_x", Name: "X", Ciphertext: []byte{1}, Version: 1, CreatedAt: time.Now(), UpdatedAt: time.Now()}); err == nil {
+			st.DeleteSecret(ctx, "sec_x")
+		} else {
 			t.Fatal(err)
 		}
 		st.Close()

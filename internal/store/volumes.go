@@ -5,83 +5,97 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
-// Volume is the durable record of one named volume.
+// Volume is the durable record of one named volume. Names are unique within
+// a team; the ID is unique on the daemon and names its directory.
 type Volume struct {
+	ID        string
 	Name      string
+	TeamID    string
+	KeyID     string
 	SizeBytes int64
 	CreatedAt time.Time
 }
 
-const volumesSchema = `
-CREATE TABLE IF NOT EXISTS volumes (
-	name       TEXT PRIMARY KEY,
-	size_bytes INTEGER NOT NULL,
-	created_at INTEGER NOT NULL
-);
-`
+// ErrExists is returned when a record with the same unique key exists.
+var ErrExists = errors.New("already exists")
 
-// InitVolumes creates the volumes table if it does not exist yet. The
-// volume manager calls it once at start.
-func (s *Store) InitVolumes(ctx context.Context) error {
-	if _, err := s.db.ExecContext(ctx, volumesSchema); err != nil {
-		return fmt.Errorf("init volumes table: %w", err)
-	}
-	return nil
-}
+const volumeCols = `id,name,team_id,key_id,size_bytes,created_at`
 
-// PutVolume inserts a volume record; an existing name is an error.
+// PutVolume inserts a volume record; a name the team uses already is
+// ErrExists.
 func (s *Store) PutVolume(ctx context.Context, v Volume) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO volumes(name,size_bytes,created_at) VALUES(?,?,?)`,
-		v.Name, v.SizeBytes, v.CreatedAt.UnixMilli())
+	_, err := s.db.ExecContext(ctx, `INSERT INTO volumes(`+volumeCols+`) VALUES(?,?,?,?,?,?)`,
+		v.ID, v.Name, v.TeamID, v.KeyID, v.SizeBytes, v.CreatedAt.UnixMilli())
+	if err != nil && strings.Contains(err.Error(), "UNIQUE") {
+		return fmt.Errorf("store volume %s: %w", v.Name, ErrExists)
+	}
 	if err != nil {
 		return fmt.Errorf("store volume %s: %w", v.Name, err)
 	}
 	return nil
 }
 
-// GetVolume returns one volume record, or ErrNotFound.
-func (s *Store) GetVolume(ctx context.Context, name string) (Volume, error) {
+func scanVolume(r scanner) (Volume, error) {
 	var v Volume
 	var created int64
-	err := s.db.QueryRowContext(ctx, `SELECT name,size_bytes,created_at FROM volumes WHERE name=?`, name).
-		Scan(&v.Name, &v.SizeBytes, &created)
+	if err := r.Scan(&v.ID, &v.Name, &v.TeamID, &v.KeyID, &v.SizeBytes, &created); err != nil {
+		return v, err
+	}
+	v.CreatedAt = time.UnixMilli(created)
+	return v, nil
+}
+
+// GetVolume returns the team's volume called name, or ErrNotFound.
+func (s *Store) GetVolume(ctx context.Context, team, name string) (Volume, error) {
+	v, err := scanVolume(s.db.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE team_id=? AND name=?`, team, name))
 	if errors.Is(err, sql.ErrNoRows) {
 		return v, ErrNotFound
 	}
 	if err != nil {
 		return v, fmt.Errorf("look up volume %s: %w", name, err)
 	}
-	v.CreatedAt = time.UnixMilli(created)
 	return v, nil
 }
 
-// ListVolumes returns every volume record, by name.
-func (s *Store) ListVolumes(ctx context.Context) ([]Volume, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT name,size_bytes,created_at FROM volumes ORDER BY name`)
+// GetVolumeByID returns a volume by its ID, or ErrNotFound.
+func (s *Store) GetVolumeByID(ctx context.Context, id string) (Volume, error) {
+	v, err := scanVolume(s.db.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE id=?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return v, ErrNotFound
+	}
+	if err != nil {
+		return v, fmt.Errorf("look up volume %s: %w", id, err)
+	}
+	return v, nil
+}
+
+// ListVolumes returns the team's volume records by name ("": every team's,
+// by team and name).
+func (s *Store) ListVolumes(ctx context.Context, team string) ([]Volume, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE ?='' OR team_id=? ORDER BY team_id, name`, team, team)
 	if err != nil {
 		return nil, fmt.Errorf("list volumes: %w", err)
 	}
 	defer rows.Close()
 	var out []Volume
 	for rows.Next() {
-		var v Volume
-		var created int64
-		if err := rows.Scan(&v.Name, &v.SizeBytes, &created); err != nil {
+		v, err := scanVolume(rows)
+		if err != nil {
 			return nil, err
 		}
-		v.CreatedAt = time.UnixMilli(created)
 		out = append(out, v)
 	}
 	return out, rows.Err()
 }
 
-// DeleteVolume removes a volume record.
-func (s *Store) DeleteVolume(ctx context.Context, name string) error {
-	if _, err := s.db.ExecContext(ctx, `DELETE FROM volumes WHERE name=?`, name); err != nil {
-		return fmt.Errorf("delete volume %s: %w", name, err)
+// DeleteVolume removes a volume record by ID.
+func (s *Store) DeleteVolume(ctx context.Context, id string) error {
+	if _, err := s.db.ExecContext(ctx, `DELETE FROM volumes WHERE id=?`, id); err != nil {
+		return fmt.Errorf("delete volume %s: %w", id, err)
 	}
 	return nil
 }

@@ -4,9 +4,14 @@
 // A volume is an ext4 filesystem in a sparse image file, loop-mounted on the
 // host under the data dir:
 //
-//	<data>/volumes/<name>/disk.img   the image (sparse: only written blocks use disk)
-//	<data>/volumes/<name>/mnt/       where the image is mounted (nosuid, nodev)
-//	<data>/volumes/<name>/mnt/data/  what sandboxes get (owned by uid/gid 1000)
+//	<data>/volumes/<id>/disk.img   the image (sparse: only written blocks use disk)
+//	<data>/volumes/<id>/mnt/       where the image is mounted (nosuid, nodev)
+//	<data>/volumes/<id>/mnt/data/  what sandboxes get (owned by uid/gid 1000)
+//
+// A volume belongs to a team (tenant.Owner): its name is unique within the
+// team, its ID on the daemon (volumes made before teams have their name as
+// ID). Every lookup is for a principal, and a volume of another team reads
+// as one that does not exist.
 //
 // Why an image and not a quota: the limit is the filesystem's size, so a
 // writer gets a real ENOSPC at the limit whatever the host filesystem is (the
@@ -28,6 +33,8 @@ package volume
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -46,6 +53,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/store"
+	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
 // Size bounds of a volume.
@@ -73,7 +81,9 @@ func ValidateName(name string) error {
 
 // Volume is a volume as the API shows it.
 type Volume struct {
+	ID        string
 	Name      string
+	Owner     tenant.Owner
 	SizeBytes int64
 	CreatedAt time.Time
 	UsedBytes int64 // bytes used in its filesystem, when mounted
@@ -108,18 +118,15 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := os.MkdirAll(m.root(), 0o700); err != nil {
 		return nil, fmt.Errorf("create volumes dir: %w", err)
 	}
-	if err := cfg.Store.InitVolumes(ctx); err != nil {
-		return nil, err
-	}
-	recs, err := cfg.Store.ListVolumes(ctx)
+	recs, err := cfg.Store.ListVolumes(ctx, "")
 	if err != nil {
 		return nil, err
 	}
 	known := map[string]bool{}
 	for _, v := range recs {
-		known[v.Name] = true
-		if err := m.mount(v.Name); err != nil {
-			m.log.Error("cannot mount volume; sandboxes using it will not start", "volume", v.Name, "err", err)
+		known[v.ID] = true
+		if err := m.mount(v.ID); err != nil {
+			m.log.Error("cannot mount volume; sandboxes using it will not start", "volume", v.Name, "id", v.ID, "team", v.TeamID, "err", err)
 		}
 	}
 	entries, _ := os.ReadDir(m.root())
@@ -132,16 +139,28 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	return m, nil
 }
 
-func (m *Manager) root() string                { return filepath.Join(m.cfg.DataDir, "volumes") }
-func (m *Manager) dir(name string) string      { return filepath.Join(m.root(), name) }
-func (m *Manager) image(name string) string    { return filepath.Join(m.dir(name), "disk.img") }
-func (m *Manager) mountDir(name string) string { return filepath.Join(m.dir(name), "mnt") }
+// The paths of a volume are named by its ID.
+func (m *Manager) root() string              { return filepath.Join(m.cfg.DataDir, "volumes") }
+func (m *Manager) dir(id string) string      { return filepath.Join(m.root(), id) }
+func (m *Manager) image(id string) string    { return filepath.Join(m.dir(id), "disk.img") }
+func (m *Manager) mountDir(id string) string { return filepath.Join(m.dir(id), "mnt") }
 
-// HostPath is the host directory bind-mounted into sandboxes for name.
-func (m *Manager) HostPath(name string) string { return filepath.Join(m.mountDir(name), "data") }
+// HostPath is the host directory bind-mounted into sandboxes for the
+// volume with this ID.
+func (m *Manager) HostPath(id string) string { return filepath.Join(m.mountDir(id), "data") }
 
-// Create makes a volume of sizeBytes (0: DefaultSizeBytes).
-func (m *Manager) Create(ctx context.Context, name string, sizeBytes int64) (Volume, error) {
+// newID is "vol_" and 16 hex digits: a valid volume name too, so that the
+// directory of any volume, old (named by its name) or new, is a plain name.
+func newID() (string, error) {
+	b := make([]byte, 8)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("generate volume id: %w", err)
+	}
+	return "vol_" + hex.EncodeToString(b), nil
+}
+
+// Create makes a volume of sizeBytes (0: DefaultSizeBytes) owned by owner.
+func (m *Manager) Create(ctx context.Context, owner tenant.Owner, name string, sizeBytes int64) (Volume, error) {
 	if err := ValidateName(name); err != nil {
 		return Volume{}, err
 	}
@@ -154,24 +173,25 @@ func (m *Manager) Create(ctx context.Context, name string, sizeBytes int64) (Vol
 	sizeBytes = (sizeBytes + 4095) &^ 4095
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if _, err := m.cfg.Store.GetVolume(ctx, name); err == nil {
+	if _, err := m.cfg.Store.GetVolume(ctx, owner.Team, name); err == nil {
 		return Volume{}, errdefs.Conflict("volume %q already exists", name)
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return Volume{}, err
 	}
-	if _, err := os.Stat(m.dir(name)); err == nil {
-		_ = m.remove(name) // a leftover of a create cut short
+	id, err := newID()
+	if err != nil {
+		return Volume{}, err
 	}
 	ok := false
 	defer func() {
 		if !ok {
-			_ = m.remove(name)
+			_ = m.remove(id)
 		}
 	}()
-	if err := os.MkdirAll(m.mountDir(name), 0o700); err != nil {
+	if err := os.MkdirAll(m.mountDir(id), 0o700); err != nil {
 		return Volume{}, fmt.Errorf("create volume %s: %w", name, err)
 	}
-	f, err := os.OpenFile(m.image(name), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	f, err := os.OpenFile(m.image(id), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return Volume{}, fmt.Errorf("create volume %s: %w", name, err)
 	}
@@ -183,59 +203,81 @@ func (m *Manager) Create(ctx context.Context, name string, sizeBytes int64) (Vol
 		return Volume{}, fmt.Errorf("create volume %s: %w", name, err)
 	}
 	// -m 0: no blocks reserved for root, the whole size is the sandbox's.
-	out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=0,lazy_journal_init=0", m.image(name)).CombinedOutput()
+	out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=0,lazy_journal_init=0", m.image(id)).CombinedOutput()
 	if err != nil {
 		return Volume{}, fmt.Errorf("create volume %s: mkfs.ext4: %v: %s", name, err, strings.TrimSpace(string(out)))
 	}
-	if err := m.mount(name); err != nil {
+	if err := m.mount(id); err != nil {
 		return Volume{}, fmt.Errorf("create volume %s: %w", name, err)
 	}
-	data := m.HostPath(name)
+	data := m.HostPath(id)
 	if err := os.Mkdir(data, 0o755); err != nil {
 		return Volume{}, fmt.Errorf("create volume %s: %w", name, err)
 	}
 	if err := os.Chown(data, ownerUID, ownerGID); err != nil {
 		return Volume{}, fmt.Errorf("create volume %s: %w", name, err)
 	}
-	rec := store.Volume{Name: name, SizeBytes: sizeBytes, CreatedAt: time.Now().UTC()}
+	rec := store.Volume{ID: id, Name: name, TeamID: owner.Team, KeyID: owner.Key, SizeBytes: sizeBytes, CreatedAt: time.Now().UTC()}
 	if err := m.cfg.Store.PutVolume(ctx, rec); err != nil {
+		if errors.Is(err, store.ErrExists) {
+			return Volume{}, errdefs.Conflict("volume %q already exists", name)
+		}
 		return Volume{}, err
 	}
 	ok = true
-	m.log.Info("volume created", "volume", name, "size_mib", sizeBytes>>20)
+	m.log.Info("volume created", "volume", name, "id", id, "team", owner.Team, "size_mib", sizeBytes>>20)
 	return m.info(rec), nil
 }
 
 func (m *Manager) info(rec store.Volume) Volume {
-	v := Volume{Name: rec.Name, SizeBytes: rec.SizeBytes, CreatedAt: rec.CreatedAt.UTC()}
-	if m.isMounted(rec.Name) {
+	v := Volume{ID: rec.ID, Name: rec.Name, Owner: tenant.Owner{Team: rec.TeamID, Key: rec.KeyID},
+		SizeBytes: rec.SizeBytes, CreatedAt: rec.CreatedAt.UTC()}
+	if m.isMounted(rec.ID) {
 		v.Mounted = true
 		var st unix.Statfs_t
-		if err := unix.Statfs(m.mountDir(rec.Name), &st); err == nil {
+		if err := unix.Statfs(m.mountDir(rec.ID), &st); err == nil {
 			v.UsedBytes = int64(st.Blocks-st.Bfree) * st.Bsize
 		}
 	}
 	return v
 }
 
-// Get returns one volume.
-func (m *Manager) Get(ctx context.Context, name string) (Volume, error) {
-	if err := ValidateName(name); err != nil {
-		return Volume{}, err
+// lookup finds the volume p means by ref: the name of one of its team's
+// volumes, else the ID of a volume p may act on. Another team's volume is
+// "not found", word for word as an unknown one.
+func (m *Manager) lookup(ctx context.Context, p tenant.Principal, ref string) (store.Volume, error) {
+	if err := ValidateName(ref); err != nil {
+		return store.Volume{}, err
 	}
-	rec, err := m.cfg.Store.GetVolume(ctx, name)
+	rec, err := m.cfg.Store.GetVolume(ctx, p.Team, ref)
 	if errors.Is(err, store.ErrNotFound) {
-		return Volume{}, errdefs.NotFound("volume %q not found", name)
+		rec, err = m.cfg.Store.GetVolumeByID(ctx, ref)
+		if err == nil && !p.Can(tenant.Owner{Team: rec.TeamID, Key: rec.KeyID}) {
+			err = store.ErrNotFound
+		}
 	}
+	if errors.Is(err, store.ErrNotFound) {
+		return store.Volume{}, errdefs.NotFound("volume %q not found", ref)
+	}
+	return rec, err
+}
+
+// Get returns the volume p means by ref (a name of its team, or an ID).
+func (m *Manager) Get(ctx context.Context, p tenant.Principal, ref string) (Volume, error) {
+	rec, err := m.lookup(ctx, p, ref)
 	if err != nil {
 		return Volume{}, err
 	}
 	return m.info(rec), nil
 }
 
-// List returns every volume, by name.
-func (m *Manager) List(ctx context.Context) ([]Volume, error) {
-	recs, err := m.cfg.Store.ListVolumes(ctx)
+// List returns the volumes p may see, by name (the admin's: every team's).
+func (m *Manager) List(ctx context.Context, p tenant.Principal) ([]Volume, error) {
+	team := p.Team
+	if p.Admin {
+		team = ""
+	}
+	recs, err := m.cfg.Store.ListVolumes(ctx, team)
 	if err != nil {
 		return nil, err
 	}
@@ -247,64 +289,65 @@ func (m *Manager) List(ctx context.Context) ([]Volume, error) {
 }
 
 // Delete removes a volume and its data. usedBy names the sandboxes that
-// mount it (it is called under the manager's lock, so a create cannot slip
-// in between); a volume in use is a Conflict.
-func (m *Manager) Delete(ctx context.Context, name string, usedBy func(name string) []string) error {
-	if err := ValidateName(name); err != nil {
-		return err
-	}
+// mount the volume with this ID (it is called under the manager's lock, so
+// a create cannot slip in between); a volume in use is a Conflict.
+func (m *Manager) Delete(ctx context.Context, p tenant.Principal, ref string, usedBy func(id string) []string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if _, err := m.cfg.Store.GetVolume(ctx, name); errors.Is(err, store.ErrNotFound) {
-		return errdefs.NotFound("volume %q not found", name)
-	} else if err != nil {
+	rec, err := m.lookup(ctx, p, ref)
+	if err != nil {
 		return err
 	}
-	if m.held[name] > 0 {
-		return errdefs.Conflict("volume %q is in use: a sandbox that mounts it is being created", name)
+	if m.held[rec.ID] > 0 {
+		return errdefs.Conflict("volume %q is in use: a sandbox that mounts it is being created", ref)
 	}
-	if users := usedBy(name); len(users) > 0 {
+	if users := usedBy(rec.ID); len(users) > 0 {
 		sort.Strings(users)
-		return errdefs.Conflict("volume %q is in use by sandbox(es) %s: kill them first", name, strings.Join(users, ", "))
+		return errdefs.Conflict("volume %q is in use by sandbox(es) %s: kill them first", ref, strings.Join(users, ", "))
 	}
-	if err := m.cfg.Store.DeleteVolume(ctx, name); err != nil {
+	if err := m.cfg.Store.DeleteVolume(ctx, rec.ID); err != nil {
 		return err
 	}
-	if err := m.remove(name); err != nil {
-		return fmt.Errorf("delete volume %s: %w", name, err)
+	if err := m.remove(rec.ID); err != nil {
+		return fmt.Errorf("delete volume %s: %w", ref, err)
 	}
-	m.log.Info("volume deleted", "volume", name)
+	m.log.Info("volume deleted", "volume", rec.Name, "id", rec.ID, "team", rec.TeamID)
 	return nil
 }
 
-// Hold checks that every named volume exists and is mounted and keeps Delete
-// off them until release is called (after the sandbox is registered).
-func (m *Manager) Hold(ctx context.Context, names []string) (release func(), err error) {
+// Hold resolves the volumes p names (names of its team's volumes, or IDs of
+// volumes it may use), checks each is mounted, and keeps Delete off them
+// until release is called (after the sandbox is registered). It returns
+// their IDs in the order of refs.
+func (m *Manager) Hold(ctx context.Context, p tenant.Principal, refs []string) (ids []string, release func(), err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, n := range names {
-		if _, err := m.cfg.Store.GetVolume(ctx, n); errors.Is(err, store.ErrNotFound) {
-			return nil, errdefs.InvalidArgument("volume %q does not exist (create it with: cella volume create %s)", n, n)
-		} else if err != nil {
-			return nil, err
+	for _, ref := range refs {
+		rec, err := m.lookup(ctx, p, ref)
+		if errdefs.Is(err, errdefs.KindNotFound) {
+			return nil, nil, errdefs.InvalidArgument("volume %q does not exist (create it with: cella volume create %s)", ref, ref)
 		}
-		if !m.isMounted(n) {
-			if err := m.mount(n); err != nil {
-				return nil, fmt.Errorf("volume %q is not mounted on the host: %w", n, err)
+		if err != nil {
+			return nil, nil, err
+		}
+		if !m.isMounted(rec.ID) {
+			if err := m.mount(rec.ID); err != nil {
+				return nil, nil, fmt.Errorf("volume %q is not mounted on the host: %w", ref, err)
 			}
 		}
+		ids = append(ids, rec.ID)
 	}
-	for _, n := range names {
-		m.held[n]++
+	for _, id := range ids {
+		m.held[id]++
 	}
 	var once sync.Once
-	return func() {
+	return ids, func() {
 		once.Do(func() {
 			m.mu.Lock()
 			defer m.mu.Unlock()
-			for _, n := range names {
-				if m.held[n]--; m.held[n] <= 0 {
-					delete(m.held, n)
+			for _, id := range ids {
+				if m.held[id]--; m.held[id] <= 0 {
+					delete(m.held, id)
 				}
 			}
 		})
@@ -315,13 +358,13 @@ func (m *Manager) Hold(ctx context.Context, names []string) (release func(), err
 // volume (a frozen container kept for the next daemon) keep their own mount
 // and its loop device.
 func (m *Manager) Close() error {
-	recs, err := m.cfg.Store.ListVolumes(context.Background())
+	recs, err := m.cfg.Store.ListVolumes(context.Background(), "")
 	if err != nil {
 		return err
 	}
 	var errs []error
 	for _, r := range recs {
-		if err := rootfs.Detach(m.mountDir(r.Name)); err != nil {
+		if err := rootfs.Detach(m.mountDir(r.ID)); err != nil {
 			errs = append(errs, err)
 		}
 	}
