@@ -167,7 +167,7 @@ CREATE TABLE sandbox_owners (
 	key_id     TEXT NOT NULL,
 	created_at INTEGER NOT NULL
 );
-INSERT INTO teams(id,name,created_at) VALUES('admin','admin',` + fmt.Sprint(time.Now().Unix()) + `);`); err != nil {
+INSERT INTO teams(id,name,created_at) VALUES('admin','admin',`+fmt.Sprint(time.Now().Unix())+`);`); err != nil {
 		return err
 	}
 	rows, err := tx.QueryContext(ctx, `SELECT id, name FROM api_keys`)
