@@ -55,7 +55,7 @@ func (m *Manager) Fork(ctx context.Context, p tenant.Principal, id string, count
 		return nil, err
 	}
 	// Refuse before the snapshot when the forks could not be made anyway.
-	if _, _, err := restrictTo(p, sb.Options, m.memorySnapshots()); err != nil {
+	if _, _, err := restrictTo(p, sb.Info().Options, m.memorySnapshots()); err != nil {
 		return nil, err
 	}
 	sn, err := m.snapshot(ctx, p, id, "", true)

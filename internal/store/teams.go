@@ -77,29 +77,24 @@ func teamSlug(base string) string {
 
 // teamByName returns the team called name, or ErrNotFound.
 func teamByName(ctx context.Context, db execQuerier, name string) (Team, error) {
-	var t Team
-	var created int64
-	err := db.QueryRowContext(ctx, `SELECT id,name,created_at FROM teams WHERE name=?`, name).Scan(&t.ID, &t.Name, &created)
-	if errors.Is(err, sql.ErrNoRows) {
-		return t, ErrNotFound
-	}
-	if err != nil {
-		return t, fmt.Errorf("look up team %s: %w", name, err)
-	}
-	t.CreatedAt = time.Unix(created, 0)
-	return t, nil
+	return scanTeam(db.QueryRowContext(ctx, `SELECT id,name,created_at FROM teams WHERE name=?`, name), name)
 }
 
 // GetTeam returns a team by ID, or ErrNotFound.
 func (s *Store) GetTeam(ctx context.Context, id string) (Team, error) {
+	return scanTeam(s.db.QueryRowContext(ctx, `SELECT id,name,created_at FROM teams WHERE id=?`, id), id)
+}
+
+// scanTeam reads one team; what names the team asked for, for errors.
+func scanTeam(r scanner, what string) (Team, error) {
 	var t Team
 	var created int64
-	err := s.db.QueryRowContext(ctx, `SELECT id,name,created_at FROM teams WHERE id=?`, id).Scan(&t.ID, &t.Name, &created)
+	err := r.Scan(&t.ID, &t.Name, &created)
 	if errors.Is(err, sql.ErrNoRows) {
 		return t, ErrNotFound
 	}
 	if err != nil {
-		return t, fmt.Errorf("look up team %s: %w", id, err)
+		return t, fmt.Errorf("look up team %s: %w", what, err)
 	}
 	t.CreatedAt = time.Unix(created, 0)
 	return t, nil
@@ -114,12 +109,10 @@ func (s *Store) ListTeams(ctx context.Context) ([]Team, error) {
 	defer rows.Close()
 	var out []Team
 	for rows.Next() {
-		var t Team
-		var created int64
-		if err := rows.Scan(&t.ID, &t.Name, &created); err != nil {
+		t, err := scanTeam(rows, "")
+		if err != nil {
 			return nil, err
 		}
-		t.CreatedAt = time.Unix(created, 0)
 		out = append(out, t)
 	}
 	return out, rows.Err()
