@@ -221,6 +221,8 @@ except Exception as e:
 			t.Fatalf("--user root: got %q", res.Stdout)
 		}
 	})
+	// hardening.go
+	t.Run("FilesAPIActsAsUser", func(t *testing.T) { testFilesActAsUser(t, sb) })
 	t.Run("TemplateUnchanged", func(t *testing.T) {
 		mustOK(t, sb, "echo changed > /home/user/.profile-test")
 		run(t, sb, "rm -rf /usr/bin/python3", client.ExecOptions{User: "root"})

@@ -1,0 +1,64 @@
+package runtimetest
+
+import (
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/cella-sandbox/cella/internal/client"
+)
+
+// testFilesActAsUser: uid 1000 plants symlinks from its home to root's
+// files, then goes through the files API as the default user. The agent
+// (root) must resolve them as uid 1000 would: the writes and reads are
+// refused with 403, /etc/passwd stays root's and unchanged, and the next
+// command still runs as uid 1000. (Before, a write chowned /etc/passwd to
+// uid 1000, which made the next exec run as uid 0 under gVisor.)
+func testFilesActAsUser(t *testing.T, sb *client.SandboxConn) {
+	ctx := ctxT(t, 2*time.Minute)
+	const fingerprint = "stat -c '%u:%g %a' /etc/passwd /etc/shadow; sha256sum /etc/passwd /etc/shadow"
+	before := run(t, sb, fingerprint, client.ExecOptions{User: "root"}).Stdout
+	run(t, sb, "echo s3cret > /root/secret && chmod 600 /root/secret", client.ExecOptions{User: "root"})
+	mustOK(t, sb, "ln -sf /etc/passwd ~/out.txt && ln -sf /etc/shadow ~/shadow && ln -sfn /root ~/rootdir && id -u")
+
+	forbidden := func(what string, err error) {
+		t.Helper()
+		var apiErr *client.APIError
+		if !errors.As(err, &apiErr) || apiErr.Status != 403 || !strings.Contains(apiErr.Message, "permission denied") {
+			t.Fatalf("%s: want a 403 permission error, got %v", what, err)
+		}
+	}
+	for _, p := range []string{"/home/user/out.txt", "/etc/passwd", "/home/user/rootdir/planted"} {
+		forbidden("write "+p, sb.WriteFile(ctx, p, "", strings.NewReader("pwned::0:0::/:/bin/sh\n")))
+	}
+	for _, p := range []string{"/home/user/shadow", "/home/user/rootdir/secret", "/etc/shadow"} {
+		r, err := sb.ReadFile(ctx, p, "")
+		if err == nil {
+			b, _ := io.ReadAll(r)
+			r.Close()
+			t.Fatalf("read %s as the default user: got %q", p, b)
+		}
+		forbidden("read "+p, err)
+	}
+	if _, err := sb.ListDir(ctx, "/home/user/rootdir", 1); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("list root's home through a link: want permission_denied, got %v", err)
+	}
+
+	if after := run(t, sb, fingerprint, client.ExecOptions{User: "root"}).Stdout; after != before || !strings.HasPrefix(after, "0:0 644\n") {
+		t.Fatalf("/etc/passwd or /etc/shadow changed:\nbefore %q\nafter  %q", before, after)
+	}
+	if out := mustOK(t, sb, "id -u; test -e /root/planted || echo not-planted"); out != "1000\nnot-planted\n" {
+		t.Fatalf("after the attack an ordinary command runs as %q, want uid 1000", out)
+	}
+	// The user's own files still go through, owned by the user.
+	if err := sb.WriteFile(ctx, "/home/user/own/a.txt", "", strings.NewReader("mine")); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustOK(t, sb, "stat -c '%u %U' ~/own ~/own/a.txt; cat ~/own/a.txt"); out != "1000 user\n1000 user\nmine" {
+		t.Fatalf("own upload: %q", out)
+	}
+}
