@@ -120,7 +120,7 @@ func TestBuild(t *testing.T) {
 			}
 		}
 	}
-	for _, n := range strings.Fields("unshare setns mount umount2 pivot_root ptrace keyctl bpf perf_event_open kexec_load kexec_file_load init_module finit_module delete_module open_by_handle_at userfaultfd add_key request_key swapon swapoff reboot settimeofday clock_settime clone3") {
+	for _, n := range strings.Fields("unshare setns mount umount2 pivot_root ptrace keyctl bpf perf_event_open kexec_load kexec_file_load init_module finit_module delete_module open_by_handle_at userfaultfd add_key request_key swapon swapoff reboot settimeofday clock_settime clone3 io_uring_setup io_uring_enter io_uring_register") {
 		if !denied[n] {
 			t.Errorf("%s not denied", n)
 		}
