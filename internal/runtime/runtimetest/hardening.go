@@ -3,6 +3,7 @@ package runtimetest
 import (
 	"errors"
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -90,5 +91,32 @@ for nr, args in ((425, (8, params)), (426, (-1, 0, 0, 0, 0, 0)), (427, (-1, 0, 0
 				t.Fatalf("io_uring syscall as %q: %q, want -1 with EPERM or ENOSYS", user, l)
 			}
 		}
+	}
+}
+
+// testOwnSysfs: /sys shows the sandbox's own network interfaces and none
+// of the host's block devices (loop devices name the host's volume images
+// in loop/backing_file).
+func testOwnSysfs(t *testing.T, sb *client.SandboxConn) {
+	out := mustOK(t, sb, "ls /sys/class/net 2>/dev/null; true")
+	for _, name := range strings.Fields(out) {
+		if name != "lo" && name != "eth0" {
+			t.Fatalf("/sys/class/net lists %q (all: %q): the host's interfaces, not the sandbox's", name, out)
+		}
+	}
+	host, _ := os.ReadDir("/sys/block")
+	if len(host) == 0 {
+		t.Fatal("the host has no /sys/block entries: the check below would prove nothing")
+	}
+	out = mustOK(t, sb, "for d in /sys/block /sys/class/block /sys/dev/block /sys/devices/virtual/block; do ls -A $d 2>/dev/null; done; cat /sys/block/*/loop/backing_file 2>/dev/null; true")
+	for _, e := range host {
+		for _, f := range strings.Fields(out) {
+			if f == e.Name() {
+				t.Fatalf("the sandbox sees the host's block device %s:\n%s", e.Name(), out)
+			}
+		}
+	}
+	if strings.Contains(out, "/") {
+		t.Fatalf("the sandbox sees a loop device's backing file:\n%s", out)
 	}
 }
