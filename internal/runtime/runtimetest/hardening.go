@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/cella-sandbox/cella/internal/client"
+	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
 )
 
 // testFilesActAsUser: uid 1000 plants symlinks from its home to root's
@@ -118,5 +120,21 @@ func testOwnSysfs(t *testing.T, sb *client.SandboxConn) {
 	}
 	if strings.Contains(out, "/") {
 		t.Fatalf("the sandbox sees a loop device's backing file:\n%s", out)
+	}
+}
+
+// testMountinfoNoHostPaths: no host path (the data dir with the sandbox's
+// own directory, the template cache) appears in the sandbox's mountinfo,
+// neither as a mount's root nor in its options.
+func testMountinfoNoHostPaths(t *testing.T, env *daemontest.Env, sb *client.SandboxConn) {
+	out := run(t, sb, "cat /proc/self/mountinfo /proc/1/mountinfo", client.ExecOptions{User: "root"}).Stdout
+	if !strings.Contains(out, " /proc ") {
+		t.Fatalf("no mountinfo read: %q", out)
+	}
+	sandboxDir := filepath.Join(env.DataDir, "sandboxes", sb.ID)
+	for _, p := range []string{sandboxDir, env.DataDir, daemontest.CacheDir(), "/var/lib/cella"} {
+		if strings.Contains(out, p) {
+			t.Fatalf("mountinfo shows the host path %s:\n%s", p, out)
+		}
 	}
 }
