@@ -22,8 +22,12 @@ import (
 // so the config also lives on disk as <sandbox>/agent-config.json, and
 // openRunDir puts it back.
 
-// runDirSize bounds the run tmpfs: a socket and a config file.
-const runDirSize = 1 << 20
+// runDirSize bounds the run tmpfs: a socket and a config file, so that a
+// sandbox's root writing there (gVisor binds it read-write) fills 4 MiB of
+// RAM, not the host's disk. Not smaller: with under 1 MiB free, a tmpfs
+// looks like a full volume to the agent's ENOSPC check when it runs on a
+// host (the agent tests do).
+const runDirSize = 4 << 20
 
 // agentConfigCopy is the config's copy next to the run dir.
 const agentConfigCopy = "agent-config.json"
