@@ -348,12 +348,22 @@ func (s *Server) writeUpload(target string, data io.Reader, u *sandboxUser, meta
 			code = http.StatusBadRequest
 			return fmt.Errorf("path is a directory: %s", p)
 		}
-		f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+		// O_NONBLOCK: a fifo at p fails (ENXIO) instead of hanging the
+		// request until someone reads it.
+		f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NONBLOCK, 0o644)
+		if errors.Is(err, syscall.ENXIO) {
+			code = http.StatusBadRequest
+			return fmt.Errorf("path is not a regular file: %s", p)
+		}
 		if err != nil {
 			code = statusFor(err)
 			return fmt.Errorf("error opening file: %w", u.denied("write", p, err))
 		}
 		defer f.Close()
+		if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+			code = http.StatusBadRequest
+			return fmt.Errorf("path is not a regular file: %s", p)
+		}
 		if n, err = io.Copy(f, data); err != nil {
 			code = statusFor(err)
 			return fmt.Errorf("error writing file: %w", err)

@@ -337,3 +337,21 @@ func TestTarPutActsAsUser(t *testing.T) {
 		}
 	}
 }
+
+// A fifo where a file is expected is refused at once, not waited on.
+func TestFilesFifo(t *testing.T) {
+	e := newTestEnv(t)
+	fifo := filepath.Join(e.home, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(fifo, testUID, testUID); err != nil {
+		t.Fatal(err)
+	}
+	req := mustReq("POST", e.ts.URL+"/files?username=user&path="+url.QueryEscape(fifo), strings.NewReader("x"))
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, b := do(t, req)
+	wantE2BError(t, resp, b, http.StatusBadRequest, "not a regular file")
+	resp, b = do(t, mustReq("GET", e.ts.URL+"/files?username=user&path="+url.QueryEscape(fifo), nil))
+	wantE2BError(t, resp, b, http.StatusBadRequest, "not a regular file")
+}

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -112,17 +113,23 @@ func writeTree(tw *tar.Writer, root string) error {
 			return err
 		}
 		if fi.Mode().IsRegular() {
-			f, err := os.Open(p)
+			// O_NONBLOCK: a fifo swapped in since the walk saw a file must
+			// not hang the stream.
+			f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 			if err != nil {
 				return err
 			}
-			// Copy exactly the size in the header even if the file grows or
-			// shrinks meanwhile, or the archive would be corrupt.
-			n, err := io.Copy(tw, io.LimitReader(f, hdr.Size))
+			var n int64
+			if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
+				// Copy exactly the size in the header even if the file grows
+				// or shrinks meanwhile, or the archive would be corrupt.
+				n, err = io.Copy(tw, io.LimitReader(f, hdr.Size))
+				if err != nil {
+					f.Close()
+					return err
+				}
+			}
 			f.Close()
-			if err != nil {
-				return err
-			}
 			if n < hdr.Size {
 				if _, err := io.CopyN(tw, zeroReader{}, hdr.Size-n); err != nil {
 					return err

@@ -14,7 +14,9 @@
 //
 // While the thread is the user, processes of that user still cannot signal
 // or ptrace it: both checks compare against its real and saved uid, which
-// stay root.
+// stay root. They can lower its scheduling (nice, policy, CPU affinity go
+// by the effective uid), so those are part of what is checked before the
+// thread is reused.
 package asuser
 
 import (
@@ -106,6 +108,8 @@ type creds struct {
 	groups           []uint32
 	caps             [2]unix.CapUserData
 	dumpable         int
+	nice, policy     int
+	cpus             unix.CPUSet
 }
 
 func current() (*creds, error) {
@@ -133,6 +137,17 @@ func current() (*creds, error) {
 		return nil, fmt.Errorf("get dumpable: %w", err)
 	}
 	c.dumpable = d
+	if c.nice, err = unix.Getpriority(unix.PRIO_PROCESS, 0); err != nil {
+		return nil, fmt.Errorf("getpriority: %w", err)
+	}
+	policy, _, e := unix.RawSyscall(unix.SYS_SCHED_GETSCHEDULER, 0, 0, 0)
+	if e != 0 {
+		return nil, fmt.Errorf("sched_getscheduler: %w", e)
+	}
+	c.policy = int(policy)
+	if err := unix.SchedGetaffinity(0, &c.cpus); err != nil {
+		return nil, fmt.Errorf("sched_getaffinity: %w", err)
+	}
 	if c.ruid != 0 || c.suid != 0 {
 		// Without a root real or saved uid the thread could not change back.
 		return nil, fmt.Errorf("act as user: the agent is not root (uids %d/%d/%d)", c.ruid, c.euid, c.suid)
@@ -196,7 +211,8 @@ func restore(c *creds) error {
 	}
 	if now.ruid != c.ruid || now.euid != c.euid || now.suid != c.suid ||
 		now.rgid != c.rgid || now.egid != c.egid || now.sgid != c.sgid ||
-		!slices.Equal(now.groups, c.groups) || now.caps != c.caps {
+		!slices.Equal(now.groups, c.groups) || now.caps != c.caps ||
+		now.nice != c.nice || now.policy != c.policy || now.cpus != c.cpus {
 		return fmt.Errorf("credentials not restored")
 	}
 	return nil

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -164,5 +165,56 @@ func TestRunPanicAndRoot(t *testing.T) {
 		return nil
 	}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// BenchmarkRun is the price of one file operation as a user: a goroutine, a
+// locked thread and the switches there and back (compare Stat as root).
+func BenchmarkRun(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root")
+	}
+	for _, c := range []struct {
+		name string
+		id   Identity
+	}{{"root", Identity{}}, {"user", user}} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				if err := Run(c.id, func() error { _, err := os.Stat("/"); return err }); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// A thread whose scheduling the user lowered is not reused.
+func TestRunDiscardsDegradedThread(t *testing.T) {
+	needRoot(t)
+	if err := Run(user, func() error { return unix.Setpriority(unix.PRIO_PROCESS, 0, 19) }); err != nil {
+		t.Fatal(err)
+	}
+	niced := func() []string {
+		var out []string
+		tasks, _ := filepath.Glob("/proc/self/task/*/stat")
+		for _, p := range tasks {
+			b, err := os.ReadFile(p)
+			if err != nil {
+				continue
+			}
+			// Fields after the command (in parentheses): nice is the 17th.
+			f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+			if len(f) > 16 && f[16] != "0" {
+				out = append(out, p+": nice "+f[16])
+			}
+		}
+		return out
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(niced()) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("a thread the user re-niced is still in the pool: %v", niced())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
