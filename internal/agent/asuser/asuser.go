@@ -23,6 +23,7 @@ import (
 	"fmt"
 	goruntime "runtime"
 	"slices"
+	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -77,7 +78,7 @@ func start(id Identity, fn func() error) <-chan result {
 			done <- r
 			return
 		}
-		saved, err := current()
+		saved, err := pooled()
 		if err != nil {
 			goruntime.UnlockOSThread()
 			done <- result{err: err}
@@ -100,6 +101,14 @@ func start(id Identity, fn func() error) <-chan result {
 	}()
 	return done
 }
+
+// pooledOnce holds the identity of the agent's pooled threads, read once:
+// every thread Run gives back was verified to be exactly that again, so it
+// need not be read (nine syscalls, each a trip through gVisor's sentry)
+// before every switch.
+var pooledOnce = sync.OnceValues(current)
+
+func pooled() (*creds, error) { return pooledOnce() }
 
 // creds is a thread's identity as Run changes it.
 type creds struct {
