@@ -355,3 +355,60 @@ func TestFilesFifo(t *testing.T) {
 	resp, b = do(t, mustReq("GET", e.ts.URL+"/files?username=user&path="+url.QueryEscape(fifo), nil))
 	wantE2BError(t, resp, b, http.StatusBadRequest, "not a regular file")
 }
+
+// A recursive watch as the user follows new directories the user may read,
+// and not root's.
+func TestWatchDirActsAsUser(t *testing.T) {
+	e := newTestEnv(t)
+	dir := filepath.Join(e.home, "w")
+	if err := os.Mkdir(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req := connect.NewRequest(&filesystem.WatchDirRequest{Path: dir, Recursive: true})
+	req.Header().Set("Authorization", basicAuth("user"))
+	stream, err := e.fs.WatchDir(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Close()
+	if !stream.Receive() || stream.Msg().GetStart() == nil {
+		t.Fatalf("first event %v %v", stream.Msg(), stream.Err())
+	}
+	// next returns the names of the events up to and including want's.
+	next := func(want string) []string {
+		t.Helper()
+		var seen []string
+		for stream.Receive() {
+			if ev := stream.Msg().GetFilesystem(); ev != nil && ev.Type == filesystem.EventType_EVENT_TYPE_CREATE {
+				seen = append(seen, ev.Name)
+				if ev.Name == want {
+					return seen
+				}
+			}
+		}
+		t.Fatalf("stream ended before %s: %v (saw %v)", want, stream.Err(), seen)
+		return nil
+	}
+	// The event of a new directory is sent after the watcher tried to add
+	// it, so what is written in it afterwards is seen or not for good.
+	if err := os.Mkdir(filepath.Join(dir, "private"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	next("private")
+	writeFile(t, filepath.Join(dir, "private", "secret"), "s")
+	writeFile(t, filepath.Join(dir, "marker"), "m")
+	if seen := next("marker"); len(seen) != 1 {
+		t.Fatalf("events from root's 0700 directory reached the user: %v", seen)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "mine"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(filepath.Join(dir, "mine"), testUID, testUID); err != nil {
+		t.Fatal(err)
+	}
+	next("mine")
+	writeFile(t, filepath.Join(dir, "mine", "x"), "x")
+	next("mine/x")
+}

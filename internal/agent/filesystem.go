@@ -251,7 +251,6 @@ func fsError(err error) error {
 	switch {
 	case errors.As(err, &ce):
 		return err // already mapped
-
 	case errors.Is(err, fs.ErrNotExist):
 		return connect.NewError(connect.CodeNotFound, err)
 	case errors.Is(err, fs.ErrPermission):

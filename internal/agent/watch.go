@@ -208,7 +208,10 @@ func (w *dirWatcher) handle(wd int, mask uint32, name string) {
 			if addDir {
 				_ = w.add(full)
 			}
-			if fi, err := os.Lstat(full); err == nil && withEntry {
+			if !withEntry {
+				return nil
+			}
+			if fi, err := os.Lstat(full); err == nil {
 				ev.Entry = entryFromInfo(full, full, fi, w.names)
 			}
 			return nil
