@@ -19,12 +19,16 @@ import (
 // which is "/" or "/cella" on a tmpfs of its own but the daemon's whole
 // data dir path on the host's disk.
 func EnsureTmpfs(dir string, size int64, mode os.FileMode) (bool, error) {
-	dir, err := filepath.Abs(dir)
-	if err != nil {
-		return false, err
-	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return false, fmt.Errorf("tmpfs at %s: %w", dir, err)
+	}
+	// The path as mountinfo spells it, or a mount already there is missed.
+	dir, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return false, fmt.Errorf("tmpfs at %s: %w", dir, err)
+	}
+	if dir, err = filepath.Abs(dir); err != nil {
+		return false, err
 	}
 	mounts, err := FindMounts(dir)
 	if err != nil {
