@@ -94,27 +94,16 @@ func (s *Server) handleDownload(w http.ResponseWriter, r *http.Request) {
 		jsonError(w, http.StatusBadRequest, err)
 		return
 	}
-	st, err := os.Stat(p)
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			jsonError(w, http.StatusNotFound, fmt.Errorf("path '%s' does not exist", p))
-			return
-		}
-		jsonError(w, http.StatusInternalServerError, fmt.Errorf("error checking if path exists '%s': %w", p, err))
-		return
-	}
-	if st.IsDir() {
-		jsonError(w, http.StatusBadRequest, fmt.Errorf("path '%s' is a directory", p))
-		return
-	}
 	gz, err := wantsGzip(r)
 	if err != nil {
 		jsonError(w, http.StatusNotAcceptable, err)
 		return
 	}
-	f, err := os.Open(p)
+	// Opened as the user, so a symlink the user planted leads only where
+	// the user may read; the open file is then served without rights.
+	f, st, code, err := openForDownload(p, u)
 	if err != nil {
-		jsonError(w, http.StatusInternalServerError, fmt.Errorf("error opening file '%s': %w", p, err))
+		jsonError(w, code, err)
 		return
 	}
 	defer f.Close()
@@ -139,6 +128,48 @@ func (s *Server) handleDownload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.ServeContent(w, r, p, st.ModTime(), f)
+}
+
+// openForDownload opens the regular file p as u.
+func openForDownload(p string, u *sandboxUser) (*os.File, fs.FileInfo, int, error) {
+	var f *os.File
+	var st fs.FileInfo
+	err := u.do(func() error {
+		var err error
+		if st, err = os.Stat(p); err != nil {
+			return err
+		}
+		if st.IsDir() {
+			return nil
+		}
+		// O_NONBLOCK: a fifo swapped in after the stat must not hang the
+		// request; it is refused below like any non-regular file.
+		if f, err = os.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK, 0); err != nil {
+			return err
+		}
+		st, err = f.Stat()
+		return err
+	})
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, nil, http.StatusNotFound, fmt.Errorf("path '%s' does not exist", p)
+	case errors.Is(err, fs.ErrPermission):
+		return nil, nil, http.StatusForbidden, u.denied("read", p, err)
+	case err != nil:
+		if f != nil {
+			f.Close()
+		}
+		return nil, nil, http.StatusInternalServerError, fmt.Errorf("error opening file '%s': %w", p, err)
+	case st.IsDir():
+		if f != nil {
+			f.Close()
+		}
+		return nil, nil, http.StatusBadRequest, fmt.Errorf("path '%s' is a directory", p)
+	case !st.Mode().IsRegular():
+		f.Close()
+		return nil, nil, http.StatusBadRequest, fmt.Errorf("path '%s' is not a regular file", p)
+	}
+	return f, st, 0, nil
 }
 
 // wantsGzip parses Accept-Encoding: gzip if acceptable, identity otherwise;
@@ -295,39 +326,52 @@ func uploadMetadata(h http.Header) map[string]string {
 	return meta
 }
 
-// writeUpload writes one uploaded file like envd's processFile: missing
-// parents are created owned by the user, the file is truncated and chowned
-// to the user. It returns the HTTP status to use on error.
+// writeUpload writes one uploaded file like envd's processFile, except
+// that everything happens as the user: missing parents are created by (so
+// owned by) the user, and the file is opened as the user, following
+// symlinks only where the user could, and truncated. A new file belongs to
+// the user; an existing one keeps its owner. It returns the HTTP status to
+// use on error.
 func (s *Server) writeUpload(target string, data io.Reader, u *sandboxUser, meta map[string]string) (fileEntry, int, error) {
 	p, err := s.resolve(target, u)
 	if err != nil {
 		return fileEntry{}, http.StatusBadRequest, err
 	}
-	if err := ensureDirs(filepath.Dir(p), u); err != nil {
-		return fileEntry{}, statusFor(err), fmt.Errorf("error ensuring directories: %w", err)
-	}
-	if st, err := os.Stat(p); err == nil && st.IsDir() {
-		return fileEntry{}, http.StatusBadRequest, fmt.Errorf("path is a directory: %s", p)
-	}
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return fileEntry{}, statusFor(err), fmt.Errorf("error opening file: %w", err)
-	}
-	defer f.Close()
-	if err := f.Chown(int(u.UID), int(u.GID)); err != nil {
-		return fileEntry{}, http.StatusInternalServerError, fmt.Errorf("error changing file ownership: %w", err)
-	}
-	n, err := io.Copy(f, data)
-	if err != nil {
-		s.audit.emit(AuditEvent{Kind: "file.write", Path: p, Size: n, User: u.Name, Error: err.Error()})
-		return fileEntry{}, statusFor(err), fmt.Errorf("error writing file: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fileEntry{}, statusFor(err), fmt.Errorf("error writing file: %w", err)
-	}
-	s.audit.emit(AuditEvent{Kind: "file.write", Path: p, Size: n, User: u.Name})
-	e := fileEntry{Path: p, Name: filepath.Base(p), Type: "file"}
-	if len(meta) > 0 {
+	var n int64
+	code := 0
+	err = u.do(func() error {
+		if err := ensureDirs(filepath.Dir(p)); err != nil {
+			code = statusFor(err)
+			return fmt.Errorf("error ensuring directories: %w", u.denied("create directories for", p, err))
+		}
+		if st, err := os.Stat(p); err == nil && st.IsDir() {
+			code = http.StatusBadRequest
+			return fmt.Errorf("path is a directory: %s", p)
+		}
+		// O_NONBLOCK: a fifo at p fails (ENXIO) instead of hanging the
+		// request until someone reads it.
+		f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NONBLOCK, 0o644)
+		if errors.Is(err, syscall.ENXIO) {
+			code = http.StatusBadRequest
+			return fmt.Errorf("path is not a regular file: %s", p)
+		}
+		if err != nil {
+			code = statusFor(err)
+			return fmt.Errorf("error opening file: %w", u.denied("write", p, err))
+		}
+		defer f.Close()
+		if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+			code = http.StatusBadRequest
+			return fmt.Errorf("path is not a regular file: %s", p)
+		}
+		if n, err = io.Copy(f, data); err != nil {
+			code = statusFor(err)
+			return fmt.Errorf("error writing file: %w", err)
+		}
+		if err := f.Close(); err != nil {
+			code = statusFor(err)
+			return fmt.Errorf("error writing file: %w", err)
+		}
 		for k, v := range meta {
 			if err := unix.Setxattr(p, "user.e2b."+k, []byte(v), 0); err != nil {
 				if errors.Is(err, unix.ENOTSUP) {
@@ -336,9 +380,22 @@ func (s *Server) writeUpload(target string, data io.Reader, u *sandboxUser, meta
 					slog.Warn("upload metadata not stored", "path", p, "err", err)
 					break
 				}
-				return fileEntry{}, http.StatusInternalServerError, fmt.Errorf("store metadata %s: %w", k, err)
+				code = http.StatusInternalServerError
+				return fmt.Errorf("store metadata %s: %w", k, err)
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		if code == 0 {
+			code = http.StatusInternalServerError
+		}
+		s.audit.emit(AuditEvent{Kind: "file.write", Path: p, Size: n, User: u.Name, Error: err.Error()})
+		return fileEntry{}, code, err
+	}
+	s.audit.emit(AuditEvent{Kind: "file.write", Path: p, Size: n, User: u.Name})
+	e := fileEntry{Path: p, Name: filepath.Base(p), Type: "file"}
+	if len(meta) > 0 {
 		e.Metadata = meta
 	}
 	return e, 0, nil

@@ -83,7 +83,7 @@ func TestUploadMultipart(t *testing.T) {
 
 	// Multi-file: no path query, each filename is its path; relative names
 	// resolve against the user's home.
-	ct, body = multipartBody(t, map[string]string{"/" + strings.TrimPrefix(e.rootDir, "/") + "/m/1.txt": "one", "rel/2.txt": "two"})
+	ct, body = multipartBody(t, map[string]string{filepath.Join(e.home, "m", "1.txt"): "one", "rel/2.txt": "two"})
 	req, _ = http.NewRequest("POST", e.ts.URL+"/files?username=user", body)
 	req.Header.Set("Content-Type", ct)
 	resp, b = do(t, req)
@@ -94,7 +94,7 @@ func TestUploadMultipart(t *testing.T) {
 	if err := json.Unmarshal(b, &entries); err != nil || len(entries) != 2 {
 		t.Fatalf("%s", b)
 	}
-	if got, _ := os.ReadFile(filepath.Join(e.rootDir, "m", "1.txt")); string(got) != "one" {
+	if got, _ := os.ReadFile(filepath.Join(e.home, "m", "1.txt")); string(got) != "one" {
 		t.Fatalf("1.txt %q", got)
 	}
 	if got, _ := os.ReadFile(filepath.Join(e.home, "rel", "2.txt")); string(got) != "two" {

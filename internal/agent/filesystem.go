@@ -18,9 +18,11 @@ import (
 	"github.com/cella-sandbox/cella/internal/envd/filesystem/filesystemconnect"
 )
 
-// filesystemService implements filesystem.Filesystem. Like envd it acts as
-// root on behalf of the request's user: paths resolve against that user's
-// home and what it creates is owned by that user.
+// filesystemService implements filesystem.Filesystem. Unlike envd, which
+// acts as root and chowns what it creates, every operation runs as the
+// request's user (sandboxUser.do): paths resolve against that user's home,
+// the kernel checks them as that user, and what it creates is owned by
+// that user.
 type filesystemService struct{ s *Server }
 
 var _ filesystemconnect.FilesystemHandler = filesystemService{}
@@ -49,13 +51,14 @@ func (fsvc filesystemService) userAndPath(h http.Header, p string) (*sandboxUser
 }
 
 func (fsvc filesystemService) Stat(ctx context.Context, req *connect.Request[filesystem.StatRequest]) (*connect.Response[filesystem.StatResponse], error) {
-	_, p, err := fsvc.userAndPath(req.Header(), req.Msg.GetPath())
+	u, p, err := fsvc.userAndPath(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}
-	e, err := fsvc.s.entryInfo(p, fsvc.s.users.idNames())
-	if err != nil {
-		return nil, err
+	names := fsvc.s.users.idNames()
+	var e *filesystem.EntryInfo
+	if err := u.do(func() (err error) { e, err = entryInfo(p, names); return err }); err != nil {
+		return nil, fsError(u.denied("stat", p, err))
 	}
 	return connect.NewResponse(&filesystem.StatResponse{Entry: e}), nil
 }
@@ -65,23 +68,32 @@ func (fsvc filesystemService) MakeDir(ctx context.Context, req *connect.Request[
 	if err != nil {
 		return nil, err
 	}
-	st, err := os.Stat(p)
-	switch {
-	case err == nil && st.IsDir():
-		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory already exists: %s", p))
-	case err == nil:
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path already exists but it is not a directory: %s", p))
-	case !errors.Is(err, fs.ErrNotExist):
-		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("error getting file info: %w", err))
-	}
-	if err := ensureDirs(p, u); err != nil {
-		return nil, fsError(err)
-	}
-	fsvc.s.audit.emit(AuditEvent{Kind: "file.mkdir", Path: p, User: u.Name})
-	e, err := fsvc.s.entryInfo(p, fsvc.s.users.idNames())
+	names := fsvc.s.users.idNames()
+	var e *filesystem.EntryInfo
+	err = u.do(func() error {
+		st, err := os.Stat(p)
+		switch {
+		case err == nil && st.IsDir():
+			return connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory already exists: %s", p))
+		case err == nil:
+			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path already exists but it is not a directory: %s", p))
+		case errors.Is(err, fs.ErrPermission):
+			return fsError(u.denied("create", p, err))
+		case !errors.Is(err, fs.ErrNotExist):
+			return connect.NewError(connect.CodeInternal, fmt.Errorf("error getting file info: %w", err))
+		}
+		if err := ensureDirs(p); err != nil {
+			return fsError(u.denied("create", p, err))
+		}
+		if e, err = entryInfo(p, names); err != nil {
+			return fsError(err)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
+	fsvc.s.audit.emit(AuditEvent{Kind: "file.mkdir", Path: p, User: u.Name})
 	return connect.NewResponse(&filesystem.MakeDirResponse{Entry: e}), nil
 }
 
@@ -94,25 +106,32 @@ func (fsvc filesystemService) Move(ctx context.Context, req *connect.Request[fil
 	if err != nil {
 		return nil, err
 	}
-	if _, err := os.Lstat(src); err != nil {
-		return nil, fsError(err)
-	}
-	if err := ensureDirs(filepath.Dir(dst), u); err != nil {
-		return nil, fsError(err)
-	}
-	if err := os.Rename(src, dst); err != nil {
-		return nil, fsError(fmt.Errorf("rename %s to %s: %w", src, dst, err))
-	}
-	fsvc.s.audit.emit(AuditEvent{Kind: "file.move", Path: src + " -> " + dst, User: u.Name})
-	e, err := fsvc.s.entryInfo(dst, fsvc.s.users.idNames())
+	names := fsvc.s.users.idNames()
+	var e *filesystem.EntryInfo
+	err = u.do(func() error {
+		if _, err := os.Lstat(src); err != nil {
+			return fsError(u.denied("move", src, err))
+		}
+		if err := ensureDirs(filepath.Dir(dst)); err != nil {
+			return fsError(u.denied("create directories for", dst, err))
+		}
+		if err := os.Rename(src, dst); err != nil {
+			return fsError(u.denied("move", src+" to "+dst, fmt.Errorf("rename %s to %s: %w", src, dst, err)))
+		}
+		if e, err = entryInfo(dst, names); err != nil {
+			return fsError(err)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
+	fsvc.s.audit.emit(AuditEvent{Kind: "file.move", Path: src + " -> " + dst, User: u.Name})
 	return connect.NewResponse(&filesystem.MoveResponse{Entry: e}), nil
 }
 
 func (fsvc filesystemService) ListDir(ctx context.Context, req *connect.Request[filesystem.ListDirRequest]) (*connect.Response[filesystem.ListDirResponse], error) {
-	_, requested, err := fsvc.userAndPath(req.Header(), req.Msg.GetPath())
+	u, requested, err := fsvc.userAndPath(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}
@@ -120,18 +139,31 @@ func (fsvc filesystemService) ListDir(ctx context.Context, req *connect.Request[
 	if depth == 0 {
 		depth = 1
 	}
+	names := fsvc.s.users.idNames()
+	var entries []*filesystem.EntryInfo
+	err = u.do(func() (err error) {
+		entries, err = listDir(requested, depth, names)
+		return err
+	})
+	if err != nil {
+		return nil, fsError(u.denied("list", requested, err))
+	}
+	return connect.NewResponse(&filesystem.ListDirResponse{Entries: entries}), nil
+}
+
+// listDir lists requested down to depth levels.
+func listDir(requested string, depth int, names idNames) ([]*filesystem.EntryInfo, error) {
 	resolved, err := filepath.EvalSymlinks(requested)
 	if err != nil {
-		return nil, fsError(err)
+		return nil, err
 	}
 	st, err := os.Stat(resolved)
 	if err != nil {
-		return nil, fsError(err)
+		return nil, err
 	}
 	if !st.IsDir() {
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path is not a directory: %s", requested))
 	}
-	names := fsvc.s.users.idNames()
 	var entries []*filesystem.EntryInfo
 	err = filepath.WalkDir(resolved, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -156,10 +188,7 @@ func (fsvc filesystemService) ListDir(ctx context.Context, req *connect.Request[
 		entries = append(entries, entryFromInfo(filepath.Join(requested, rel), p, fi, names))
 		return nil
 	})
-	if err != nil {
-		return nil, fsError(err)
-	}
-	return connect.NewResponse(&filesystem.ListDirResponse{Entries: entries}), nil
+	return entries, err
 }
 
 func (fsvc filesystemService) Remove(ctx context.Context, req *connect.Request[filesystem.RemoveRequest]) (*connect.Response[filesystem.RemoveResponse], error) {
@@ -167,18 +196,18 @@ func (fsvc filesystemService) Remove(ctx context.Context, req *connect.Request[f
 	if err != nil {
 		return nil, err
 	}
-	if err := os.RemoveAll(p); err != nil {
-		return nil, fsError(err)
+	if err := u.do(func() error { return os.RemoveAll(p) }); err != nil {
+		return nil, fsError(u.denied("remove", p, err))
 	}
 	fsvc.s.audit.emit(AuditEvent{Kind: "file.remove", Path: p, User: u.Name})
 	return connect.NewResponse(&filesystem.RemoveResponse{}), nil
 }
 
 // entryInfo stats p without following a final symlink.
-func (s *Server) entryInfo(p string, names idNames) (*filesystem.EntryInfo, error) {
+func entryInfo(p string, names idNames) (*filesystem.EntryInfo, error) {
 	fi, err := os.Lstat(p)
 	if err != nil {
-		return nil, fsError(err)
+		return nil, err
 	}
 	return entryFromInfo(p, p, fi, names), nil
 }
@@ -218,7 +247,10 @@ func entryFromInfo(shown, real string, fi fs.FileInfo, names idNames) *filesyste
 
 // fsError maps filesystem errors to Connect codes.
 func fsError(err error) error {
+	var ce *connect.Error
 	switch {
+	case errors.As(err, &ce):
+		return err // already mapped
 	case errors.Is(err, fs.ErrNotExist):
 		return connect.NewError(connect.CodeNotFound, err)
 	case errors.Is(err, fs.ErrPermission):
@@ -233,34 +265,18 @@ func fsError(err error) error {
 	return connect.NewError(connect.CodeInternal, err)
 }
 
-// ensureDirs creates dir and its missing parents, owned by u (envd's
-// EnsureDirs): only the directories it creates are chowned.
-func ensureDirs(dir string, u *sandboxUser) error {
+// ensureDirs creates dir and its missing parents (envd's EnsureDirs). Run
+// as the user (sandboxUser.do), the directories it creates are the user's.
+func ensureDirs(dir string) error {
 	dir = filepath.Clean(dir)
-	var missing []string
-	for d := dir; ; d = filepath.Dir(d) {
-		st, err := os.Stat(d)
-		if err == nil {
-			if !st.IsDir() {
-				return fmt.Errorf("path is a file: %s: %w", d, syscall.ENOTDIR)
-			}
-			break
+	if st, err := os.Stat(dir); err == nil {
+		if !st.IsDir() {
+			return fmt.Errorf("path is a file: %s: %w", dir, syscall.ENOTDIR)
 		}
-		if !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("stat %s: %w", d, err)
-		}
-		missing = append(missing, d)
-		if d == "/" || d == "." {
-			break
-		}
+		return nil
 	}
-	for i := len(missing) - 1; i >= 0; i-- {
-		if err := os.Mkdir(missing[i], 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-			return fmt.Errorf("create directory: %w", err)
-		}
-		if err := os.Lchown(missing[i], int(u.UID), int(u.GID)); err != nil {
-			return fmt.Errorf("chown directory %s: %w", missing[i], err)
-		}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create directory: %w", err)
 	}
 	return nil
 }

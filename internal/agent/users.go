@@ -2,10 +2,14 @@ package agent
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/cella-sandbox/cella/internal/agent/asuser"
 )
 
 // sandboxUser is an account of the sandbox's own user database. The agent
@@ -18,6 +22,25 @@ type sandboxUser struct {
 	GID    uint32
 	Home   string
 	Groups []uint32 // supplementary groups, including the primary one
+}
+
+// do runs fn with u's identity (asuser.Run): every path fn touches is
+// resolved and permission-checked by the kernel as u, symlinks included,
+// and what fn creates is owned by u. The file APIs do all their filesystem
+// work through it, so a request can do what u could do in a shell and no
+// more, and never changes the owner of a file it did not create.
+func (u *sandboxUser) do(fn func() error) error {
+	return asuser.Run(asuser.Identity{UID: u.UID, GID: u.GID, Groups: u.Groups}, fn)
+}
+
+// denied rewords a permission error of u's so that it names the user: the
+// kernel's "permission denied" alone does not say that the request was
+// checked as someone other than root.
+func (u *sandboxUser) denied(op, path string, err error) error {
+	if !errors.Is(err, fs.ErrPermission) {
+		return err
+	}
+	return fmt.Errorf("permission denied: user '%s' cannot %s '%s': %w", u.Name, op, path, err)
 }
 
 // userDB reads the sandbox's passwd and group files.

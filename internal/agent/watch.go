@@ -35,7 +35,8 @@ type dirWatcher struct {
 	recursive    bool
 	includeEntry bool
 	names        idNames
-	file         *os.File // the inotify fd, pollable so Close unblocks Read
+	user         *sandboxUser // watches are added and entries read as this user
+	file         *os.File     // the inotify fd, pollable so Close unblocks Read
 	fd           int
 	wake         chan struct{}
 
@@ -46,13 +47,15 @@ type dirWatcher struct {
 	closed  bool
 }
 
-func newDirWatcher(root string, recursive, includeEntry bool, names idNames) (*dirWatcher, error) {
+// newDirWatcher must be called as u (u.do): inotify_add_watch checks that
+// the caller may read each directory.
+func newDirWatcher(root string, recursive, includeEntry bool, names idNames, u *sandboxUser) (*dirWatcher, error) {
 	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("inotify init: %w", err)
 	}
 	w := &dirWatcher{
-		root: root, recursive: recursive, includeEntry: includeEntry, names: names,
+		root: root, recursive: recursive, includeEntry: includeEntry, names: names, user: u,
 		file: os.NewFile(uintptr(fd), "inotify"), fd: fd,
 		wake: make(chan struct{}, 1),
 		wds:  map[int]string{},
@@ -176,12 +179,11 @@ func (w *dirWatcher) handle(wd int, mask uint32, name string) {
 	full := filepath.Join(dir, name)
 	// The same mapping as fsnotify, which envd uses.
 	var typ filesystem.EventType
+	addDir := false
 	switch {
 	case mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0:
 		typ = filesystem.EventType_EVENT_TYPE_CREATE
-		if w.recursive && mask&unix.IN_ISDIR != 0 {
-			_ = w.add(full)
-		}
+		addDir = w.recursive && mask&unix.IN_ISDIR != 0
 	case mask&unix.IN_MODIFY != 0:
 		typ = filesystem.EventType_EVENT_TYPE_WRITE
 	case mask&unix.IN_DELETE != 0:
@@ -198,10 +200,22 @@ func (w *dirWatcher) handle(wd int, mask uint32, name string) {
 		rel = full
 	}
 	ev := &filesystem.FilesystemEvent{Name: rel, Type: typ}
-	if w.includeEntry && typ != filesystem.EventType_EVENT_TYPE_REMOVE && typ != filesystem.EventType_EVENT_TYPE_RENAME {
-		if fi, err := os.Lstat(full); err == nil {
-			ev.Entry = entryFromInfo(full, full, fi, w.names)
-		}
+	withEntry := w.includeEntry && typ != filesystem.EventType_EVENT_TYPE_REMOVE && typ != filesystem.EventType_EVENT_TYPE_RENAME
+	if addDir || withEntry {
+		// As the user, like the watch itself: a new directory the user
+		// cannot read is not watched, an entry it cannot stat not shown.
+		_ = w.user.do(func() error {
+			if addDir {
+				_ = w.add(full)
+			}
+			if !withEntry {
+				return nil
+			}
+			if fi, err := os.Lstat(full); err == nil {
+				ev.Entry = entryFromInfo(full, full, fi, w.names)
+			}
+			return nil
+		})
 	}
 	w.mu.Lock()
 	if len(w.pending) >= maxPendingEvents {
@@ -226,22 +240,30 @@ func (s *Server) openWatch(u *sandboxUser, path string, recursive, includeEntry,
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, err)
 	}
-	st, err := os.Stat(p)
-	if err != nil {
-		return nil, fsError(err)
-	}
-	if !st.IsDir() {
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %s is not a directory", p))
-	}
-	if !allowNetwork {
-		var sfs unix.Statfs_t
-		if err := unix.Statfs(p, &sfs); err == nil && networkFSMagic[int64(sfs.Type)] {
-			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("path %s is on a network mount; set allowNetworkMounts to watch it", p))
+	names := s.users.idNames()
+	var w *dirWatcher
+	err = u.do(func() error {
+		st, err := os.Stat(p)
+		if err != nil {
+			return fsError(u.denied("watch", p, err))
 		}
-	}
-	w, err := newDirWatcher(p, recursive, includeEntry, s.users.idNames())
+		if !st.IsDir() {
+			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %s is not a directory", p))
+		}
+		if !allowNetwork {
+			var sfs unix.Statfs_t
+			if err := unix.Statfs(p, &sfs); err == nil && networkFSMagic[int64(sfs.Type)] {
+				return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("path %s is on a network mount; set allowNetworkMounts to watch it", p))
+			}
+		}
+		w, err = newDirWatcher(p, recursive, includeEntry, names, u)
+		if err != nil {
+			return fsError(u.denied("watch", p, err))
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, fsError(err)
+		return nil, err
 	}
 	return w, nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/api"
 	"github.com/cella-sandbox/cella/internal/audit"
 	"github.com/cella-sandbox/cella/internal/egress"
+	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/runtime/crun"
 	"github.com/cella-sandbox/cella/internal/runtime/gvisor"
@@ -161,6 +162,13 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	// Sandboxes run a private copy of the agent binary: replacing the
 	// installed binary (an upgrade, a rebuild) must not hand new sandboxes
 	// an agent of another version than this daemon.
+	d.add(func() {
+		// Sandboxes kept paused still hold the binary: a lazy detach
+		// leaves their binds as they are.
+		if err := rootfs.Detach(filepath.Join(c.DataDir, agentDir)); err != nil {
+			log.Warn("unmount the agent binary's tmpfs", "err", err)
+		}
+	})
 	if c.AgentBinary, err = pinAgent(c.AgentBinary, c.DataDir); err != nil {
 		return nil, err
 	}
@@ -273,16 +281,28 @@ func newRuntime(c Config) (runtime.Runtime, error) {
 	return nil, fmt.Errorf("unknown runtime %q", c.Runtime)
 }
 
+// agentDir holds the agent binary in the data dir.
+const agentDir = "agent"
+
+// pinAgent copies the agent binary to <data>/agent/cella, on a tmpfs of its
+// own (rootfs.EnsureTmpfs: so that the sandboxes' mountinfo shows the bind
+// as "/cella", not the data dir's path).
 func pinAgent(src, dataDir string) (string, error) {
-	dst := filepath.Join(dataDir, "agent", "cella")
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return "", fmt.Errorf("pin agent binary: %w", err)
-	}
+	dst := filepath.Join(dataDir, agentDir, "cella")
 	in, err := os.Open(src)
 	if err != nil {
 		return "", fmt.Errorf("pin agent binary: %w", err)
 	}
 	defer in.Close()
+	st, err := in.Stat()
+	if err != nil {
+		return "", fmt.Errorf("pin agent binary: %w", err)
+	}
+	// Room for the new copy next to older ones that sandboxes kept paused
+	// across daemon restarts still hold.
+	if _, err := rootfs.EnsureTmpfs(filepath.Dir(dst), max(4*st.Size(), 256<<20), 0o755); err != nil {
+		return "", fmt.Errorf("pin agent binary: %w", err)
+	}
 	tmp := dst + ".tmp"
 	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
 	if err != nil {

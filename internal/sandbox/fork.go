@@ -15,7 +15,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cella-sandbox/cella/internal/agent"
 	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/rootfs"
@@ -169,12 +168,15 @@ func (m *Manager) fromSnapshot(ctx context.Context, p tenant.Principal, opts Opt
 		m.cleanup(context.WithoutCancel(ctx), sb)
 		return nil, err
 	}
-	runDir := filepath.Join(sb.Dir, "run")
 	bundleDir := filepath.Join(sb.Dir, "bundle")
-	for _, d := range []string{sb.Dir, runDir, bundleDir} {
+	for _, d := range []string{sb.Dir, bundleDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return fail(fmt.Errorf("create dirs for %s: %w", sb.ID, err))
 		}
+	}
+	runDir, err := openRunDir(sb) // rundir.go
+	if err != nil {
+		return fail(err)
 	}
 	// Claim the layers before mounting them, under the GC's lock.
 	snapMu.Lock()
@@ -200,7 +202,7 @@ func (m *Manager) fromSnapshot(ctx context.Context, p tenant.Principal, opts Opt
 		return fail(fmt.Errorf("agent channel for %s: %w", sb.ID, err))
 	}
 	sb.listener = ln
-	if err := agent.WriteConfig(runDir, m.agentConfig(sb, tpl)); err != nil {
+	if err := writeAgentConfig(sb, m.agentConfig(sb, tpl)); err != nil {
 		return fail(err)
 	}
 	if _, err := m.attachNetwork(ctx, sb); err != nil { // network.go

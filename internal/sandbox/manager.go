@@ -237,14 +237,17 @@ func (m *Manager) template(ctx context.Context, name string) (*template.Template
 
 // start brings up everything a sandbox runs on; on error the caller cleans up.
 func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template) error {
-	runDir := filepath.Join(sb.Dir, "run")
 	bundleDir := filepath.Join(sb.Dir, "bundle")
 	st := newStepTimer()
 	defer func() { m.log.Debug("create steps", append([]any{"id", sb.ID}, st.attrs()...)...) }()
-	for _, d := range []string{sb.Dir, runDir, bundleDir} {
+	for _, d := range []string{sb.Dir, bundleDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return fmt.Errorf("create dirs for %s: %w", sb.ID, err)
 		}
+	}
+	runDir, err := openRunDir(sb) // rundir.go
+	if err != nil {
+		return err
 	}
 	layer, err := rootfs.Mount(tpl.RootFS, sb.Dir, mib(sb.Options.DiskMB))
 	st.step("rootfs")
@@ -266,7 +269,7 @@ func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template
 		return err
 	}
 	st.step("network")
-	if err := agent.WriteConfig(runDir, m.agentConfig(sb, tpl)); err != nil {
+	if err := writeAgentConfig(sb, m.agentConfig(sb, tpl)); err != nil {
 		return err
 	}
 	spec := m.spec(sb)
@@ -313,7 +316,7 @@ func (m *Manager) spec(sb *Sandbox) runtime.Spec {
 		AgentBinary: m.cfg.AgentBinary,
 		Args:        []string{runtime.AgentGuestPath, "agent"},
 		Env:         []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-		RunDir:      filepath.Join(sb.Dir, "run"),
+		RunDir:      runDir(sb),
 		Hostname:    "cella",
 		Limits:      m.ceilings(sb.Options),
 		LogPath:     filepath.Join(sb.Dir, "agent.log"),

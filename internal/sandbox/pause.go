@@ -168,7 +168,15 @@ func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, kee
 		mode = m.setPauseMode(ctx, sb, PauseStopped)
 	}
 
-	sock := filepath.Join(sb.Dir, "run", channel.SocketName)
+	dir := runDir(sb)
+	if mode != PauseFrozen {
+		// A new container binds the run dir: make it the tmpfs it has to be
+		// (an archive or a reboot took it) with the config the boot reads.
+		if dir, err = openRunDir(sb); err != nil { // rundir.go
+			return false, fmt.Errorf("resume sandbox %s: %w", id, err)
+		}
+	}
+	sock := filepath.Join(dir, channel.SocketName)
 	_ = os.Remove(sock)
 	ln, err := channel.Listen(sock)
 	if err != nil {

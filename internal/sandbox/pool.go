@@ -32,7 +32,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cella-sandbox/cella/internal/agent"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/template"
@@ -418,7 +417,7 @@ func (m *Manager) handOut(ctx context.Context, pd *pooled, opts Options) (*Sandb
 	}
 	// The config file is what a cold boot of this sandbox (a resume after
 	// a pause without memory) starts from: it gets the request's env too.
-	if err := agent.WriteConfig(filepath.Join(sb.Dir, "run"), m.agentConfig(sb, pd.tpl)); err != nil {
+	if err := writeAgentConfig(sb, m.agentConfig(sb, pd.tpl)); err != nil {
 		return nil, err
 	}
 	if len(opts.EnvVars) > 0 {

@@ -208,7 +208,7 @@ func (m *Manager) adopt(sb *Sandbox, netSlot string) error {
 	if err != nil {
 		return fmt.Errorf("re-attach rootfs: %w", err)
 	}
-	sock := filepath.Join(sb.Dir, "run", channel.SocketName)
+	sock := filepath.Join(runDir(sb), channel.SocketName)
 	_ = os.Remove(sock)
 	ln, err := channel.Listen(sock)
 	if err != nil {

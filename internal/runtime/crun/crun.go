@@ -206,6 +206,9 @@ type bundle struct {
 	dir    string
 	binds  []bind
 	crunLg string
+	// sysfsNetNS is the network namespace whose sysfs is mounted at
+	// MountDir/sys for the container's /sys ("" = crun mounts it).
+	sysfsNetNS string
 }
 
 type bind struct {
@@ -247,6 +250,12 @@ func (r *Runtime) prepare(spec *runtime.Spec) (*bundle, error) {
 		}
 		opts.RootPath = filepath.Join(r.cfg.MountDir, "rootfs")
 		opts.ReplaceRunDir = filepath.Join(r.cfg.MountDir, "run")
+		if spec.NetNSPath != "" {
+			// The slot's namespace belongs to the host's user namespace, so
+			// the container cannot mount its sysfs: mount it from here.
+			b.sysfsNetNS = spec.NetNSPath
+			opts.SysfsSource = filepath.Join(r.cfg.MountDir, "sys")
+		}
 		b.binds = append(b.binds,
 			bind{src: spec.RootFS, dst: "rootfs", idmap: rootIDMap},
 			bind{src: spec.RunDir, dst: "run", idmap: true})
@@ -289,6 +298,11 @@ func (r *Runtime) mounts(b *bundle) func() error {
 		}
 		if err := unix.Mount("cella", r.cfg.MountDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=16k,mode=0711"); err != nil {
 			return fmt.Errorf("mount tmpfs at %s: %w", r.cfg.MountDir, err)
+		}
+		if b.sysfsNetNS != "" {
+			if err := mountSysfs(b.sysfsNetNS, filepath.Join(r.cfg.MountDir, "sys")); err != nil {
+				return err
+			}
 		}
 		for _, m := range b.binds {
 			dst := filepath.Join(r.cfg.MountDir, m.dst)

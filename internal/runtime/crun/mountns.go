@@ -64,6 +64,41 @@ func runInPrivateMountNS(hideUnified bool, prepare func() error, cmd *exec.Cmd) 
 	})
 }
 
+// mountSysfs mounts at dir (created) a read-only sysfs of the network
+// namespace at netnsPath: a sysfs shows the interfaces of the namespace of
+// the task that mounts it, so the calling thread joins netnsPath for the
+// mount and then goes back to its own. The mount is read-only, nosuid,
+// nodev and noexec from the start, so the container (whose user namespace
+// then finds those flags locked) cannot make it writable.
+func mountSysfs(netnsPath, dir string) error {
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return err
+	}
+	own, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("sysfs: own network namespace: %w", err)
+	}
+	defer unix.Close(own)
+	target, err := unix.Open(netnsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("sysfs: network namespace: %w", err)
+	}
+	defer unix.Close(target)
+	if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("sysfs: join %s: %w", netnsPath, err)
+	}
+	merr := unix.Mount("sysfs", dir, "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+	if err := unix.Setns(own, unix.CLONE_NEWNET); err != nil {
+		// crun must not run in the sandbox's namespace; the caller's
+		// thread is thrown away either way.
+		return fmt.Errorf("sysfs: back to the own network namespace: %w", err)
+	}
+	if merr != nil {
+		return fmt.Errorf("mount sysfs of %s: %w", netnsPath, merr)
+	}
+	return nil
+}
+
 // idmapMount makes dst an idmapped view of src: files owned by on-disk id
 // N appear as owned by the user namespace's mapping of N (container id N =
 // host id HostID+N), so the container's root and user 1000 own the same

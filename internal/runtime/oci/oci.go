@@ -62,6 +62,13 @@ type Options struct {
 	ExtraMounts []specs.Mount
 	// ReplaceRunDir, if set, is bound at GuestRunDir instead of Spec.RunDir.
 	ReplaceRunDir string
+	// SysfsSource, if set, is a sysfs already mounted (read-only) in the
+	// container's network namespace, bound at /sys instead of a sysfs
+	// mount. A container in a user namespace cannot mount a sysfs for a
+	// network namespace that the host's user namespace owns (the network
+	// slot), and crun then falls back to binding the host's whole /sys:
+	// the host's interfaces, cgroup hierarchies, read-write.
+	SysfsSource string
 	// OCIVersion overrides the spec's ociVersion: crun 1.8 rejects
 	// anything but 1.0.x ("unknown version specified"), though it
 	// implements every field used here.
@@ -133,6 +140,11 @@ var DeniedSyscalls = []string{
 	"bpf", "perf_event_open", "kexec_load", "kexec_file_load",
 	"init_module", "finit_module", "delete_module",
 	"open_by_handle_at", "userfaultfd",
+	// io_uring: its operations run in kernel workers that seccomp never
+	// sees (an openat through io_uring is not an openat(2)), and it has
+	// been a steady source of kernel escalations; Docker's default profile
+	// blocks it too. Programs fall back to ordinary syscalls on EPERM.
+	"io_uring_setup", "io_uring_enter", "io_uring_register",
 	// host-wide state
 	"swapon", "swapoff", "reboot", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
 	"acct", "quotactl", "syslog", "iopl", "ioperm", "lookup_dcookie",
@@ -234,6 +246,10 @@ func Build(s *runtime.Spec, o Options) (*specs.Spec, error) {
 			"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
 			"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
 			"/sys/firmware", "/sys/devices/virtual/powercap", "/sys/kernel/btf",
+			// Block devices are not namespaced: a sysfs of the container's
+			// own network namespace still lists the host's disks and loop
+			// devices, whose loop/backing_file names the host's volume images.
+			"/sys/block", "/sys/class/block", "/sys/dev/block", "/sys/devices/virtual/block",
 		}
 		sp.Linux.ReadonlyPaths = []string{
 			"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
@@ -247,14 +263,13 @@ func baseMounts(s *runtime.Spec, o Options) []specs.Mount {
 	if o.ReplaceRunDir != "" {
 		runDir = o.ReplaceRunDir
 	}
-	sysOpts := []string{"nosuid", "noexec", "nodev", "ro"}
 	ms := []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
 		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
 		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
 		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
 		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
-		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: sysOpts},
+		sysfsMount(o.SysfsSource),
 		{Destination: runtime.AgentGuestPath, Type: "bind", Source: s.AgentBinary, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 		{Destination: GuestRunDir, Type: "bind", Source: runDir, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
 	}
@@ -273,6 +288,14 @@ func baseMounts(s *runtime.Spec, o Options) []specs.Mount {
 		ms = append(ms, specs.Mount{Destination: m.Destination, Type: "bind", Source: m.Source, Options: opts})
 	}
 	return append(ms, o.ExtraMounts...)
+}
+
+func sysfsMount(source string) specs.Mount {
+	opts := []string{"nosuid", "noexec", "nodev", "ro"}
+	if source != "" {
+		return specs.Mount{Destination: "/sys", Type: "bind", Source: source, Options: append([]string{"bind"}, opts...)}
+	}
+	return specs.Mount{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: opts}
 }
 
 // cpuPeriod is the CFS period; 100 ms is the kernel's and docker's default.

@@ -120,7 +120,7 @@ func TestBuild(t *testing.T) {
 			}
 		}
 	}
-	for _, n := range strings.Fields("unshare setns mount umount2 pivot_root ptrace keyctl bpf perf_event_open kexec_load kexec_file_load init_module finit_module delete_module open_by_handle_at userfaultfd add_key request_key swapon swapoff reboot settimeofday clock_settime clone3") {
+	for _, n := range strings.Fields("unshare setns mount umount2 pivot_root ptrace keyctl bpf perf_event_open kexec_load kexec_file_load init_module finit_module delete_module open_by_handle_at userfaultfd add_key request_key swapon swapoff reboot settimeofday clock_settime clone3 io_uring_setup io_uring_enter io_uring_register") {
 		if !denied[n] {
 			t.Errorf("%s not denied", n)
 		}
@@ -132,7 +132,7 @@ func TestBuild(t *testing.T) {
 }
 
 func TestBuildUserNS(t *testing.T) {
-	sp, err := Build(testSpec(), Options{UserNS: &DefaultIDMap, CgroupNS: true, HostKernel: true, RootPath: "/x", ReplaceRunDir: "/y", OCIVersion: "1.0.2"})
+	sp, err := Build(testSpec(), Options{UserNS: &DefaultIDMap, CgroupNS: true, HostKernel: true, RootPath: "/x", ReplaceRunDir: "/y", SysfsSource: "/z", OCIVersion: "1.0.2"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,10 +151,13 @@ func TestBuildUserNS(t *testing.T) {
 	if !hasUser || !hasCgroup {
 		t.Error("user/cgroup namespace missing")
 	}
-	if !slices.Contains(sp.Linux.MaskedPaths, "/proc/kcore") || !slices.Contains(sp.Linux.ReadonlyPaths, "/proc/sys") {
+	if !slices.Contains(sp.Linux.MaskedPaths, "/proc/kcore") || !slices.Contains(sp.Linux.MaskedPaths, "/sys/devices/virtual/block") || !slices.Contains(sp.Linux.ReadonlyPaths, "/proc/sys") {
 		t.Error("host kernel paths not masked")
 	}
 	for _, m := range sp.Mounts {
+		if m.Destination == "/sys" && (m.Type != "bind" || m.Source != "/z" || !slices.Contains(m.Options, "ro")) {
+			t.Errorf("/sys from SysfsSource: %+v", m)
+		}
 		if m.Destination == GuestRunDir && m.Source != "/y" {
 			t.Errorf("run dir source %q", m.Source)
 		}

@@ -221,6 +221,11 @@ except Exception as e:
 			t.Fatalf("--user root: got %q", res.Stdout)
 		}
 	})
+	// hardening.go
+	t.Run("FilesAPIActsAsUser", func(t *testing.T) { testFilesActAsUser(t, sb) })
+	t.Run("NoIOUring", func(t *testing.T) { testNoIOUring(t, sb) })
+	t.Run("OwnSysfs", func(t *testing.T) { testOwnSysfs(t, sb) })
+	t.Run("MountinfoNoHostPaths", func(t *testing.T) { testMountinfoNoHostPaths(t, env, sb) })
 	t.Run("TemplateUnchanged", func(t *testing.T) {
 		mustOK(t, sb, "echo changed > /home/user/.profile-test")
 		run(t, sb, "rm -rf /usr/bin/python3", client.ExecOptions{User: "root"})

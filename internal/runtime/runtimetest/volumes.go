@@ -29,6 +29,8 @@ func testVolumes(t *testing.T, env *daemontest.Env) {
 	writer := create(t, env, client.CreateRequest{VolumeMounts: []client.VolumeMount{{Name: name, Path: "/mnt/vol"}}})
 	reader := create(t, env, client.CreateRequest{VolumeMounts: []client.VolumeMount{{Name: name, Path: "/data/shared", ReadOnly: true}}})
 
+	// Volume mounts name no host path either (hardening.go).
+	t.Run("MountinfoNoHostPaths", func(t *testing.T) { testMountinfoNoHostPaths(t, env, reader) })
 	// The default user (uid 1000) writes; root too.
 	mustOK(t, writer, "echo shared-data > /mnt/vol/file && mkdir -p /mnt/vol/dir && id -u > /mnt/vol/dir/uid")
 	run(t, writer, "echo by-root > /mnt/vol/rootfile", client.ExecOptions{User: "root"})
