@@ -14,7 +14,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cella-sandbox/cella/internal/agent"
 	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/rootfs"
@@ -129,13 +128,15 @@ func (m *Manager) fromSnapshot(ctx context.Context, opts Options, row store.Snap
 		Options:         opts,
 		StartedAt:       time.Now().UTC(),
 		EnvdAccessToken: newToken(),
-		channelToken:    newToken(),
+		channelTokens:   []string{newToken()},
 		state:           StateRunning,
 	}
 	if memory {
 		// The restored agent still holds the original's config and dials
-		// with its channel token; it learns its new identity via /init.
-		sb.channelToken = rec.ChannelToken
+		// with the original's channel credential as it was at the
+		// checkpoint; it learns its new identity via /init, and its own
+		// credential at once (agentchannel.go).
+		sb.channelTokens = rec.tokens()
 	}
 	sb.endAt = sb.StartedAt.Add(opts.Timeout)
 	sb.Dir = filepath.Join(sandboxesDir(m.cfg.DataDir), sb.ID)
@@ -170,12 +171,15 @@ func (m *Manager) fromSnapshot(ctx context.Context, opts Options, row store.Snap
 		return fail(fmt.Errorf("create rootfs for %s: %w", sb.ID, err))
 	}
 	sb.layer = layer
-	ln, err := channel.Listen(filepath.Join(runDir, channel.SocketName))
+	ln, err := m.listen(sb) // agentchannel.go
 	if err != nil {
-		return fail(fmt.Errorf("agent channel for %s: %w", sb.ID, err))
+		return fail(err)
 	}
 	sb.listener = ln
-	if err := agent.WriteConfig(runDir, m.agentConfig(sb, tpl)); err != nil {
+	// A memory restore resumes processes at once, the original's root
+	// shells included: its agent needs no config file, so none is there for
+	// them to read. A cold boot reads one before anything else runs.
+	if err := m.writeAgentConfig(sb, m.agentConfig(sb, tpl), !memory); err != nil {
 		return fail(err)
 	}
 	if _, err := m.attachNetwork(ctx, sb); err != nil { // network.go
@@ -191,7 +195,7 @@ func (m *Manager) fromSnapshot(ctx context.Context, opts Options, row store.Snap
 		return fail(fmt.Errorf("start %s container for %s from snapshot %s: %w", rt.Name(), sb.ID, row.ID, err))
 	}
 	actx, cancel := context.WithTimeout(ctx, m.cfg.AgentTimeout)
-	conn, _, err := ln.Accept(actx, sb.channelToken)
+	conn, err := m.takeAgent(actx, sb, ln, false)
 	cancel()
 	if err != nil {
 		return fail(fmt.Errorf("sandbox %s: agent did not answer within %v (%w); agent log: %s",

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 )
@@ -166,9 +165,13 @@ func (m *Manager) Resume(ctx context.Context, id string, keepMemory bool) (resum
 		mode = m.setPauseMode(ctx, sb, PauseStopped)
 	}
 
-	sock := filepath.Join(sb.Dir, "run", channel.SocketName)
-	_ = os.Remove(sock)
-	ln, err := channel.Listen(sock)
+	if mode == PauseStopped {
+		// A cold boot: its agent reads a config (agentchannel.go).
+		if err := m.bootConfig(sb); err != nil {
+			return false, fmt.Errorf("resume sandbox %s: %w", id, err)
+		}
+	}
+	ln, err := m.listen(sb) // agentchannel.go
 	if err != nil {
 		return false, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
@@ -197,7 +200,7 @@ func (m *Manager) Resume(ctx context.Context, id string, keepMemory bool) (resum
 		return false, fmt.Errorf("resume sandbox %s (%s): %w", id, mode, err)
 	}
 	actx, cancel := context.WithTimeout(ctx, m.cfg.AgentTimeout)
-	conn, _, err := ln.Accept(actx, sb.channelToken)
+	conn, err := m.takeAgent(actx, sb, ln, true)
 	cancel()
 	if err != nil {
 		ln.Close()
