@@ -285,12 +285,14 @@ func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template
 	st.step("runtime_start")
 	actx, cancel := context.WithTimeout(ctx, m.cfg.AgentTimeout)
 	defer cancel()
-	conn, err := m.takeAgent(actx, sb, ln, false)
+	conn, hello, err := m.acceptAgent(actx, sb, ln) // agentchannel.go
 	if err != nil {
 		return fmt.Errorf("sandbox %s: agent did not answer within %v (%w); agent log: %s",
 			sb.ID, m.cfg.AgentTimeout, err, tail(spec.LogPath, 800))
 	}
 	st.step("agent_hello")
+	m.rotateChannel(ctx, sb, conn, hello.Token, false)
+	st.step("channel_credential")
 	sb.conn = conn
 	return nil
 }
