@@ -422,9 +422,20 @@ func TestCrashRecovery(t *testing.T) {
 	if l := hostLeftovers(t, dataDir, runsc, ids[2:], false); len(l) > 0 {
 		t.Fatalf("dead sandbox left: %v", l)
 	}
+	// A second crash: the channel credentials the adopted and resumed
+	// agents were given by d2 are in their records, so the next daemon
+	// takes them back too.
+	d2.kill9()
+	d3 := startDaemon(t, dataDir, listen, egressArgs...)
+	if out := d3.mustCella("exec", ids[0], "--", "cat", "/home/user/state"); out != "kept\n" {
+		t.Fatalf("sandbox adopted twice: %q", out)
+	}
+	if out := d3.mustCella("exec", paused, "--", "cat", "/home/user/p"); out != "paused-file\n" {
+		t.Fatalf("resumed sandbox adopted after a second crash: %q", out)
+	}
 	// A clean stop leaves nothing at all.
 	ids = append(ids, paused)
-	d2.term()
+	d3.term()
 	if l := hostLeftovers(t, dataDir, runsc, ids, true); len(l) > 0 {
 		t.Fatalf("after SIGTERM the host still holds: %v", l)
 	}

@@ -11,8 +11,10 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -38,10 +40,9 @@ func runTestAgent() int {
 	}
 	reaper := NewReaper()
 	go reaper.Run(ctx)
-	srv := NewServer(Config{SandboxID: "sbxchan", DefaultUser: "root"}, Options{Reaper: reaper})
+	srv := NewServer(Config{SandboxID: "sbxchan", DefaultUser: "root", ChannelToken: os.Getenv("CELLA_TEST_AGENT_TOKEN")}, Options{Reaper: reaper})
 	defer srv.Close()
-	hello := channel.Hello{SandboxID: "sbxchan", Token: os.Getenv("CELLA_TEST_AGENT_TOKEN"), Version: Version, PID: os.Getpid()}
-	if err := serveChannel(ctx, os.Getenv("CELLA_TEST_AGENT_SOCKET"), hello, srv.Handler()); err != nil && ctx.Err() == nil {
+	if err := serveChannel(ctx, os.Getenv("CELLA_TEST_AGENT_SOCKET"), srv.hello, srv.Handler()); err != nil && ctx.Err() == nil {
 		fmt.Fprintln(os.Stderr, "serve channel:", err)
 		return 1
 	}
@@ -54,13 +55,18 @@ func TestChannelAndReaping(t *testing.T) {
 	}
 	dir := t.TempDir()
 	sock := filepath.Join(dir, channel.SocketName)
-	ln, err := channel.Listen(sock)
+	const token = "chan-token"
+	var tokenMu sync.Mutex
+	tokens := []string{token}
+	var refusals []channel.Refusal
+	ln, err := channel.Listen(sock, channel.ListenOptions{
+		Tokens:   func() []string { tokenMu.Lock(); defer tokenMu.Unlock(); return slices.Clone(tokens) },
+		OnRefuse: func(r channel.Refusal) { tokenMu.Lock(); refusals = append(refusals, r); tokenMu.Unlock() },
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-
-	const token = "chan-token"
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "CELLA_TEST_AGENT_SOCKET="+sock, "CELLA_TEST_AGENT_TOKEN="+token)
 	cmd.Stderr = os.Stderr
@@ -80,7 +86,7 @@ func TestChannelAndReaping(t *testing.T) {
 	})
 
 	ctx := ctxT(t, 30*time.Second)
-	conn, hello, err := ln.Accept(ctx, token)
+	conn, hello, err := ln.Accept(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,13 +149,35 @@ func TestChannelAndReaping(t *testing.T) {
 		return sawOrphans && kids == 0 && zombies == 0
 	})
 
-	// The daemon drops the session; the agent redials.
+	// The daemon gives the agent its next credential over the channel and
+	// drops the session; the agent redials with the new one, which is the
+	// only one the daemon takes now.
+	next := strings.Repeat("n", 40)
+	resp, err = hc.Post(ChannelTokenURL, "application/json", strings.NewReader(`{"token":"`+next+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("channel token: %d", resp.StatusCode)
+	}
+	tokenMu.Lock()
+	tokens = []string{next}
+	tokenMu.Unlock()
 	conn.Close()
-	conn2, _, err := ln.Accept(ctx, token)
+	conn2, hello2, err := ln.Accept(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn2.Close()
+	if hello2.Token != next {
+		t.Fatalf("redial hello carries %q, want the rotated credential", hello2.Token)
+	}
+	tokenMu.Lock()
+	if len(refusals) != 0 {
+		t.Fatalf("the agent's own hellos were refused: %+v", refusals)
+	}
+	tokenMu.Unlock()
 	hc2 := &http.Client{Transport: conn2.Transport()}
 	resp, err = hc2.Get(channel.AgentURL + "/health")
 	if err != nil {
@@ -202,4 +230,21 @@ func TestLocalHandlerInitNeedsToken(t *testing.T) {
 		t.Fatalf("local /init: %d, token %q", resp.StatusCode, e.srv.config().AccessToken)
 	}
 	_ = process.Signal_SIGNAL_SIGKILL
+}
+
+// TestLocalHandlerHasNoChannelToken: the channel's credential is set over
+// the channel only; a program inside the sandbox cannot replace it.
+func TestLocalHandlerHasNoChannelToken(t *testing.T) {
+	e := newTestEnv(t)
+	local := httptest.NewServer(e.srv.LocalHandler())
+	defer local.Close()
+	before := e.srv.hello().Token
+	resp, err := http.Post(local.URL+channelTokenPath, "application/json", strings.NewReader(`{"token":"`+strings.Repeat("x", 40)+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound || e.srv.hello().Token != before {
+		t.Fatalf("local channel-token: %d, token %q (was %q)", resp.StatusCode, e.srv.hello().Token, before)
+	}
 }

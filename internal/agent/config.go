@@ -10,7 +10,9 @@ import (
 )
 
 // ConfigName is the config file's name in the sandbox's run directory
-// (channel.GuestRunDir inside). The daemon writes it before the sandbox starts.
+// (channel.GuestRunDir inside, read-only). The daemon writes it before a
+// cold boot and removes it once the agent has said hello: the agent reads
+// it once, at start.
 const ConfigName = "config.json"
 
 // Version is the envd protocol version the agent implements, reported to
@@ -35,7 +37,9 @@ type Config struct {
 	SandboxID  string `json:"sandbox_id"`
 	TemplateID string `json:"template_id"`
 	Runtime    string `json:"runtime"` // gvisor | namespaces
-	// ChannelToken authenticates the agent to the daemon (channel.Hello).
+	// ChannelToken authenticates the agent's first hello to the daemon
+	// (channel.Hello); the daemon replaces it over the channel after every
+	// hello (credential.go).
 	ChannelToken string `json:"channel_token"`
 	// AccessToken is envd's X-Access-Token; empty means no check.
 	AccessToken    string            `json:"access_token"`
@@ -51,21 +55,34 @@ type Config struct {
 // WriteConfig writes cfg into a sandbox's host-side run directory, readable by
 // root only.
 func WriteConfig(runDir string, cfg Config) error {
+	return WriteConfigFile(filepath.Join(runDir, ConfigName), cfg)
+}
+
+// WriteConfigFile writes cfg to path (atomically, readable by root only).
+func WriteConfigFile(path string, cfg Config) error {
 	b, err := json.Marshal(cfg)
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(runDir, ConfigName+".tmp")
+	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return fmt.Errorf("write agent config: %w", err)
 	}
-	return os.Rename(tmp, filepath.Join(runDir, ConfigName))
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("write agent config: %w", err)
+	}
+	return nil
 }
 
 // ReadConfig reads the config from a run directory.
 func ReadConfig(runDir string) (Config, error) {
+	return ReadConfigFile(filepath.Join(runDir, ConfigName))
+}
+
+// ReadConfigFile reads the config at path.
+func ReadConfigFile(path string) (Config, error) {
 	var cfg Config
-	b, err := os.ReadFile(filepath.Join(runDir, ConfigName))
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return cfg, fmt.Errorf("read agent config: %w", err)
 	}

@@ -29,6 +29,13 @@ var LocalAddr = "127.0.0.1:" + strconv.Itoa(channel.AgentPort)
 // SIGTERM/SIGINT or ctx ends.
 func Main(ctx context.Context) error {
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	// Before any secret is in memory: a process that is not dumpable can
+	// be neither traced nor read (/proc/1/mem, /proc/1/environ,
+	// process_vm_readv, pidfd_getfd) by the sandbox's root, which lacks
+	// CAP_SYS_PTRACE; commands get their dumpability back at exec.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("make the agent undumpable: %w", err)
+	}
 	cfg, err := ReadConfig(channel.GuestRunDir)
 	if err != nil {
 		return err
@@ -81,9 +88,8 @@ func Main(ctx context.Context) error {
 		go func() { <-ctx.Done(); _ = hs.Close() }()
 	}
 
-	hello := channel.Hello{SandboxID: cfg.SandboxID, Token: cfg.ChannelToken, Version: Version, PID: os.Getpid()}
 	slog.Info("agent starting", "sandbox", cfg.SandboxID, "runtime", cfg.Runtime, "version", Version)
-	err = serveChannel(ctx, SocketPath(), hello, srv.Handler())
+	err = serveChannel(ctx, SocketPath(), srv.hello, srv.Handler())
 	wg.Wait()
 	slog.Info("agent stopped")
 	if errors.Is(err, context.Canceled) {
@@ -120,8 +126,9 @@ func newHTTPServer(h http.Handler) *http.Server {
 
 // serveChannel keeps a session with the daemon up until ctx ends: it dials,
 // serves the streams the daemon opens, and redials with a short backoff
-// when the session drops (daemon restart, host suspend).
-func serveChannel(ctx context.Context, socketPath string, hello channel.Hello, h http.Handler) error {
+// when the session drops (daemon restart, host suspend). hello is asked
+// for every dial: the credential changes over the channel (credential.go).
+func serveChannel(ctx context.Context, socketPath string, hello func() channel.Hello, h http.Handler) error {
 	ln := newStreamListener()
 	hs := newHTTPServer(h)
 	go func() { _ = hs.Serve(ln) }()
@@ -129,7 +136,7 @@ func serveChannel(ctx context.Context, socketPath string, hello channel.Hello, h
 
 	backoff := 50 * time.Millisecond
 	for {
-		sess, err := channel.DialDaemon(ctx, socketPath, hello)
+		sess, err := channel.DialDaemon(ctx, socketPath, hello())
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()

@@ -222,8 +222,10 @@ func (s *Server) handler(trusted bool) http.Handler {
 	mux.HandleFunc("POST /cella/tar", s.handleTarPut)
 	s.registerCellaExtras(mux)
 	if trusted {
-		// Only the daemon follows the audit feed.
+		// Only the daemon follows the audit feed and hands out the
+		// channel's next credential (credential.go).
 		mux.HandleFunc("GET /cella/events", s.handleEvents)
+		mux.HandleFunc("POST "+channelTokenPath, s.handleChannelToken)
 	}
 	return s.withAuth(mux)
 }
@@ -235,6 +237,9 @@ var authExempt = map[string]bool{
 	"GET /files":  true,
 	"POST /files": true,
 	"POST /init":  true,
+	// Served on the channel only, which authenticated the daemon; a fork
+	// gets it before its own access token.
+	"POST " + channelTokenPath: true,
 }
 
 const unauthorizedMessage = "unauthorized access, please provide a valid access token or method signing if supported"

@@ -18,6 +18,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
+	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 )
 
@@ -244,6 +245,44 @@ func TestAPI(t *testing.T) {
 		}
 		if _, _, body := a.do(t, "GET", "/sandboxes/"+sbr.SandboxID, key, nil, nil); strings.Contains(string(body), value) {
 			t.Fatalf("the detail shows the secret: %s", body)
+		}
+		// The value is on no file of the sandbox's on the host (its agent's
+		// config, in the run dir or its host-only copy, the bundle), and a
+		// cold boot on the kept files (pause without memory) gets it again.
+		noValueOnDisk := func(t *testing.T) {
+			t.Helper()
+			dir := filepath.Join(env.DataDir, "sandboxes", sbr.SandboxID)
+			checked := 0
+			filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+				if err != nil {
+					return nil
+				}
+				if d.IsDir() && p != dir && (d.Name() == rootfs.RootFSDir || d.Name() == rootfs.LayerDir) {
+					return filepath.SkipDir // the sandbox's own files
+				}
+				if d.Type().IsRegular() {
+					checked++
+					if b, _ := os.ReadFile(p); bytes.Contains(b, []byte(value)) {
+						t.Fatalf("%s holds the secret's value", p)
+					}
+				}
+				return nil
+			})
+			if checked == 0 {
+				t.Fatalf("no file checked under %s", dir)
+			}
+		}
+		noValueOnDisk(t)
+		if err := env.Client.Pause(context.Background(), sbr.SandboxID, false); err != nil {
+			t.Fatal(err)
+		}
+		noValueOnDisk(t)
+		if _, err := env.Client.Connect(context.Background(), sbr.SandboxID); err != nil {
+			t.Fatal(err)
+		}
+		noValueOnDisk(t)
+		if res, err := sb.Exec(context.Background(), "echo $TOKEN", client.ExecOptions{}); err != nil || res.Stdout != value+"\n" {
+			t.Fatalf("secret env after a cold boot: %v %+v", err, res)
 		}
 		st, _, body = a.do(t, "POST", "/v2/sandboxes", key, map[string]any{"templateID": "base", "secretEnvVars": map[string]string{"TOKEN": "NO_SUCH"}}, nil)
 		a.wantError(t, 400, st, body, "does not exist")

@@ -17,11 +17,12 @@ const (
 	KindFileMove     = "file.move"     // a file moved through the API
 	KindFileRemove   = "file.remove"   // a file removed through the API
 	KindLifecycle    = "lifecycle"     // create, pause, resume, kill; and the log's own notes
+	KindSecurity     = "security"      // something the daemon refused from inside a sandbox (a fake agent's hello)
 )
 
 // Kinds lists every kind, for validating filters.
 var Kinds = []string{KindConnect, KindDNS, KindProcessStart, KindProcessExit,
-	KindFileWrite, KindFileMkdir, KindFileMove, KindFileRemove, KindLifecycle}
+	KindFileWrite, KindFileMkdir, KindFileMove, KindFileRemove, KindLifecycle, KindSecurity}
 
 // Sources of entry.
 const (
@@ -29,6 +30,25 @@ const (
 	SourceDaemon = "daemon"
 	SourceAgent  = "agent"
 )
+
+// Who saw what an entry records, as its Observed field says: the daemon
+// itself (the proxy's decisions, what it did to the sandbox, what it
+// refused), or a process inside the sandbox that reported it (the agent:
+// processes and files). A sandbox's root cannot forge or suppress the
+// former; the latter are what the agent saw, in a sandbox whose root
+// controls everything but the agent's memory.
+const (
+	ObservedDaemon  = "daemon"
+	ObservedSandbox = "sandbox"
+)
+
+// ObservedBy is who saw the entries of a source.
+func ObservedBy(source string) string {
+	if source == SourceAgent {
+		return ObservedSandbox
+	}
+	return ObservedDaemon
+}
 
 // Decisions of the egress proxy.
 const (
@@ -43,6 +63,9 @@ type Entry struct {
 	SandboxID string    `json:"sandboxId"`
 	Kind      string    `json:"kind"`
 	Source    string    `json:"source"`
+	// Observed is ObservedBy(Source), set by the log itself: whether the
+	// daemon saw this happen or a process inside the sandbox reported it.
+	Observed string `json:"observed,omitempty"`
 	// Seq is the source's own sequence number, if it numbers its events
 	// (the agent does), so a follower that restarts can resume after it.
 	Seq uint64 `json:"seq,omitempty"`
@@ -87,6 +110,7 @@ func (e Entry) Fields() map[string]string {
 		"sandboxId": e.SandboxID,
 		"kind":      e.Kind,
 		"source":    e.Source,
+		"observed":  ObservedBy(e.Source),
 	}
 	for _, kv := range e.optional() {
 		f[kv[0]] = kv[1]

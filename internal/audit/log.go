@@ -260,6 +260,7 @@ func (l *Log) writeBatch() bool {
 
 func (l *Log) encode(b *bytes.Buffer, e Entry) {
 	e.Time = e.Time.UTC()
+	e.Observed = ObservedBy(e.Source) // never a writer's claim
 	for _, f := range []*string{&e.Proto, &e.Dst, &e.Host, &e.Upstream, &e.Rule, &e.Reason, &e.Cmd, &e.User, &e.Cwd, &e.Status, &e.Path, &e.Error, &e.Message} {
 		*f = truncate(l.redact(*f))
 	}
@@ -432,6 +433,7 @@ func (l *Log) scan(sandboxID string, f func(Entry)) error {
 		}
 		var e Entry
 		if json.Unmarshal(line, &e) == nil {
+			e.Observed = ObservedBy(e.Source) // lines written before the field
 			f(e)
 		}
 	}

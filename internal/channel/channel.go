@@ -110,6 +110,9 @@ func (a *AgentSession) Close() error { return a.sess.Close() }
 // CloseChan is closed when the session ends.
 func (a *AgentSession) CloseChan() <-chan struct{} { return a.sess.CloseChan() }
 
+// Answers reports whether the daemon answers a ping within timeout.
+func (a *AgentSession) Answers(timeout time.Duration) bool { return answers(a.sess, timeout) }
+
 func readPortHeader(c net.Conn) (int, error) {
 	// Read byte by byte: a buffered reader would swallow payload bytes.
 	var b [1]byte
@@ -134,56 +137,254 @@ func readPortHeader(c net.Conn) (int, error) {
 
 // ---- daemon side ----
 
-// Listener accepts exactly one agent on a sandbox's socket.
-type Listener struct {
-	ln   *net.UnixListener
-	path string
+// helloTimeout bounds how long a connection may take to say hello: the
+// agent writes it as soon as it is connected.
+const helloTimeout = 5 * time.Second
+
+// helloReaders bounds the hellos read at once, so connections that never
+// say hello can neither hold the real agent's back nor make the daemon open
+// unbounded file descriptors; beyond it they wait in the socket's backlog.
+const helloReaders = 4
+
+// answerTimeout is how long a session has to answer a ping before a new
+// hello may take its place.
+const answerTimeout = 2 * time.Second
+
+// ListenOptions say which hellos a Listener takes and whom it tells about
+// the others.
+type ListenOptions struct {
+	// Tokens returns the credentials a hello may carry now; it is called
+	// for every hello, so a credential rotated since is in force at once.
+	Tokens func() []string
+	// OnRefuse hears of every connection refused (nil: nobody). It runs
+	// on the goroutine that read the hello.
+	OnRefuse func(Refusal)
 }
 
-// Listen creates the socket the agent of one sandbox will dial.
-func Listen(socketPath string) (*Listener, error) {
+// Refusal is a connection to a sandbox's socket that was not taken as its
+// agent.
+type Refusal struct {
+	// Hello is what the connection claimed (the zero Hello if it said
+	// nothing readable), without its token.
+	Hello  Hello
+	Reason string
+}
+
+// Reasons for a Refusal.
+const (
+	RefusedNoHello   = "no valid hello"
+	RefusedBadToken  = "wrong channel credential"
+	RefusedLiveAgent = "the agent's session is live"
+)
+
+// Listener is the daemon's end of one sandbox's socket. It reads every
+// connection's hello as it arrives, a few at a time, and takes one only
+// when it carries a current credential and no session of this listener is
+// still answering: a second agent while the first one answers is not the
+// agent, whatever it knows. The rest are refused (closed) and reported.
+// Accept hands out the session taken.
+type Listener struct {
+	ln    *net.UnixListener
+	path  string
+	opts  ListenOptions
+	slots chan struct{}
+	done  chan struct{} // closed by Close
+	loop  chan struct{} // closed when the accept loop has returned
+
+	mu      sync.Mutex
+	current *Conn         // the session taken last (handed out or not)
+	handed  bool          // whether Accept has returned current
+	wake    chan struct{} // closed when current changes
+	reading map[net.Conn]struct{}
+	closed  bool
+}
+
+// Listen creates the socket the agent of one sandbox will dial and starts
+// reading hellos.
+func Listen(socketPath string, o ListenOptions) (*Listener, error) {
 	addr := &net.UnixAddr{Name: socketPath, Net: "unix"}
 	ln, err := net.ListenUnix("unix", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", socketPath, err)
 	}
 	ln.SetUnlinkOnClose(true)
-	return &Listener{ln: ln, path: socketPath}, nil
+	if o.Tokens == nil {
+		o.Tokens = func() []string { return nil }
+	}
+	l := &Listener{ln: ln, path: socketPath, opts: o, slots: make(chan struct{}, helloReaders),
+		done: make(chan struct{}), loop: make(chan struct{}), wake: make(chan struct{}), reading: map[net.Conn]struct{}{}}
+	go l.acceptLoop()
+	return l, nil
 }
 
-// Close stops listening and removes the socket file.
-func (l *Listener) Close() error { return l.ln.Close() }
+// Close stops listening and removes the socket file. A session taken but
+// not handed out is closed; one handed out is its owner's to close.
+func (l *Listener) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	close(l.done)
+	var pending *Conn
+	if !l.handed {
+		pending = l.current
+	}
+	for c := range l.reading {
+		c.Close() // its check ends at once, unreported
+	}
+	l.mu.Unlock()
+	err := l.ln.Close()
+	<-l.loop
+	if pending != nil {
+		pending.Close()
+	}
+	return err
+}
 
-// Accept waits for the agent to connect and checks its token. Connections
-// with a wrong token are dropped and waiting goes on.
-func (l *Listener) Accept(ctx context.Context, wantToken string) (*Conn, Hello, error) {
-	_ = l.ln.SetDeadline(time.Time{}) // an earlier Accept's expiry must not stick
-	stop := context.AfterFunc(ctx, func() { _ = l.ln.SetDeadline(time.Now()) })
-	defer stop()
+func (l *Listener) acceptLoop() {
+	defer close(l.loop)
 	for {
+		select {
+		case l.slots <- struct{}{}:
+		case <-l.done:
+			return
+		}
 		c, err := l.ln.Accept()
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil, Hello{}, ctx.Err()
+			<-l.slots
+			if errors.Is(err, net.ErrClosed) {
+				return
 			}
-			return nil, Hello{}, err
-		}
-		hello, err := readHello(c)
-		if err != nil || subtle.ConstantTimeCompare([]byte(hello.Token), []byte(wantToken)) != 1 {
-			c.Close()
+			// Out of file descriptors and the like: try again shortly.
+			select {
+			case <-l.done:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
 			continue
 		}
-		sess, err := yamux.Client(c, yamuxConfig())
-		if err != nil {
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
 			c.Close()
-			return nil, Hello{}, err
+			<-l.slots
+			return
 		}
-		return newConn(sess), hello, nil
+		l.reading[c] = struct{}{}
+		l.mu.Unlock()
+		go func() {
+			defer func() { <-l.slots }()
+			l.check(c)
+			l.mu.Lock()
+			delete(l.reading, c)
+			l.mu.Unlock()
+		}()
+	}
+}
+
+// check takes c as the agent's session or refuses it.
+func (l *Listener) check(c net.Conn) {
+	hello, err := readHello(c)
+	if err != nil {
+		l.refuse(c, Hello{}, RefusedNoHello+": "+err.Error())
+		return
+	}
+	if !tokenIn(hello.Token, l.opts.Tokens()) {
+		l.refuse(c, hello, RefusedBadToken)
+		return
+	}
+	l.mu.Lock()
+	prev := l.current
+	l.mu.Unlock()
+	if prev != nil && !prev.IsClosed() {
+		if prev.Answers(answerTimeout) {
+			l.refuse(c, hello, RefusedLiveAgent)
+			return
+		}
+		// The agent's old session is dead (a checkpoint broke it) and it
+		// has dialed again.
+		prev.Close()
+	}
+	sess, err := yamux.Client(c, yamuxConfig())
+	if err != nil {
+		c.Close()
+		return
+	}
+	conn := newConn(sess)
+	conn.hello = hello
+	l.mu.Lock()
+	if l.closed || l.current != prev {
+		// Closed, or another hello won the race: the one in place stays.
+		closed := l.closed
+		l.mu.Unlock()
+		conn.Close()
+		if !closed {
+			l.report(hello, RefusedLiveAgent)
+		}
+		return
+	}
+	l.current, l.handed = conn, false
+	close(l.wake)
+	l.wake = make(chan struct{})
+	l.mu.Unlock()
+}
+
+func (l *Listener) refuse(c net.Conn, hello Hello, reason string) {
+	c.Close()
+	l.mu.Lock()
+	closed := l.closed
+	l.mu.Unlock()
+	if !closed { // a read Close interrupted is no refusal
+		l.report(hello, reason)
+	}
+}
+
+func (l *Listener) report(hello Hello, reason string) {
+	if l.opts.OnRefuse != nil {
+		hello.Token = ""
+		l.opts.OnRefuse(Refusal{Hello: hello, Reason: reason})
+	}
+}
+
+func tokenIn(got string, want []string) bool {
+	ok := false
+	for _, w := range want {
+		if w != "" && subtle.ConstantTimeCompare([]byte(got), []byte(w)) == 1 {
+			ok = true
+		}
+	}
+	return ok
+}
+
+// Accept waits for the agent's next session: one taken since the last
+// Accept (or before the first).
+func (l *Listener) Accept(ctx context.Context) (*Conn, Hello, error) {
+	for {
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			return nil, Hello{}, net.ErrClosed
+		}
+		if c := l.current; c != nil && !l.handed && !c.IsClosed() {
+			l.handed = true
+			l.mu.Unlock()
+			return c, c.hello, nil
+		}
+		wake := l.wake
+		l.mu.Unlock()
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return nil, Hello{}, ctx.Err()
+		case <-l.done:
+		}
 	}
 }
 
 func readHello(c net.Conn) (Hello, error) {
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(helloTimeout))
 	defer c.SetReadDeadline(time.Time{})
 	var line []byte
 	var b [1]byte
@@ -205,7 +406,8 @@ func readHello(c net.Conn) (Hello, error) {
 
 // Conn is the daemon's end of one agent's channel.
 type Conn struct {
-	sess *yamux.Session
+	sess  *yamux.Session
+	hello Hello
 
 	mu        sync.Mutex
 	transport *http.Transport
@@ -261,6 +463,20 @@ func (c *Conn) Closed() <-chan struct{} { return c.sess.CloseChan() }
 
 // IsClosed reports whether the agent's connection has ended.
 func (c *Conn) IsClosed() bool { return c.sess.IsClosed() }
+
+// Answers reports whether the other end answers a ping within timeout.
+func (c *Conn) Answers(timeout time.Duration) bool { return answers(c.sess, timeout) }
+
+func answers(sess *yamux.Session, timeout time.Duration) bool {
+	res := make(chan error, 1)
+	go func() { _, err := sess.Ping(); res <- err }()
+	select {
+	case err := <-res:
+		return err == nil
+	case <-time.After(timeout):
+		return false
+	}
+}
 
 // Close ends the channel.
 func (c *Conn) Close() error {

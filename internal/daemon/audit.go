@@ -30,6 +30,10 @@ func (a agentAudit) Lifecycle(sandboxID, message string) {
 	a.log.Append(audit.Entry{SandboxID: sandboxID, Kind: audit.KindLifecycle, Source: audit.SourceDaemon, Message: message})
 }
 
+func (a agentAudit) Security(sandboxID, message string) {
+	a.log.Append(audit.Entry{SandboxID: sandboxID, Kind: audit.KindSecurity, Source: audit.SourceDaemon, Message: message})
+}
+
 func (a agentAudit) LastAgentSeq(sandboxID string) uint64 {
 	seq, _ := a.log.LastSeq(sandboxID, audit.SourceAgent)
 	return seq

@@ -24,6 +24,9 @@ type AgentAudit interface {
 	// Lifecycle records what the daemon did to a sandbox (created, paused,
 	// resumed, policy changed, killed, died).
 	Lifecycle(sandboxID, message string)
+	// Security records something the daemon refused a sandbox (a hello on
+	// its agent socket that was not the agent's: agentchannel.go).
+	Security(sandboxID, message string)
 }
 
 // lifecycleEvent writes a lifecycle line into the sandbox's audit log.

@@ -153,13 +153,15 @@ func (m *Manager) fromSnapshot(ctx context.Context, p tenant.Principal, opts Opt
 		Options:         opts,
 		StartedAt:       time.Now().UTC(),
 		EnvdAccessToken: newToken(),
-		channelToken:    newToken(),
+		channelTokens:   []string{newToken()},
 		state:           StateRunning,
 	}
 	if memory {
 		// The restored agent still holds the original's config and dials
-		// with its channel token; it learns its new identity via /init.
-		sb.channelToken = rec.ChannelToken
+		// with the original's channel credential as it was at the
+		// checkpoint; it learns its new identity via /init, and its own
+		// credential at once (agentchannel.go).
+		sb.channelTokens = rec.tokens()
 	}
 	sb.endAt = sb.StartedAt.Add(opts.Timeout)
 	sb.Dir = filepath.Join(sandboxesDir(m.cfg.DataDir), sb.ID)
@@ -174,8 +176,7 @@ func (m *Manager) fromSnapshot(ctx context.Context, p tenant.Principal, opts Opt
 			return fail(fmt.Errorf("create dirs for %s: %w", sb.ID, err))
 		}
 	}
-	runDir, err := openRunDir(sb) // rundir.go
-	if err != nil {
+	if _, err := m.openRunDir(sb); err != nil { // rundir.go
 		return fail(err)
 	}
 	// Claim the layers before mounting them, under the GC's lock.
@@ -197,12 +198,15 @@ func (m *Manager) fromSnapshot(ctx context.Context, p tenant.Principal, opts Opt
 		return fail(fmt.Errorf("create rootfs for %s: %w", sb.ID, err))
 	}
 	sb.layer = layer
-	ln, err := channel.Listen(filepath.Join(runDir, channel.SocketName))
+	ln, err := m.listen(sb) // agentchannel.go
 	if err != nil {
-		return fail(fmt.Errorf("agent channel for %s: %w", sb.ID, err))
+		return fail(err)
 	}
 	sb.listener = ln
-	if err := writeAgentConfig(sb, m.agentConfig(sb, tpl)); err != nil {
+	// A memory restore resumes processes at once, the original's root
+	// shells included: its agent needs no config file, so none is there for
+	// them to read. A cold boot reads one before anything else runs.
+	if err := m.writeAgentConfig(sb, m.agentConfig(sb, tpl), !memory); err != nil {
 		return fail(err)
 	}
 	if _, err := m.attachNetwork(ctx, sb); err != nil { // network.go
@@ -218,7 +222,7 @@ func (m *Manager) fromSnapshot(ctx context.Context, p tenant.Principal, opts Opt
 		return fail(fmt.Errorf("start %s container for %s from snapshot %s: %w", rt.Name(), sb.ID, row.ID, err))
 	}
 	actx, cancel := context.WithTimeout(ctx, m.cfg.AgentTimeout)
-	conn, _, err := ln.Accept(actx, sb.channelToken)
+	conn, err := m.takeAgent(actx, sb, ln, false)
 	cancel()
 	if err != nil {
 		return fail(fmt.Errorf("sandbox %s: agent did not answer within %v (%w); agent log: %s",
@@ -229,6 +233,8 @@ func (m *Manager) fromSnapshot(ctx context.Context, p tenant.Principal, opts Opt
 		if err := reinitAgent(ctx, conn, rec.EnvdAccessToken, sb, opts.EnvVars); err != nil {
 			return fail(fmt.Errorf("sandbox %s from snapshot %s: %w", sb.ID, row.ID, err))
 		}
+	} else if err := m.sendSecretEnv(ctx, sb, conn); err != nil { // secretenv.go
+		return fail(err)
 	}
 	if err := m.persistNew(ctx, sb); err != nil {
 		return fail(err)

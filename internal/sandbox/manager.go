@@ -17,7 +17,6 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/agent"
 	"github.com/cella-sandbox/cella/internal/cgroup"
-	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
@@ -137,14 +136,26 @@ type record struct {
 	Options         Options `json:"options"`
 	EnvdAccessToken string  `json:"envd_access_token"`
 	ChannelToken    string  `json:"channel_token"`
-	Error           string  `json:"error,omitempty"`
-	PauseMode       string  `json:"pause_mode,omitempty"`
+	// NextChannelToken is a credential sent to the agent and not yet seen
+	// taken (agentchannel.go): the agent holds one of the two.
+	NextChannelToken string `json:"next_channel_token,omitempty"`
+	Error            string `json:"error,omitempty"`
+	PauseMode        string `json:"pause_mode,omitempty"`
 	// Lifecycle state (lifecycle.go): when it was paused, whether archived.
 	PausedAt time.Time `json:"paused_at,omitempty"`
 	Archived bool      `json:"archived,omitempty"`
 	// NetSlot is the network slot its container runs in (network.go), so
 	// that a daemon restarting after a crash can adopt it with the sandbox.
 	NetSlot string `json:"net_slot,omitempty"`
+}
+
+// tokens are the agent credentials the record keeps.
+func (r record) tokens() []string {
+	out := []string{r.ChannelToken}
+	if r.NextChannelToken != "" {
+		out = append(out, r.NextChannelToken)
+	}
+	return out
 }
 
 // Create makes a sandbox owned by p and returns once its agent answers.
@@ -183,7 +194,7 @@ func (m *Manager) Create(ctx context.Context, p tenant.Principal, opts Options) 
 		Options:         opts,
 		StartedAt:       time.Now().UTC(),
 		EnvdAccessToken: newToken(),
-		channelToken:    newToken(),
+		channelTokens:   []string{newToken()},
 		state:           StateRunning,
 	}
 	sb.endAt = sb.StartedAt.Add(opts.Timeout)
@@ -245,8 +256,7 @@ func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template
 			return fmt.Errorf("create dirs for %s: %w", sb.ID, err)
 		}
 	}
-	runDir, err := openRunDir(sb) // rundir.go
-	if err != nil {
+	if _, err := m.openRunDir(sb); err != nil { // rundir.go
 		return err
 	}
 	layer, err := rootfs.Mount(tpl.RootFS, sb.Dir, mib(sb.Options.DiskMB))
@@ -256,9 +266,9 @@ func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template
 	}
 	sb.layer = layer
 
-	ln, err := channel.Listen(filepath.Join(runDir, channel.SocketName))
+	ln, err := m.listen(sb) // agentchannel.go
 	if err != nil {
-		return fmt.Errorf("agent channel for %s: %w", sb.ID, err)
+		return err
 	}
 	sb.listener = ln
 
@@ -269,7 +279,7 @@ func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template
 		return err
 	}
 	st.step("network")
-	if err := writeAgentConfig(sb, m.agentConfig(sb, tpl)); err != nil {
+	if err := m.writeAgentConfig(sb, m.agentConfig(sb, tpl), true); err != nil {
 		return err
 	}
 	spec := m.spec(sb)
@@ -279,13 +289,18 @@ func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template
 	st.step("runtime_start")
 	actx, cancel := context.WithTimeout(ctx, m.cfg.AgentTimeout)
 	defer cancel()
-	conn, _, err := ln.Accept(actx, sb.channelToken)
+	conn, hello, err := m.acceptAgent(actx, sb, ln) // agentchannel.go
 	if err != nil {
 		return fmt.Errorf("sandbox %s: agent did not answer within %v (%w); agent log: %s",
 			sb.ID, m.cfg.AgentTimeout, err, tail(spec.LogPath, 800))
 	}
 	st.step("agent_hello")
+	m.rotateChannel(ctx, sb, conn, hello.Token, false)
+	st.step("channel_credential")
 	sb.conn = conn
+	if err := m.sendSecretEnv(ctx, sb, conn); err != nil { // secretenv.go
+		return err
+	}
 	return nil
 }
 
@@ -340,19 +355,11 @@ func (m *Manager) agentConfig(sb *Sandbox, tpl *template.Template) agent.Config 
 	for k, v := range sb.Options.EnvVars {
 		env[k] = v
 	}
-	for k, name := range sb.Options.SecretEnv {
-		// Checked at create (api); a secret deleted since leaves it unset.
-		if m.cfg.SecretValue != nil {
-			if v, err := m.cfg.SecretValue(name); err == nil {
-				env[k] = v
-			}
-		}
-	}
+	// No secret values: the config is a file (secretenv.go).
 	return agent.Config{
 		SandboxID:      sb.ID,
 		TemplateID:     sb.TemplateID,
 		Runtime:        m.cfg.Runtime.Name(),
-		ChannelToken:   sb.channelToken,
 		AccessToken:    sb.EnvdAccessToken,
 		EnvVars:        env,
 		DefaultUser:    tpl.User,
@@ -388,9 +395,20 @@ func (m *Manager) ceilings(o Options) runtime.Limits {
 }
 
 func (m *Manager) persist(ctx context.Context, sb *Sandbox) error {
+	sb.persistMu.Lock()
+	defer sb.persistMu.Unlock()
+	if sb.recordGone {
+		return nil // killed meanwhile: a late write must not bring it back
+	}
 	sb.mu.Lock()
-	rec := record{Options: sb.Options, EnvdAccessToken: sb.EnvdAccessToken, ChannelToken: sb.channelToken, Error: sb.err, PauseMode: sb.pauseMode,
-		PausedAt: sb.lc.pausedAt, Archived: sb.lc.archived}
+	rec := record{Options: sb.Options, EnvdAccessToken: sb.EnvdAccessToken,
+		Error: sb.err, PauseMode: sb.pauseMode, PausedAt: sb.lc.pausedAt, Archived: sb.lc.archived}
+	if t := sb.channelTokens; len(t) > 0 {
+		rec.ChannelToken = t[0]
+		if len(t) > 1 {
+			rec.NextChannelToken = t[1]
+		}
+	}
 	if sb.net != nil {
 		rec.NetSlot = sb.net.slot.ID
 	}
@@ -440,7 +458,7 @@ func (m *Manager) supervise(sb *Sandbox, gen uint64) {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		newConn, _, err := ln.Accept(ctx, sb.channelToken)
+		newConn, hello, err := m.acceptAgent(ctx, sb, ln) // agentchannel.go
 		cancel()
 		sb.mu.Lock()
 		current := sb.gen == gen
@@ -454,7 +472,9 @@ func (m *Manager) supervise(sb *Sandbox, gen uint64) {
 			}
 			return
 		}
-		if err != nil {
+		if err == nil {
+			m.rotateChannel(context.Background(), sb, newConn, hello.Token, true)
+		} else {
 			m.log.Warn("agent channel lost", "id", sb.ID, "err", err)
 			if st, err := m.cfg.Runtime.State(context.Background(), sb.ID); err != nil || st == runtime.StatusStopped {
 				m.markDead(sb, gen, m.deathReason(sb))
@@ -669,9 +689,12 @@ func (m *Manager) cleanup(ctx context.Context, sb *Sandbox) {
 	sb.state = StateDead
 	sb.mu.Unlock()
 	m.releaseHost(ctx, sb)
+	sb.persistMu.Lock()
+	sb.recordGone = true
 	if err := m.cfg.Store.DeleteSandbox(ctx, sb.ID); err != nil {
 		m.log.Error("delete sandbox record", "id", sb.ID, "err", err)
 	}
+	sb.persistMu.Unlock()
 }
 
 // releaseHost frees the host resources of a sandbox in the reverse order of

@@ -8,11 +8,9 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/cella-sandbox/cella/internal/tenant"
-
-	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/runtime"
+	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
 // checkpointDir is where a paused sandbox's memory image lives.
@@ -168,17 +166,20 @@ func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, kee
 		mode = m.setPauseMode(ctx, sb, PauseStopped)
 	}
 
-	dir := runDir(sb)
 	if mode != PauseFrozen {
-		// A new container binds the run dir: make it the tmpfs it has to be
-		// (an archive or a reboot took it) with the config the boot reads.
-		if dir, err = openRunDir(sb); err != nil { // rundir.go
+		// A new container binds the run dir: make it the tmpfs it has to
+		// be (an archive or a reboot took it).
+		if _, err := m.openRunDir(sb); err != nil { // rundir.go
 			return false, fmt.Errorf("resume sandbox %s: %w", id, err)
 		}
 	}
-	sock := filepath.Join(dir, channel.SocketName)
-	_ = os.Remove(sock)
-	ln, err := channel.Listen(sock)
+	if mode == PauseStopped {
+		// A cold boot: its agent reads a config (agentchannel.go).
+		if err := m.bootConfig(sb); err != nil {
+			return false, fmt.Errorf("resume sandbox %s: %w", id, err)
+		}
+	}
+	ln, err := m.listen(sb) // agentchannel.go
 	if err != nil {
 		return false, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
@@ -207,7 +208,7 @@ func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, kee
 		return false, fmt.Errorf("resume sandbox %s (%s): %w", id, mode, err)
 	}
 	actx, cancel := context.WithTimeout(ctx, m.cfg.AgentTimeout)
-	conn, _, err := ln.Accept(actx, sb.channelToken)
+	conn, err := m.takeAgent(actx, sb, ln, true)
 	cancel()
 	if err != nil {
 		ln.Close()
@@ -221,6 +222,12 @@ func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, kee
 		}
 		return false, errors.Join(fmt.Errorf("resume sandbox %s (%s): the agent did not answer within %v (%w); agent log: %s",
 			id, mode, m.cfg.AgentTimeout, err, tail(spec.LogPath, 800)), derr)
+	}
+	if mode == PauseStopped {
+		// A fresh agent: its secret environment comes over the channel.
+		if err := m.sendSecretEnv(ctx, sb, conn); err != nil {
+			m.log.Error("resumed sandbox without its secret environment variables", "id", sb.ID, "err", err)
+		}
 	}
 	sb.mu.Lock()
 	sb.conn, sb.listener = conn, ln

@@ -415,9 +415,10 @@ func (m *Manager) handOut(ctx context.Context, pd *pooled, opts Options) (*Sandb
 			return nil, errdefs.InvalidArgument("network policy: %v", err)
 		}
 	}
-	// The config file is what a cold boot of this sandbox (a resume after
-	// a pause without memory) starts from: it gets the request's env too.
-	if err := writeAgentConfig(sb, m.agentConfig(sb, pd.tpl)); err != nil {
+	// The host-only config is what a cold boot of this sandbox (a resume
+	// after a pause without memory) starts from: it gets the request's env
+	// too (agentchannel.go).
+	if err := m.writeAgentConfig(sb, m.agentConfig(sb, pd.tpl), false); err != nil {
 		return nil, err
 	}
 	if len(opts.EnvVars) > 0 {
@@ -455,7 +456,7 @@ func (m *Manager) makePooled(ctx context.Context, base Options) (*pooled, error)
 		Options:         base,
 		StartedAt:       time.Now().UTC(),
 		EnvdAccessToken: newToken(),
-		channelToken:    newToken(),
+		channelTokens:   []string{newToken()},
 		state:           StateRunning,
 	}
 	sb.endAt = sb.StartedAt.Add(base.Timeout)

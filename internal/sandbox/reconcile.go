@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/cgroup"
-	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/tenant"
@@ -72,7 +71,7 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		}
 		sb := &Sandbox{
 			ID: row.ID, TemplateID: row.TemplateID, Runtime: row.Runtime, Options: rec.Options,
-			StartedAt: row.StartedAt.UTC(), EnvdAccessToken: rec.EnvdAccessToken, channelToken: rec.ChannelToken,
+			StartedAt: row.StartedAt.UTC(), EnvdAccessToken: rec.EnvdAccessToken, channelTokens: rec.tokens(),
 			Dir: filepath.Join(sandboxesDir(m.cfg.DataDir), row.ID), state: row.State, endAt: row.EndAt.UTC(), err: rec.Error,
 			pauseMode: rec.PauseMode,
 		}
@@ -208,16 +207,14 @@ func (m *Manager) adopt(sb *Sandbox, netSlot string) error {
 	if err != nil {
 		return fmt.Errorf("re-attach rootfs: %w", err)
 	}
-	sock := filepath.Join(runDir(sb), channel.SocketName)
-	_ = os.Remove(sock)
-	ln, err := channel.Listen(sock)
+	ln, err := m.listen(sb) // agentchannel.go
 	if err != nil {
 		return err
 	}
 	sb.layer = layer
 	sb.listener = ln
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	conn, _, err := ln.Accept(ctx, sb.channelToken)
+	conn, err := m.takeAgent(ctx, sb, ln, true)
 	cancel()
 	if err != nil {
 		ln.Close()

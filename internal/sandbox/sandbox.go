@@ -39,8 +39,7 @@ type Sandbox struct {
 	EnvdAccessToken string
 	Dir             string
 
-	channelToken string
-	layer        *rootfs.Layer
+	layer *rootfs.Layer
 
 	// opMu serializes lifecycle transitions (pause, resume, kill).
 	opMu sync.Mutex
@@ -56,6 +55,15 @@ type Sandbox struct {
 	// supervisor of the running sandbox stands down instead of taking the
 	// channel's end for a death.
 	gen uint64
+	// channelTokens are the credentials a hello of the agent may carry,
+	// the current one first: it, and while a rotation is unconfirmed the
+	// one sent (agentchannel.go).
+	channelTokens []string
+	// persistMu orders the record's writes: each writes the state of its
+	// moment, and none after the record was deleted (recordGone).
+	persistMu  sync.Mutex
+	recordGone bool       // guarded by persistMu
+	refusals   refusalLog // refused hellos on its socket (agentchannel.go)
 
 	lc lifecycleState // idle clock, pausedAt, archived (lifecycle.go)
 

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -46,14 +47,25 @@ type SnapshotInfo struct {
 }
 
 type snapshotRecord struct {
-	Options         Options  `json:"options"`
-	Runtime         string   `json:"runtime"`
-	Memory          bool     `json:"memory"`
-	ChannelToken    string   `json:"channel_token"`
+	Options      Options `json:"options"`
+	Runtime      string  `json:"runtime"`
+	Memory       bool    `json:"memory"`
+	ChannelToken string  `json:"channel_token"` // before channel_tokens
+	// ChannelTokens are the original agent's credentials around the
+	// checkpoint: the restored agent's hello carries one of them.
+	ChannelTokens   []string `json:"channel_tokens,omitempty"`
 	EnvdAccessToken string   `json:"envd_access_token"`
 	Layers          []string `json:"layers"` // snapshot IDs, top first
 	SizeBytes       int64    `json:"size_bytes"`
 	TookMS          int64    `json:"took_ms"`
+}
+
+// tokens are the credentials a restored agent's hello may carry.
+func (r snapshotRecord) tokens() []string {
+	if len(r.ChannelTokens) > 0 {
+		return r.ChannelTokens
+	}
+	return []string{r.ChannelToken}
 }
 
 // origin is what a sandbox made from a snapshot keeps in its directory: the
@@ -135,6 +147,7 @@ func (m *Manager) snapshot(ctx context.Context, p tenant.Principal, id, name str
 	rt := m.cfg.Runtime
 	snap, memory := rt.(runtime.Snapshotter)
 	memory = memory && rt.Capabilities().MemoryCheckpoint
+	var tokens []string
 	if memory {
 		if err := os.Mkdir(m.memoryDir(snID), 0o700); err != nil {
 			return SnapshotInfo{}, err
@@ -142,8 +155,16 @@ func (m *Manager) snapshot(ctx context.Context, p tenant.Principal, id, name str
 		sb.mu.Lock()
 		oldConn := sb.conn
 		sb.mu.Unlock()
+		// The image holds the agent's credential of the moment, one of
+		// those accepted around it (a rotation may be under way).
+		tokens = sb.acceptedTokens()
 		if err := snap.CheckpointRunning(ctx, sb.ID, m.memoryDir(snID)); err != nil {
 			return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", id, err)
+		}
+		for _, t := range sb.acceptedTokens() {
+			if !slices.Contains(tokens, t) {
+				tokens = append(tokens, t)
+			}
 		}
 		// The checkpoint breaks the agent's host socket as a restore does;
 		// its supervisor takes the redial. Return once it answers again.
@@ -165,7 +186,7 @@ func (m *Manager) snapshot(ctx context.Context, p tenant.Principal, id, name str
 	took := time.Since(start)
 	rec := snapshotRecord{
 		Options: sb.Options, Runtime: sb.Runtime, Memory: memory,
-		ChannelToken: sb.channelToken, EnvdAccessToken: sb.EnvdAccessToken,
+		ChannelTokens: tokens, EnvdAccessToken: sb.EnvdAccessToken,
 		Layers: append([]string{snID}, parent.Layers...), SizeBytes: diskUsage(dir), TookMS: took.Milliseconds(),
 	}
 	b, err := json.Marshal(rec)

@@ -132,8 +132,9 @@ var DeniedSyscalls = []string{
 	// namespaces and mounts
 	"unshare", "setns", "mount", "umount2", "pivot_root",
 	"open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
-	// tracing and cross-process access
-	"ptrace", "process_vm_readv", "process_vm_writev",
+	// tracing and cross-process access (pidfd_getfd: another process's
+	// fds, the agent's channel among them)
+	"ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd",
 	// kernel keyring
 	"keyctl", "add_key", "request_key",
 	// kernel code and surface
@@ -271,7 +272,11 @@ func baseMounts(s *runtime.Spec, o Options) []specs.Mount {
 		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
 		sysfsMount(o.SysfsSource),
 		{Destination: runtime.AgentGuestPath, Type: "bind", Source: s.AgentBinary, Options: []string{"bind", "ro", "nosuid", "nodev"}},
-		{Destination: GuestRunDir, Type: "bind", Source: runDir, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
+		// Read-only: a host directory holding the daemon's socket and, until
+		// the agent has read it, the agent's config. connect(2) on a socket
+		// needs no write access to its mount, so the agent still dials out;
+		// nothing in the sandbox can write, replace or fill anything there.
+		{Destination: GuestRunDir, Type: "bind", Source: runDir, Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}},
 	}
 	// devpts gid=5 (tty) needs gid 5 to exist in the container's user
 	// namespace.

@@ -98,7 +98,7 @@ func TestBuild(t *testing.T) {
 	if m := byDest[runtime.AgentGuestPath]; m.Source != "/usr/bin/cella" || !slices.Contains(m.Options, "ro") {
 		t.Errorf("agent mount %+v", m)
 	}
-	if m := byDest[GuestRunDir]; m.Source != "/run/x" || !slices.Contains(m.Options, "rw") {
+	if m := byDest[GuestRunDir]; m.Source != "/run/x" || !slices.Contains(m.Options, "ro") || slices.Contains(m.Options, "rw") {
 		t.Errorf("run dir mount %+v", m)
 	}
 	if m := byDest["/sys"]; !slices.Contains(m.Options, "ro") {
@@ -120,7 +120,7 @@ func TestBuild(t *testing.T) {
 			}
 		}
 	}
-	for _, n := range strings.Fields("unshare setns mount umount2 pivot_root ptrace keyctl bpf perf_event_open kexec_load kexec_file_load init_module finit_module delete_module open_by_handle_at userfaultfd add_key request_key swapon swapoff reboot settimeofday clock_settime clone3 io_uring_setup io_uring_enter io_uring_register") {
+	for _, n := range strings.Fields("unshare setns mount umount2 pivot_root ptrace process_vm_readv pidfd_getfd keyctl bpf perf_event_open kexec_load kexec_file_load init_module finit_module delete_module open_by_handle_at userfaultfd add_key request_key swapon swapoff reboot settimeofday clock_settime clone3 io_uring_setup io_uring_enter io_uring_register") {
 		if !denied[n] {
 			t.Errorf("%s not denied", n)
 		}

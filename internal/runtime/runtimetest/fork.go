@@ -211,6 +211,7 @@ func testFork(t *testing.T, env *daemontest.Env, rt string) {
 			t.Fatalf("fork %d memoryRestored=%v on %s", i, r.Sandbox.MemoryRestored, rt)
 		}
 		id := r.Sandbox.SandboxID
+		onlySocketInRunDir(t, env, id) // agentchannel.go
 		t.Cleanup(func() { _ = env.Client.Kill(context.Background(), id) })
 		c, err := env.Client.Sandbox(ctx, id)
 		if err != nil {

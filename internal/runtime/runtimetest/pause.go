@@ -207,6 +207,7 @@ func testPauseResume(t *testing.T, env *daemontest.Env) {
 	if out := mustOK(t, sb, "cat /home/user/kept; pgrep -f '[w]hile :' || echo no-counter"); out != "kept\nno-counter\n" {
 		t.Fatalf("after a pause without memory: %q", out)
 	}
+	onlySocketInRunDir(t, env, sb.ID) // the cold boot's config went (agentchannel.go)
 	// Kill of a paused sandbox leaves nothing behind.
 	if err := env.Client.Pause(ctxT(t, time.Minute), sb.ID, true); err != nil {
 		t.Fatal(err)

@@ -27,6 +27,9 @@ func Run(t *testing.T, runtimeName string) {
 	dataDir = env.DataDir
 	t.Run("Lifecycle", func(t *testing.T) { testLifecycle(t, env) })
 	t.Run("Isolation", func(t *testing.T) { testIsolation(t, env) })
+	t.Run("AgentChannel", func(t *testing.T) { testAgentChannel(t, env) }) // agentchannel.go
+	t.Run("RunDirReadOnly", func(t *testing.T) { testRunDirReadOnly(t, env) })
+	t.Run("FakeDaemon", func(t *testing.T) { testFakeDaemon(t, env) })
 	t.Run("Limits", func(t *testing.T) { testLimits(t, env) })
 	t.Run("PauseResume", func(t *testing.T) { testPauseResume(t, env) })
 	t.Run("PauseSurvivesDaemonRestart", func(t *testing.T) { testPauseRestart(t, env) })
