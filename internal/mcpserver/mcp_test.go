@@ -103,6 +103,10 @@ func exercise(t *testing.T, cs *mcp.ClientSession) {
 	if !strings.Contains(out["error"].(string), "timeout") {
 		t.Fatalf("sandbox_exec timeout: %v", out)
 	}
+	// Seconds a duration cannot hold would wrap (to no timeout at all).
+	if _, res = call(t, cs, "sandbox_exec", map[string]any{"sandbox_id": id, "command": "true", "timeout_seconds": 9223372037}); !res.IsError || !strings.Contains(text(res), "timeout_seconds must be between 0 and 86400") {
+		t.Fatalf("sandbox_exec with an overflowing timeout: %s", text(res))
+	}
 	if _, res = call(t, cs, "sandbox_write_file", map[string]any{"sandbox_id": id, "path": "/home/user/dir/a.txt", "content": "hello mcp"}); res.IsError {
 		t.Fatalf("write: %s", text(res))
 	}

@@ -54,6 +54,9 @@ type Config struct {
 	// MetricsInterval is how often running sandboxes' resource use is
 	// sampled (metrics.go); 0 means DefaultMetricsInterval.
 	MetricsInterval time.Duration
+	// Maxima bound every sandbox's limits; zero fields are the host's
+	// (HostMaxima of DataDir).
+	Maxima Maxima
 }
 
 // Validate checks the config.
@@ -78,6 +81,10 @@ func (c *Config) Validate() error {
 	}
 	if c.BuildProgress == nil {
 		c.BuildProgress = io.Discard
+	}
+	var err error
+	if c.Maxima, err = c.Maxima.Resolve(c.DataDir); err != nil {
+		return fmt.Errorf("sandbox manager: %w", err)
 	}
 	switch {
 	case c.MetricsInterval == 0:
@@ -129,6 +136,9 @@ func NewManager(cfg Config) (*Manager, error) {
 
 func sandboxesDir(dataDir string) string { return filepath.Join(dataDir, "sandboxes") }
 
+// Maxima are the bounds this manager holds sandboxes' limits to.
+func (m *Manager) Maxima() Maxima { return m.cfg.Maxima }
+
 // RuntimeName is the runtime this manager drives.
 func (m *Manager) RuntimeName() string { return m.cfg.Runtime.Name() }
 
@@ -150,7 +160,7 @@ type record struct {
 // Create makes a sandbox owned by p and returns once its agent answers.
 func (m *Manager) Create(ctx context.Context, p tenant.Principal, opts Options) (*Sandbox, error) {
 	opts.APIKeyID, opts.TeamID = p.Key, p.Team
-	if err := opts.Normalize(); err != nil {
+	if err := opts.Normalize(m.cfg.Maxima); err != nil {
 		return nil, err
 	}
 	releaseVolumes, err := m.holdVolumes(ctx, p, &opts) // volumes.go
