@@ -281,9 +281,16 @@ while True:
 		// forks; under gVisor the guest's own pids cgroup does (the host
 		// ceiling would end the whole sandbox). Twice: what a bomb leaves
 		// behind must not make the next one fatal.
+		// The bomb first tries to lift the cap (uid 1000 may not) and to
+		// leave the commands' cgroup.
 		bomb := create(t, env, client.CreateRequest{PidsLimit: 64})
+		const escape = `for try in 'echo max > /sys/fs/cgroup/cella-commands/pids.max' 'echo $$ > /sys/fs/cgroup/cgroup.procs' 'mkdir /sys/fs/cgroup/mine'; do
+			sh -c "$try" 2>/dev/null && echo "escaped: $try"; done; `
 		for i := 0; i < 2; i++ {
-			res := run(t, bomb, `bomb() { bomb | bomb & }; bomb; sleep 30`, client.ExecOptions{Timeout: time.Minute})
+			res := run(t, bomb, escape+`bomb() { bomb | bomb & }; bomb; sleep 30`, client.ExecOptions{Timeout: time.Minute})
+			if strings.Contains(res.Stdout, "escaped") {
+				t.Fatalf("uid 1000 changed the sandbox's cgroups: %+v", res)
+			}
 			expect(t, res, "pids limit", "64", "--pids")
 			if strings.Contains(res.Error, "host process ceiling") {
 				t.Fatalf("the fork bomb took the whole sandbox down: %q", res.Error)
