@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -92,7 +93,7 @@ func parseMiB(s string) (int64, error) {
 		u = strings.TrimSuffix(u, "M")
 	}
 	n, err := strconv.ParseInt(u, 10, 64)
-	if err != nil || n <= 0 {
+	if err != nil || n <= 0 || n > math.MaxInt64>>20/mult {
 		return 0, fmt.Errorf("invalid size %q (use e.g. 512M or 2G)", s)
 	}
 	return n * mult, nil

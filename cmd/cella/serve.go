@@ -26,13 +26,15 @@ type serveConfig struct {
 	daemon.Config
 	Listen   string
 	LogLevel string
+	// envErr is a CELLA_MAX_* value that does not parse (maxflags.go).
+	envErr error
 }
 
 func (c *serveConfig) Validate() error {
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("--listen %q: %w", c.Listen, err)
 	}
-	return nil
+	return c.envErr
 }
 
 func newServeCmd() *cobra.Command {
@@ -65,6 +67,8 @@ func newServeCmd() *cobra.Command {
 	if err := registerPoolFlag(f, &c.Pools); err != nil {
 		fmt.Fprintln(os.Stderr, "cella serve:", err)
 	}
+	// --max-cpus/memory/disk/pids: bounds of sandbox limits (maxflags.go)
+	c.envErr = registerMaxFlags(f, &c.Maxima)
 	c.AuditRetention = 7 * 24 * time.Hour
 	if err := envLifeDuration("CELLA_AUDIT_RETENTION", &c.AuditRetention); err != nil { // lifecycleflags.go
 		fmt.Fprintln(os.Stderr, "cella serve:", err)

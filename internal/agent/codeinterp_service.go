@@ -87,7 +87,7 @@ func (s *Server) spawnInterpreter(p codeinterp.Proc) (int, <-chan unix.WaitStatu
 	if err != nil {
 		return 0, nil, fmt.Errorf("interpreter user: %w", err)
 	}
-	sys := &syscall.SysProcAttr{Setsid: true}
+	sys := s.sysProcAttr() // limits.go
 	if u.UID != uint32(os.Geteuid()) || u.GID != uint32(os.Getegid()) || u.UID != 0 {
 		sys.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
 	}

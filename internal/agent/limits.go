@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -97,6 +99,113 @@ type watchdog struct {
 	// members (`cmd &`, a fork bomb whose first shell returned at once):
 	// they stay under the limits until they are empty.
 	lingering map[int]bool
+
+	cgroup commandCgroup // gVisor: the pids cap at fork time
+}
+
+// guestCgroupDir is where gVisor mounts its own cgroup v2 hierarchy inside
+// the sandbox (runsc --in-sandbox-cgroup=v2; internal/runtime/gvisor). It
+// lives in the sentry: its limits cost the host nothing and bind only the
+// sandbox.
+const guestCgroupDir = "/sys/fs/cgroup"
+
+// commandCgroupName is the guest cgroup every command starts in.
+const commandCgroupName = "cella-commands"
+
+// CommandPidsSlack is how many tasks the commands' cgroup allows above the
+// sandbox's pids limit: threads count there as in any pids cgroup (the
+// namespaces runtime's host ceiling is the same limit + 64), and the count
+// must be able to pass the limit for the watchdog to see it and name it.
+const CommandPidsSlack = 64
+
+// commandCgroup caps the tasks of all commands of a gVisor sandbox at fork
+// time. The watchdog alone cannot stop a fork bomb there: the bomb's
+// runnable processes starve the agent (each is one more guest task the
+// sentry schedules beside it) while every new process costs about two host
+// tasks (a systrap stub), until the host pids ceiling refuses a fork and the
+// whole sandbox dies. gVisor's pids controller refuses the fork inside the
+// sentry instead (EAGAIN, as the kernel's does under the namespaces
+// runtime): the bomb stops growing, its shells back off, and the watchdog
+// gets the CPU to kill it. Commands are cloned straight into the cgroup
+// (clone3 CLONE_INTO_CGROUP), so not one of their forks happens outside it.
+type commandCgroup struct {
+	mu    sync.Mutex
+	tried bool
+	fd    int   // the cgroup directory, -1 when there is none
+	max   int64 // the pids.max written
+}
+
+// sysProcAttr is the SysProcAttr of a command the agent starts: its own
+// session, and under gVisor the commands' cgroup.
+func (s *Server) sysProcAttr() *syscall.SysProcAttr {
+	sys := &syscall.SysProcAttr{Setsid: true}
+	if fd, ok := s.watchdog.cgroup.dir(s); ok {
+		sys.UseCgroupFD, sys.CgroupFD = true, fd
+	}
+	return sys
+}
+
+// dir returns the commands' cgroup, made on first use with pids.max from
+// the config (kept up to date with it). Only inside a gVisor sandbox whose
+// guest has cgroup v2; anywhere else (tests on the host, the namespaces
+// runtime, whose host pids cgroup already refuses forks) there is none.
+func (c *commandCgroup) dir(s *Server) (int, bool) {
+	cfg := s.config()
+	if !s.opts.SandboxWide || cfg.Runtime != "gvisor" || cfg.Limits.Pids <= 0 {
+		return 0, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.tried {
+		c.tried, c.fd = true, -1
+		fd, err := openCommandCgroup(filepath.Join(guestCgroupDir, commandCgroupName))
+		if err != nil {
+			slog.Warn("no guest pids cgroup: a fork bomb can outrun the watchdog", "err", err)
+			return 0, false
+		}
+		c.fd = fd
+	}
+	if c.fd < 0 {
+		return 0, false
+	}
+	if want := cfg.Limits.Pids + CommandPidsSlack; c.max != want {
+		if err := writeCgroupFile(c.fd, "pids.max", strconv.FormatInt(want, 10)); err != nil {
+			slog.Warn("set the commands' pids.max", "max", want, "err", err)
+		} else {
+			c.max = want
+		}
+	}
+	return c.fd, true
+}
+
+// openCommandCgroup makes (or finds again: a cold boot on kept files sees a
+// fresh hierarchy, a restore the old one) the cgroup at path and opens it.
+func openCommandCgroup(path string) (int, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(filepath.Dir(path), &st); err != nil {
+		return -1, fmt.Errorf("statfs %s: %w", filepath.Dir(path), err)
+	}
+	if st.Type != unix.CGROUP2_SUPER_MAGIC {
+		return -1, fmt.Errorf("%s is not a cgroup v2 mount", filepath.Dir(path))
+	}
+	if err := unix.Mkdir(path, 0o755); err != nil && err != unix.EEXIST {
+		return -1, fmt.Errorf("mkdir %s: %w", path, err)
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open %s: %w", path, err)
+	}
+	return fd, nil
+}
+
+func writeCgroupFile(dirfd int, name, value string) error {
+	fd, err := unix.Openat(dirfd, name, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	_, err = unix.Write(fd, []byte(value))
+	return err
 }
 
 // track keeps watching the session of an ended command.

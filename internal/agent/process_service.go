@@ -24,9 +24,11 @@ type processService struct{ s *Server }
 
 var _ processconnect.ProcessHandler = processService{}
 
-// keepaliveInterval reads Keepalive-Ping-Interval (seconds).
+// keepaliveInterval reads Keepalive-Ping-Interval (seconds, up to a day: a
+// larger number would wrap around as a duration, and a ticker panics on a
+// negative one).
 func keepaliveInterval(h http.Header) time.Duration {
-	if v, err := strconv.Atoi(h.Get("Keepalive-Ping-Interval")); err == nil && v > 0 {
+	if v, err := strconv.Atoi(h.Get("Keepalive-Ping-Interval")); err == nil && v > 0 && v <= 86400 {
 		return time.Duration(v) * time.Second
 	}
 	return defaultKeepalive

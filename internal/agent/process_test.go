@@ -631,3 +631,16 @@ func TestStreamInputAndTag(t *testing.T) {
 		t.Fatalf("result %+v", r)
 	}
 }
+
+// TestKeepaliveIntervalBounds: an interval a duration cannot hold (it would
+// wrap around, and a ticker panics on a negative one) is the default.
+func TestKeepaliveIntervalBounds(t *testing.T) {
+	for v, want := range map[string]time.Duration{
+		"1": time.Second, "86400": 24 * time.Hour, "0": defaultKeepalive, "-5": defaultKeepalive,
+		"86401": defaultKeepalive, "9223372037": defaultKeepalive, "x": defaultKeepalive,
+	} {
+		if got := keepaliveInterval(http.Header{"Keepalive-Ping-Interval": {v}}); got != want {
+			t.Errorf("Keepalive-Ping-Interval %s: %v, want %v", v, got, want)
+		}
+	}
+}

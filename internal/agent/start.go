@@ -118,7 +118,7 @@ func (s *Server) startProcess(spec *startSpec) (*proc, *subscriber, error) {
 			}
 		}
 	}
-	sys := &syscall.SysProcAttr{Setsid: true}
+	sys := s.sysProcAttr() // limits.go: own session, the commands' cgroup
 
 	if spec.pty != nil {
 		ptmx, tty, err := openPTY(spec.pty)

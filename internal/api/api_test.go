@@ -115,7 +115,7 @@ func TestAPI(t *testing.T) {
 		st, _, body = a.do(t, "POST", "/v2/sandboxes", key, map[string]any{"templateID": "no-such-template"}, nil)
 		a.wantError(t, 404, st, body, "no-such-template")
 		st, _, body = a.do(t, "POST", "/v2/sandboxes", key, map[string]any{"templateID": "base", "timeout": -5}, nil)
-		a.wantError(t, 400, st, body, "negative")
+		a.wantError(t, 400, st, body, "timeout must be between 0 and 86400 seconds")
 		st, _, body = a.do(t, "POST", "/v2/sandboxes", key, map[string]any{"templateID": "base", "timeout": "soon"}, nil)
 		a.wantError(t, 400, st, body, "timeout")
 		st, _, body = a.do(t, "POST", "/v2/sandboxes", key, map[string]any{"templateID": "../../etc"}, nil)
@@ -532,7 +532,7 @@ func TestAPI(t *testing.T) {
 	})
 	t.Run("SetTimeoutExpires", func(t *testing.T) {
 		st, _, body := a.do(t, "POST", "/sandboxes/"+v1.SandboxID+"/timeout", key, map[string]any{"timeout": -1}, nil)
-		a.wantError(t, 400, st, body, "negative")
+		a.wantError(t, 400, st, body, "timeout must be between 0 and 86400 seconds")
 		st, _, body = a.do(t, "POST", "/sandboxes/"+v1.SandboxID+"/timeout", key, "{bad", nil)
 		a.wantError(t, 400, st, body, "")
 		set := time.Now()

@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"strings"
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/errdefs"
@@ -45,17 +46,19 @@ func pickDuration(name string, def time.Duration, str *string, secs *float64, un
 		d = v
 	}
 	for _, f := range []struct {
-		v    *float64
-		unit time.Duration
-	}{{secs, time.Second}, {n, unit}} {
+		v              *float64
+		field, unitStr string
+		unit           time.Duration
+	}{{secs, name + "Seconds", "seconds", time.Second}, {n, name + unitName, strings.ToLower(unitName), unit}} {
 		if f.v == nil {
 			continue
 		}
 		set++
-		if *f.v < 0 || *f.v*float64(f.unit) > float64(sandbox.MaxLifecycleDuration) {
-			return 0, errdefs.InvalidArgument("lifecycle.%s must be between 0 and 10 years (got %g)", name, *f.v)
+		v, err := units("lifecycle."+f.field, *f.v, f.unit, f.unitStr, sandbox.MaxLifecycleDuration) // bounds.go
+		if err != nil {
+			return 0, err
 		}
-		d = time.Duration(*f.v * float64(f.unit))
+		d = v
 	}
 	if set > 1 {
 		return 0, errdefs.InvalidArgument("lifecycle.%s is given more than once: use one of %s, %sSeconds, %s%s", name, name, name, name, unitName)

@@ -433,14 +433,19 @@ func websocketProtocols(r *http.Request) []string {
 	return out
 }
 
-func queryUint(r *http.Request, name string, def uint32) (uint32, error) {
+// maxPTYSize bounds a terminal's columns and rows: far beyond any screen,
+// far below the uint16 a pty's window size is (a larger value would wrap).
+const maxPTYSize = 4096
+
+// ptySize reads the cols or rows query parameter: 1 to maxPTYSize.
+func ptySize(r *http.Request, name string, def uint32) (uint32, error) {
 	v := r.URL.Query().Get(name)
 	if v == "" {
 		return def, nil
 	}
-	n, err := strconv.ParseUint(v, 10, 16)
-	if err != nil || n == 0 {
-		return 0, errdefs.InvalidArgument("%s must be a positive number, got %q", name, v)
+	n, err := strconv.ParseUint(v, 10, 32)
+	if err != nil || n == 0 || n > maxPTYSize {
+		return 0, errdefs.InvalidArgument("%s must be a number from 1 to %d (got %q)", name, maxPTYSize, v)
 	}
 	return uint32(n), nil
 }
@@ -460,12 +465,12 @@ func (s *Server) ptyHandler(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	cols, err := queryUint(r, "cols", 80)
+	cols, err := ptySize(r, "cols", 80)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
-	rows, err := queryUint(r, "rows", 24)
+	rows, err := ptySize(r, "rows", 24)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -546,8 +551,8 @@ func (s *Server) ptyHandler(w http.ResponseWriter, r *http.Request) {
 			}
 			switch m.Type {
 			case "resize":
-				if m.Cols == 0 || m.Rows == 0 {
-					rerr = errors.New("resize needs positive cols and rows")
+				if m.Cols == 0 || m.Rows == 0 || m.Cols > maxPTYSize || m.Rows > maxPTYSize {
+					rerr = fmt.Errorf("resize needs cols and rows from 1 to %d (got %dx%d)", maxPTYSize, m.Cols, m.Rows)
 				} else {
 					rerr = ss.resize(ctx, m.Cols, m.Rows)
 				}

@@ -100,11 +100,11 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if req.Timeout != nil {
-		if *req.Timeout < 0 {
-			s.writeErr(w, r, errdefs.InvalidArgument("timeout must not be negative (got %d)", *req.Timeout))
+		var err error
+		if opts.Timeout, err = seconds("timeout", *req.Timeout, sandbox.MaxTimeout); err != nil { // bounds.go
+			s.writeErr(w, r, err)
 			return
 		}
-		opts.Timeout = time.Duration(*req.Timeout) * time.Second
 	} else if r.URL.Path == "/sandboxes" {
 		// E2B's v1 NewSandbox defaults to 15 s; v2 defaults to 300 s.
 		opts.Timeout = v1DefaultTimeout
@@ -214,11 +214,12 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, errdefs.InvalidArgument("timeout (seconds) is required"))
 		return
 	}
-	if *req.Timeout < 0 {
-		s.writeErr(w, r, errdefs.InvalidArgument("timeout must not be negative (got %d)", *req.Timeout))
+	d, err := seconds("timeout", *req.Timeout, sandbox.MaxTimeout)
+	if err != nil {
+		s.writeErr(w, r, err)
 		return
 	}
-	if err := s.cfg.Manager.SetTimeout(r.Context(), caller(r), r.PathValue("id"), time.Duration(*req.Timeout)*time.Second); err != nil {
+	if err := s.cfg.Manager.SetTimeout(r.Context(), caller(r), r.PathValue("id"), d); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
@@ -233,15 +234,15 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	d := int64(60)
+	d := time.Minute
 	if req.Duration != nil {
-		d = *req.Duration
+		var err error
+		if d, err = seconds("duration", *req.Duration, sandbox.MaxTimeout); err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
 	}
-	if d < 0 {
-		s.writeErr(w, r, errdefs.InvalidArgument("duration must not be negative (got %d)", d))
-		return
-	}
-	if _, err := s.cfg.Manager.Extend(r.Context(), caller(r), r.PathValue("id"), time.Duration(d)*time.Second); err != nil {
+	if _, err := s.cfg.Manager.Extend(r.Context(), caller(r), r.PathValue("id"), d); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
@@ -259,11 +260,11 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	d := sandbox.DefaultTimeout
 	if req.Timeout != nil {
-		if *req.Timeout < 0 {
-			s.writeErr(w, r, errdefs.InvalidArgument("timeout must not be negative (got %d)", *req.Timeout))
+		var err error
+		if d, err = seconds("timeout", *req.Timeout, sandbox.MaxTimeout); err != nil {
+			s.writeErr(w, r, err)
 			return
 		}
-		d = time.Duration(*req.Timeout) * time.Second
 	}
 	// "memory": false asks for a cold boot of a paused sandbox on its kept
 	// filesystem (the SDK's onResume: 'reboot').
@@ -309,11 +310,11 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	d := v1DefaultTimeout // the spec's default for ResumedSandbox
 	if req.Timeout != nil {
-		if *req.Timeout < 0 {
-			s.writeErr(w, r, errdefs.InvalidArgument("timeout must not be negative (got %d)", *req.Timeout))
+		var err error
+		if d, err = seconds("timeout", *req.Timeout, sandbox.MaxTimeout); err != nil {
+			s.writeErr(w, r, err)
 			return
 		}
-		d = time.Duration(*req.Timeout) * time.Second
 	}
 	id := r.PathValue("id")
 	sb, err := s.cfg.Manager.Lookup(caller(r), id)

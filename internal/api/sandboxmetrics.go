@@ -2,7 +2,6 @@ package api
 
 import (
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -38,12 +37,12 @@ const maxMetricsIDs = 100
 // end the answer includes a sample of the present.
 func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	start, err := unixParam(q.Get("start"), "start")
+	start, err := unixSeconds("start", q.Get("start")) // bounds.go
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
-	end, err := unixParam(q.Get("end"), "end")
+	end, err := unixSeconds("end", q.Get("end"))
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -89,15 +88,4 @@ func (s *Server) sandboxesMetrics(w http.ResponseWriter, r *http.Request) {
 		out[strings.TrimSpace(id)] = toSandboxMetric(m)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
-}
-
-func unixParam(v, name string) (time.Time, error) {
-	if v == "" {
-		return time.Time{}, nil
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || n < 0 {
-		return time.Time{}, errdefs.InvalidArgument("%s must be a unix time in seconds (got %q)", name, v)
-	}
-	return time.Unix(n, 0), nil
 }

@@ -51,6 +51,8 @@ type Server struct {
 	log *slog.Logger
 	mux *http.ServeMux
 	pty ptyTable // interactive shells (pty.go)
+	// self is the API's in-process client (selfclient.go), MCP's way in.
+	self *selfClient
 }
 
 // New builds the server's routes.
@@ -59,6 +61,7 @@ func New(cfg Config) *Server {
 		cfg.Log = slog.Default()
 	}
 	s := &Server{cfg: cfg, log: cfg.Log, mux: http.NewServeMux()}
+	s.self = newSelfClient(s)
 	s.routes()
 	return s
 }
@@ -96,7 +99,10 @@ func (s *Server) routes() {
 	s.auditRoutes(auth)    // audit.go
 	s.interactRoutes(auth) // pty.go, wait.go: PTY WebSocket, readiness waits, process logs
 	s.poolRoutes(auth)     // pools.go: warm pools
-	m.Handle("/mcp", auth(mcpserver.HTTPHandler(s.mcpBudget, func(r *http.Request) string { return s.egressText(apiKeyFrom(r.Context())) }, "").ServeHTTP))
+	m.Handle("/mcp", auth(mcpserver.HTTPHandler(mcpserver.HTTPConfig{
+		API: s.self.http, APIURL: selfURL, Budget: s.mcpBudget,
+		Network: func(r *http.Request) string { return s.egressText(apiKeyFrom(r.Context())) },
+	}).ServeHTTP))
 	m.Handle("POST /keys", auth(s.adminOnly("manage API keys", s.createKey)))
 	m.Handle("GET /keys", auth(s.adminOnly("manage API keys", s.listKeys)))
 	m.Handle("GET /keys/self", auth(s.selfKey))
@@ -115,6 +121,10 @@ func notImplemented(feature string) http.HandlerFunc {
 		writeError(w, http.StatusNotImplemented, "%s is not implemented in this version of cella (%s %s)", feature, r.Method, r.URL.Path)
 	}
 }
+
+// Close stops what the server runs besides its handler: the in-process
+// listener of its own client.
+func (s *Server) Close() { s.self.close() }
 
 // ServeHTTP routes sandbox traffic to the proxy and the rest to the API.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {

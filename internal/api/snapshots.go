@@ -145,11 +145,11 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	var timeout time.Duration
 	if req.Timeout != nil {
-		if *req.Timeout < 0 {
-			s.writeErr(w, r, errdefs.InvalidArgument("timeout must not be negative (got %d)", *req.Timeout))
+		var err error
+		if timeout, err = seconds("timeout", *req.Timeout, sandbox.MaxTimeout); err != nil { // bounds.go
+			s.writeErr(w, r, err)
 			return
 		}
-		timeout = time.Duration(*req.Timeout) * time.Second
 	}
 	res, err := s.cfg.Manager.Fork(r.Context(), caller(r), r.PathValue("id"), count, timeout)
 	if err != nil {

@@ -29,21 +29,30 @@ type waitRequest struct {
 
 const maxWaitTimeout = time.Hour
 
+// parseWaitTimeout reads the wait's timeout: seconds or a Go duration
+// string, more than 0 and at most maxWaitTimeout.
 func parseWaitTimeout(raw json.RawMessage) (time.Duration, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return 30 * time.Second, nil
 	}
+	var d time.Duration
 	var secs float64
+	var str string
 	if err := json.Unmarshal(raw, &secs); err == nil {
-		return time.Duration(secs * float64(time.Second)), nil
-	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err == nil {
-		if d, err := time.ParseDuration(s); err == nil {
-			return d, nil
+		if d, err = units("timeout", secs, time.Second, "seconds", maxWaitTimeout); err != nil { // bounds.go
+			return 0, err
 		}
+	} else if err := json.Unmarshal(raw, &str); err == nil {
+		if d, err = time.ParseDuration(str); err != nil || d < 0 || d > maxWaitTimeout {
+			return 0, errdefs.InvalidArgument("timeout must be a duration up to %v like \"30s\" (got %q)", maxWaitTimeout, str)
+		}
+	} else {
+		return 0, errdefs.InvalidArgument("timeout must be seconds (a number) or a duration string like \"30s\", got %s", raw)
 	}
-	return 0, errdefs.InvalidArgument("timeout must be seconds (a number) or a duration string like \"30s\", got %s", raw)
+	if d == 0 {
+		return 0, errdefs.InvalidArgument("timeout must be positive (got %s)", raw)
+	}
+	return d, nil
 }
 
 // waitSandbox blocks until a port listens or a process prints a matching
@@ -58,10 +67,6 @@ func (s *Server) waitSandbox(w http.ResponseWriter, r *http.Request) {
 	timeout, err := parseWaitTimeout(req.Timeout)
 	if err != nil {
 		s.writeErr(w, r, err)
-		return
-	}
-	if timeout <= 0 || timeout > maxWaitTimeout {
-		s.writeErr(w, r, errdefs.InvalidArgument("timeout %v must be positive and at most %v", timeout, maxWaitTimeout))
 		return
 	}
 	q := url.Values{"timeout": {timeout.String()}}

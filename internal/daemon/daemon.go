@@ -61,6 +61,9 @@ type Config struct {
 	// AuditRetention is how long the audit log of a sandbox that no longer
 	// exists is kept (0: 7 days).
 	AuditRetention time.Duration
+	// Maxima bound every sandbox's limits (--max-cpus/memory/disk/pids);
+	// zero fields are the host's (sandbox.HostMaxima of DataDir).
+	Maxima sandbox.Maxima
 }
 
 // Validate checks the config.
@@ -79,6 +82,9 @@ func (c *Config) Validate() error {
 	}
 	if c.AgentBinary == "" {
 		return errors.New("agent binary is required")
+	}
+	if _, err := c.Maxima.Resolve(c.DataDir); err != nil { // the manager resolves them again; fail before anything starts
+		return err
 	}
 	if c.Log == nil {
 		c.Log = slog.Default()
@@ -237,12 +243,14 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	mgr, err := sandbox.NewManager(sandbox.Config{
 		DataDir: c.DataDir, Runtime: rt, Templates: tpls, Store: st, AgentBinary: c.AgentBinary, Log: log,
 		BuildProgress: c.BuildProgress, Volumes: vols, Lifecycle: c.Lifecycle,
-		AgentAudit: agentAudit{al}, Network: sbNet, SecretValue: sm.Get, MetricsInterval: c.MetricsInterval,
+		AgentAudit: agentAudit{al}, Network: sbNet, SecretValue: sm.Get, MetricsInterval: c.MetricsInterval, Maxima: c.Maxima,
 	})
 	if err != nil {
 		return nil, err
 	}
 	d.Manager = mgr
+	mx := mgr.Maxima()
+	log.Info("sandbox maxima", "cpus", mx.CPUs, "memory_mib", mx.MemoryMB, "disk_mib", mx.DiskMB, "pids", mx.Pids)
 	d.add(func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
@@ -256,8 +264,10 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	}
 	stopPrune := pruneAuditLogs(al, mgr, c.AuditRetention, log) // audit.go
 	d.add(stopPrune)
-	d.Handler = api.New(api.Config{Manager: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
+	srv := api.New(api.Config{Manager: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
 		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts})
+	d.Handler = srv
+	d.add(srv.Close)
 	return d, nil
 }
 

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,14 +23,20 @@ func daemontestClient(url, key string) (*cellaclient.Client, error) {
 	return cellaclient.New(cellaclient.Config{URL: url, APIKey: key})
 }
 
+// keyTransport sends the key with every request, and host as its Host
+// header when set.
 type keyTransport struct {
 	key  string
+	host string
 	base http.RoundTripper
 }
 
 func (k keyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set("X-API-Key", k.key)
+	if k.host != "" {
+		r.Host = k.host
+	}
 	return k.base.RoundTrip(r)
 }
 
@@ -95,6 +103,10 @@ func exercise(t *testing.T, cs *mcp.ClientSession) {
 	if !strings.Contains(out["error"].(string), "timeout") {
 		t.Fatalf("sandbox_exec timeout: %v", out)
 	}
+	// Seconds a duration cannot hold would wrap (to no timeout at all).
+	if _, res = call(t, cs, "sandbox_exec", map[string]any{"sandbox_id": id, "command": "true", "timeout_seconds": 9223372037}); !res.IsError || !strings.Contains(text(res), "timeout_seconds must be between 0 and 86400") {
+		t.Fatalf("sandbox_exec with an overflowing timeout: %s", text(res))
+	}
 	if _, res = call(t, cs, "sandbox_write_file", map[string]any{"sandbox_id": id, "path": "/home/user/dir/a.txt", "content": "hello mcp"}); res.IsError {
 		t.Fatalf("write: %s", text(res))
 	}
@@ -135,6 +147,60 @@ func TestMCP(t *testing.T) {
 		}
 		defer cs.Close()
 		exercise(t, cs)
+	})
+	t.Run("HTTPIgnoresHostHeader", func(t *testing.T) {
+		// The attack: an MCP session whose requests name another server in
+		// Host. The daemon must not call that server with the caller's key
+		// (it once built its client to itself from Host); its tools still
+		// act on the real daemon.
+		var mu sync.Mutex
+		var got []string
+		attacker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			got = append(got, r.Method+" "+r.URL.Path+" key="+r.Header.Get("X-API-Key"))
+			mu.Unlock()
+			w.Header().Set("Content-Type", "application/json")
+			w.Write([]byte(`[]`))
+		}))
+		defer attacker.Close()
+		cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{
+			Endpoint:   env.URL + "/mcp",
+			HTTPClient: &http.Client{Transport: keyTransport{key: env.APIKey, host: attacker.Listener.Addr().String(), base: http.DefaultTransport}},
+		}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cs.Close()
+		leaked := func() {
+			t.Helper()
+			mu.Lock()
+			defer mu.Unlock()
+			if len(got) > 0 {
+				t.Fatalf("the daemon called the server named in Host, with the caller's key: %q", got)
+			}
+		}
+		created, res := call(t, cs, "sandbox_create", nil)
+		leaked()
+		id, _ := created["sandbox_id"].(string)
+		if res.IsError || id == "" {
+			t.Fatalf("sandbox_create with a foreign Host: %s", text(res))
+		}
+		defer call(t, cs, "sandbox_kill", map[string]any{"sandbox_id": id})
+		if _, err := env.Client.Get(ctx, id); err != nil {
+			t.Fatalf("the sandbox MCP created is not on the daemon: %v", err)
+		}
+		out, res := call(t, cs, "sandbox_exec", map[string]any{"sandbox_id": id, "command": "echo real"})
+		if res.IsError || out["stdout"] != "real\n" {
+			t.Fatalf("sandbox_exec with a foreign Host: %v %s", out, text(res))
+		}
+		if _, res = call(t, cs, "sandbox_write_file", map[string]any{"sandbox_id": id, "path": "/home/user/f", "content": "x"}); res.IsError {
+			t.Fatalf("sandbox_write_file with a foreign Host: %s", text(res))
+		}
+		out, _ = call(t, cs, "sandbox_list", nil)
+		if b, _ := json.Marshal(out); !strings.Contains(string(b), id) {
+			t.Fatalf("sandbox_list with a foreign Host: %s", b)
+		}
+		leaked()
 	})
 	t.Run("HTTPNeedsKey", func(t *testing.T) {
 		resp, err := http.Post(env.URL+"/mcp", "application/json", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`))

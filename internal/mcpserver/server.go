@@ -127,6 +127,10 @@ type execIn struct {
 	User           string            `json:"user,omitempty" jsonschema:"user or root (default user)"`
 }
 
+// maxExecSeconds bounds sandbox_exec's timeout_seconds: a day, the longest
+// a sandbox lives.
+const maxExecSeconds = 24 * 60 * 60
+
 type execOut struct {
 	ExitCode int    `json:"exit_code"`
 	Stdout   string `json:"stdout"`
@@ -144,7 +148,12 @@ func (t *tools) exec(ctx context.Context, in execIn) (execOut, error) {
 		return execOut{}, err
 	}
 	timeout := 60 * time.Second
-	if in.TimeoutSeconds > 0 {
+	switch {
+	case in.TimeoutSeconds < 0 || in.TimeoutSeconds > maxExecSeconds:
+		// Checked here: the seconds become a duration, which a larger
+		// number would wrap around.
+		return execOut{}, fmt.Errorf("timeout_seconds must be between 0 and %d (got %d)", maxExecSeconds, in.TimeoutSeconds)
+	case in.TimeoutSeconds > 0:
 		timeout = time.Duration(in.TimeoutSeconds) * time.Second
 	}
 	res, err := sb.Exec(ctx, in.Command, client.ExecOptions{User: in.User, Cwd: in.Cwd, Env: in.Env, Timeout: timeout})

@@ -127,7 +127,7 @@ func (m *Manager) fromSnapshot(ctx context.Context, p tenant.Principal, opts Opt
 	if err != nil {
 		return nil, err
 	}
-	if err := opts.Normalize(); err != nil {
+	if err := opts.Normalize(m.cfg.Maxima); err != nil {
 		return nil, err
 	}
 	releaseVolumes, err := m.holdVolumes(ctx, p, &opts) // the original's volumes, if p may use them

@@ -53,6 +53,9 @@ type Config struct {
 	// MetricsInterval is how often running sandboxes' resource use is
 	// sampled (metrics.go); 0 means DefaultMetricsInterval.
 	MetricsInterval time.Duration
+	// Maxima bound every sandbox's limits; zero fields are the host's
+	// (HostMaxima of DataDir).
+	Maxima Maxima
 }
 
 // Validate checks the config.
@@ -77,6 +80,10 @@ func (c *Config) Validate() error {
 	}
 	if c.BuildProgress == nil {
 		c.BuildProgress = io.Discard
+	}
+	var err error
+	if c.Maxima, err = c.Maxima.Resolve(c.DataDir); err != nil {
+		return fmt.Errorf("sandbox manager: %w", err)
 	}
 	switch {
 	case c.MetricsInterval == 0:
@@ -128,6 +135,9 @@ func NewManager(cfg Config) (*Manager, error) {
 
 func sandboxesDir(dataDir string) string { return filepath.Join(dataDir, "sandboxes") }
 
+// Maxima are the bounds this manager holds sandboxes' limits to.
+func (m *Manager) Maxima() Maxima { return m.cfg.Maxima }
+
 // RuntimeName is the runtime this manager drives.
 func (m *Manager) RuntimeName() string { return m.cfg.Runtime.Name() }
 
@@ -161,7 +171,7 @@ func (r record) tokens() []string {
 // Create makes a sandbox owned by p and returns once its agent answers.
 func (m *Manager) Create(ctx context.Context, p tenant.Principal, opts Options) (*Sandbox, error) {
 	opts.APIKeyID, opts.TeamID = p.Key, p.Team
-	if err := opts.Normalize(); err != nil {
+	if err := opts.Normalize(m.cfg.Maxima); err != nil {
 		return nil, err
 	}
 	releaseVolumes, err := m.holdVolumes(ctx, p, &opts) // volumes.go
@@ -381,11 +391,13 @@ func (m *Manager) agentConfig(sb *Sandbox, tpl *template.Template) agent.Config 
 // sandbox, and gVisor's own sentry and stub processes count too.
 func (m *Manager) ceilings(o Options) runtime.Limits {
 	mem := mib(o.MemoryMB)
-	// Under systrap each guest process costs about two host tasks, plus the
-	// sentry's threads. Forks refused inside or outside gVisor make its
-	// sentry spin or die, so there is no graceful cap for a fork bomb that
-	// outruns the agent's watchdog: this ceiling then ends the sandbox fast
-	// and deathReason names the pids limit.
+	// Under systrap each guest process costs about two host tasks (its
+	// address space's stub process, kept in gVisor's pool after the process
+	// ends), plus the sentry's threads, and gVisor dies when this ceiling
+	// refuses one. What keeps a fork bomb below it is the guest's own pids
+	// cgroup, which the agent caps at the limit + agent.CommandPidsSlack
+	// tasks: measured, a bomb under pids 64 (cap 128) peaks at 300-380 host
+	// tasks of 512, under the default 256 (cap 320) at ~720 of 1280.
 	l := runtime.Limits{CPUs: o.CPUs, MemoryBytes: mem + mem/4 + mib(256), Pids: o.Pids*4 + 256}
 	if m.cfg.Runtime.Name() == runtime.Namespaces {
 		l.MemoryBytes = mem + mib(128)

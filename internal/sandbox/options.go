@@ -3,8 +3,12 @@ package sandbox
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"regexp"
+	goruntime "runtime"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
@@ -21,7 +25,75 @@ const (
 	DefaultPids     = 256
 	DefaultOutputMB = 10
 	DefaultTemplate = "base"
+
+	// MaxOutputMB bounds the per-command output cap (outputLimitMB).
+	MaxOutputMB = 1024
+	// DefaultMaxPids is the default of --max-pids (the kernel's default
+	// pid_max).
+	DefaultMaxPids = 32768
 )
+
+// Maxima are the operator's upper bounds on a sandbox's resources (cella
+// serve --max-cpus, --max-memory, --max-disk, --max-pids): every create,
+// fork, snapshot restore and warm pool is normalized against them, and a
+// request above one is refused with a message that names it and its flag.
+type Maxima struct {
+	CPUs     float64
+	MemoryMB int64
+	DiskMB   int64
+	Pids     int64
+}
+
+// HostMaxima are the maxima a daemon on dataDir has unless told otherwise:
+// the host's cores; its RAM for memory; for disk the smaller of its RAM and
+// the data dir's free space (the writable layer is a tmpfs, host RAM as it
+// fills, under a directory of the data dir); DefaultMaxPids processes.
+func HostMaxima(dataDir string) Maxima {
+	m := Maxima{CPUs: float64(goruntime.NumCPU()), Pids: DefaultMaxPids}
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err == nil {
+		ram := int64(si.Totalram) * int64(si.Unit) >> 20
+		m.MemoryMB, m.DiskMB = ram, ram
+	}
+	var st unix.Statfs_t
+	if dataDir != "" && unix.Statfs(dataDir, &st) == nil {
+		if free := int64(st.Bavail) * st.Bsize >> 20; free < m.DiskMB {
+			m.DiskMB = free
+		}
+	}
+	return m
+}
+
+// Resolve fills the maxima left zero with HostMaxima(dataDir) and checks
+// that each admits the default of its limit: a create that asks for
+// nothing must succeed, and so must a warm pool's sandboxes, which have
+// the defaults.
+func (m Maxima) Resolve(dataDir string) (Maxima, error) {
+	host := HostMaxima(dataDir)
+	if m.CPUs == 0 {
+		m.CPUs = host.CPUs
+	}
+	if m.MemoryMB == 0 {
+		m.MemoryMB = host.MemoryMB
+	}
+	if m.DiskMB == 0 {
+		m.DiskMB = host.DiskMB
+	}
+	if m.Pids == 0 {
+		m.Pids = host.Pids
+	}
+	switch {
+	case math.IsNaN(m.CPUs) || m.CPUs < DefaultCPUs:
+		return m, fmt.Errorf("--max-cpus %g is below the default sandbox CPUs of %g", m.CPUs, DefaultCPUs)
+	case m.MemoryMB < DefaultMemoryMB:
+		return m, fmt.Errorf("--max-memory %d MiB is below the default sandbox memory of %d MiB", m.MemoryMB, DefaultMemoryMB)
+	case m.DiskMB < DefaultDiskMB:
+		return m, fmt.Errorf("--max-disk %d MiB is below the default sandbox disk of %d MiB", m.DiskMB, DefaultDiskMB)
+	case m.Pids < DefaultPids:
+		return m, fmt.Errorf("--max-pids %d is below the default sandbox pids limit of %d", m.Pids, DefaultPids)
+	}
+	return m, nil
+}
 
 // Options is a normalized create request. Fields cella does not act on yet
 // (network policy, volumes) are kept as sent so that the record
@@ -73,9 +145,10 @@ func (o Options) Owner() tenant.Owner { return tenant.Owner{Team: o.TeamID, Key:
 
 var templateNameRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`)
 
-// Normalize fills defaults and rejects values cella cannot honour, with a
-// message that says which field and what is allowed.
-func (o *Options) Normalize() error {
+// Normalize fills defaults and rejects values cella cannot honour or the
+// operator does not allow (max, resolved), with a message that says which
+// field and what is allowed.
+func (o *Options) Normalize(max Maxima) error {
 	if o.TemplateID == "" {
 		o.TemplateID = DefaultTemplate
 	}
@@ -91,7 +164,7 @@ func (o *Options) Normalize() error {
 	if o.Timeout > MaxTimeout {
 		return errdefs.InvalidArgument("timeout %v is above the maximum of %v", o.Timeout, MaxTimeout)
 	}
-	if o.CPUs < 0 || o.MemoryMB < 0 || o.DiskMB < 0 || o.Pids < 0 || o.OutputMB < 0 {
+	if math.IsNaN(o.CPUs) || o.CPUs < 0 || o.MemoryMB < 0 || o.DiskMB < 0 || o.Pids < 0 || o.OutputMB < 0 {
 		return errdefs.InvalidArgument("cpus, memory, disk, pids and output limit must not be negative")
 	}
 	if o.OutputMB == 0 {
@@ -109,8 +182,17 @@ func (o *Options) Normalize() error {
 	if o.Pids == 0 {
 		o.Pids = DefaultPids
 	}
-	if o.CPUs > 64 {
-		return errdefs.InvalidArgument("cpus %g is above the maximum of 64", o.CPUs)
+	switch {
+	case o.CPUs > max.CPUs:
+		return errdefs.InvalidArgument("cpus %g is above this daemon's maximum of %g (cella serve --max-cpus)", o.CPUs, max.CPUs)
+	case o.MemoryMB > max.MemoryMB:
+		return errdefs.InvalidArgument("memory %d MiB is above this daemon's maximum of %d MiB (cella serve --max-memory)", o.MemoryMB, max.MemoryMB)
+	case o.DiskMB > max.DiskMB:
+		return errdefs.InvalidArgument("disk %d MiB is above this daemon's maximum of %d MiB (cella serve --max-disk)", o.DiskMB, max.DiskMB)
+	case o.Pids > max.Pids:
+		return errdefs.InvalidArgument("pids %d is above this daemon's maximum of %d (cella serve --max-pids)", o.Pids, max.Pids)
+	case o.OutputMB > MaxOutputMB:
+		return errdefs.InvalidArgument("output limit %d MiB is above the maximum of %d MiB", o.OutputMB, MaxOutputMB)
 	}
 	if o.MemoryMB < 64 {
 		return errdefs.InvalidArgument("memory %d MiB is below the minimum of 64 MiB", o.MemoryMB)

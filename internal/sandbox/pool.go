@@ -137,9 +137,11 @@ func (ps *poolSet) kick() {
 	}
 }
 
-func poolBase(name string) (Options, error) {
+// poolBase is what a pool's sandboxes are made with: the defaults, held
+// to the daemon's maxima like any create.
+func poolBase(name string, max Maxima) (Options, error) {
 	o := Options{TemplateID: name}
-	err := o.Normalize()
+	err := o.Normalize(max)
 	return o, err
 }
 
@@ -176,7 +178,7 @@ func (m *Manager) StartPools(ctx context.Context, configured map[string]int) err
 			ps.mu.Unlock()
 			return errdefs.InvalidArgument("pool %s: size %d is above the maximum of %d", name, n, MaxPoolSize)
 		}
-		base, err := poolBase(name)
+		base, err := poolBase(name, m.cfg.Maxima)
 		if err != nil {
 			ps.mu.Unlock()
 			return fmt.Errorf("pool %s: %w", name, err)
@@ -223,7 +225,7 @@ func (m *Manager) SetPool(ctx context.Context, name string, size int) (PoolStatu
 	if size < 0 || size > MaxPoolSize {
 		return PoolStatus{}, errdefs.InvalidArgument("pool size must be between 0 and %d (got %d)", MaxPoolSize, size)
 	}
-	base, err := poolBase(name)
+	base, err := poolBase(name, m.cfg.Maxima)
 	if err != nil {
 		return PoolStatus{}, err
 	}

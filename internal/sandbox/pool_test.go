@@ -12,7 +12,7 @@ import (
 // internal/api's TestPool; these check the pool's bookkeeping alone.
 
 func TestPoolCannotServe(t *testing.T) {
-	base, err := poolBase("base")
+	base, err := poolBase("base", testMaxima)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -20,7 +20,7 @@ func TestPoolCannotServe(t *testing.T) {
 	req := func(f func(o *Options)) Options {
 		o := Options{TemplateID: "base"}
 		f(&o)
-		if err := o.Normalize(); err != nil {
+		if err := o.Normalize(testMaxima); err != nil {
 			t.Fatal(err)
 		}
 		return o
@@ -54,7 +54,7 @@ func TestPoolCannotServe(t *testing.T) {
 }
 
 func TestPoolFillBookkeeping(t *testing.T) {
-	base, _ := poolBase("base")
+	base, _ := poolBase("base", testMaxima)
 	ps := &poolSet{byTpl: map[string]*pool{}}
 	p := &pool{template: "base", size: 2, base: base}
 	ps.byTpl["base"] = p

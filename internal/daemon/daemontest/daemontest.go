@@ -19,6 +19,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/rootfs"
+	"github.com/cella-sandbox/cella/internal/sandbox"
 	"github.com/cella-sandbox/cella/internal/template"
 )
 
@@ -109,6 +110,8 @@ type Options struct {
 	Network daemon.NetworkConfig
 	// MetricsInterval is the resource sampling period (0: the default).
 	MetricsInterval time.Duration
+	// Maxima bound sandboxes' limits (zero fields: the host's).
+	Maxima sandbox.Maxima
 }
 
 // Start runs a daemon with the given runtime until the test ends.
@@ -142,7 +145,7 @@ func Start(t testing.TB, runtimeName string, o Options) *Env {
 	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	d, err := daemon.New(context.Background(), daemon.Config{
 		DataDir: dataDir, CacheDir: CacheDir(), Runtime: runtimeName, Domain: "cella.test",
-		RunscPath: runsc, AgentBinary: cella, Log: log, Network: o.Network, MetricsInterval: o.MetricsInterval,
+		RunscPath: runsc, AgentBinary: cella, Log: log, Network: o.Network, MetricsInterval: o.MetricsInterval, Maxima: o.Maxima,
 	})
 	if err != nil {
 		t.Fatalf("start daemon: %v", err)

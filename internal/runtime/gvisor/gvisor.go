@@ -196,22 +196,79 @@ func (r *Runtime) run(ctx context.Context, args ...string) ([]byte, error) {
 // Start implements runtime.Runtime: it writes the bundle and runs
 // `runsc run --detach`, which returns once PID 1 runs.
 func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) error {
-	sp, err := oci.Build(&spec, oci.Options{})
-	if err != nil {
-		return fmt.Errorf("gvisor start: %w", err)
-	}
-	dropClone3Rule(sp)
-	return r.start(ctx, &spec, sp, spec.BundleDir, spec.LogPath)
+	return r.boot(ctx, &spec, "start", true, "run")
 }
 
-// start writes sp into bundleDir and runs it detached with its stdio on
-// logPath.
-func (r *Runtime) start(ctx context.Context, spec *runtime.Spec, sp *specs.Spec, bundleDir, logPath string) error {
-	id := spec.ID
-	if err := oci.WriteBundle(bundleDir, sp); err != nil {
-		return fmt.Errorf("gvisor start %s: %w", id, err)
+// guestCgroup mounts the sentry's own cgroup v2 hierarchy in the guest at
+// /sys/fs/cgroup (with runsc --in-sandbox-cgroup=v2). It is not the host's:
+// its pids controller is what lets the agent cap a sandbox's commands at
+// fork time (agent.commandCgroup), which the host pids ceiling cannot do
+// without ending the whole sandbox.
+var guestCgroup = specs.Mount{Destination: "/sys/fs/cgroup", Type: "cgroup2", Source: "cgroup2", Options: []string{"nosuid", "noexec", "nodev"}}
+
+// guestCgroupMarker, in a checkpoint image, says that its sandbox ran with
+// the guest cgroup. A restore must have the mounts of the saved sandbox,
+// and sandboxes started before the guest cgroup existed (restored from
+// their images ever since) have none.
+const guestCgroupMarker = "cella-guest-cgroup-v2"
+
+// checkpoint runs `runsc checkpoint` with args into imageDir and marks the
+// image when container id runs with the guest cgroup (its bundle's spec
+// says so).
+func (r *Runtime) checkpoint(ctx context.Context, id, imageDir string, args ...string) error {
+	out, err := r.run(ctx, "state", id)
+	if err != nil {
+		return err
 	}
-	return r.launch(ctx, spec, "start", "run")
+	var st state
+	if err := json.Unmarshal(out, &st); err != nil {
+		return fmt.Errorf("parse state: %w", err)
+	}
+	b, err := os.ReadFile(filepath.Join(st.Bundle, "config.json"))
+	if err != nil {
+		return fmt.Errorf("read the container's spec: %w", err)
+	}
+	var sp specs.Spec
+	if err := json.Unmarshal(b, &sp); err != nil {
+		return fmt.Errorf("parse the container's spec: %w", err)
+	}
+	args = append(append([]string{"checkpoint"}, args...), "--image-path="+imageDir, id)
+	if _, err := r.run(ctx, args...); err != nil {
+		return err
+	}
+	if !slices.ContainsFunc(sp.Mounts, func(m specs.Mount) bool {
+		return m.Type == guestCgroup.Type && m.Destination == guestCgroup.Destination
+	}) {
+		return nil
+	}
+	if err := os.WriteFile(filepath.Join(imageDir, guestCgroupMarker), nil, 0o600); err != nil {
+		return fmt.Errorf("mark the checkpoint image: %w", err)
+	}
+	return nil
+}
+
+func hasGuestCgroup(imageDir string) bool {
+	_, err := os.Stat(filepath.Join(imageDir, guestCgroupMarker))
+	return err == nil
+}
+
+// boot writes spec's bundle and runs `runsc <verb> --detach` (run, or a
+// restore with its flags); withCgroup gives the guest its cgroup hierarchy.
+func (r *Runtime) boot(ctx context.Context, spec *runtime.Spec, what string, withCgroup bool, verb ...string) error {
+	var o oci.Options
+	if withCgroup {
+		o.ExtraMounts = []specs.Mount{guestCgroup}
+		verb = append([]string{"--in-sandbox-cgroup=v2"}, verb...)
+	}
+	sp, err := oci.Build(spec, o)
+	if err != nil {
+		return fmt.Errorf("gvisor %s: %w", what, err)
+	}
+	dropClone3Rule(sp)
+	if err := oci.WriteBundle(spec.BundleDir, sp); err != nil {
+		return fmt.Errorf("gvisor %s %s: %w", what, spec.ID, err)
+	}
+	return r.launch(ctx, spec, what, verb...)
 }
 
 // launch runs `runsc <verb> --detach` (run, or restore with its extra
@@ -284,7 +341,7 @@ func (r *Runtime) Thaw(ctx context.Context, id string) error {
 // so Destroy removes what is left of it: state, cgroups, null-netns.
 func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string) error {
 	start := time.Now()
-	if _, err := r.run(ctx, "checkpoint", "--image-path="+imageDir, id); err != nil {
+	if err := r.checkpoint(ctx, id, imageDir); err != nil {
 		return fmt.Errorf("gvisor checkpoint %s: %w", id, err)
 	}
 	took := time.Since(start)
@@ -299,15 +356,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string) error {
 // sandbox from imageDir with spec's bundle (rewritten, identical to the one
 // it was started with: the mounts must match) and its stdio on the log file.
 func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir string) error {
-	sp, err := oci.Build(&spec, oci.Options{})
-	if err != nil {
-		return fmt.Errorf("gvisor restore: %w", err)
-	}
-	dropClone3Rule(sp)
-	if err := oci.WriteBundle(spec.BundleDir, sp); err != nil {
-		return fmt.Errorf("gvisor restore %s: %w", spec.ID, err)
-	}
-	return r.launch(ctx, &spec, "restore", "restore", "--image-path="+imageDir)
+	return r.boot(ctx, &spec, "restore", hasGuestCgroup(imageDir), "restore", "--image-path="+imageDir)
 }
 
 // lastError returns the last error message in a runsc JSON log.

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/runtime"
-	"github.com/cella-sandbox/cella/internal/runtime/oci"
 )
 
 var _ runtime.Snapshotter = (*Runtime)(nil)
@@ -19,7 +18,7 @@ var _ runtime.Snapshotter = (*Runtime)(nil)
 // lets restore load pages in the background.
 func (r *Runtime) CheckpointRunning(ctx context.Context, id, imageDir string) error {
 	start := time.Now()
-	if _, err := r.run(ctx, "checkpoint", "--leave-running", "--compression=none", "--image-path="+imageDir, id); err != nil {
+	if err := r.checkpoint(ctx, id, imageDir, "--leave-running", "--compression=none"); err != nil {
 		return fmt.Errorf("gvisor checkpoint --leave-running %s: %w", id, err)
 	}
 	// The save broke the agent's host socket; tell it to redial now
@@ -42,13 +41,5 @@ func (r *Runtime) CheckpointRunning(ctx context.Context, id, imageDir string) er
 // dir at the same guest paths), which restore's spec validation would
 // refuse: it runs with --restore-spec-validation=warning.
 func (r *Runtime) RestoreFrom(ctx context.Context, spec runtime.Spec, imageDir string) error {
-	sp, err := oci.Build(&spec, oci.Options{})
-	if err != nil {
-		return fmt.Errorf("gvisor restore: %w", err)
-	}
-	dropClone3Rule(sp)
-	if err := oci.WriteBundle(spec.BundleDir, sp); err != nil {
-		return fmt.Errorf("gvisor restore %s: %w", spec.ID, err)
-	}
-	return r.launch(ctx, &spec, "restore", "--restore-spec-validation=warning", "restore", "--background", "--image-path="+imageDir)
+	return r.boot(ctx, &spec, "restore", hasGuestCgroup(imageDir), "--restore-spec-validation=warning", "restore", "--background", "--image-path="+imageDir)
 }

@@ -1,0 +1,67 @@
+package sandbox
+
+import (
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/cella-sandbox/cella/internal/errdefs"
+)
+
+// testMaxima are fixed, so that no test depends on the host's cores or RAM.
+var testMaxima = Maxima{CPUs: 4, MemoryMB: 8192, DiskMB: 8192, Pids: 4096}
+
+// TestNormalizeMaxima: a limit above the operator's maximum is an invalid
+// argument naming the limit, the maximum and the flag that sets it; at the
+// maximum it is accepted.
+func TestNormalizeMaxima(t *testing.T) {
+	for _, c := range []struct {
+		o    Options
+		want string
+	}{
+		{Options{MemoryMB: 10 << 20}, "memory 10485760 MiB is above this daemon's maximum of 8192 MiB (cella serve --max-memory)"},
+		{Options{DiskMB: 96 << 20}, "disk 100663296 MiB is above this daemon's maximum of 8192 MiB (cella serve --max-disk)"},
+		{Options{Pids: 4 << 20}, "pids 4194304 is above this daemon's maximum of 4096 (cella serve --max-pids)"},
+		{Options{CPUs: 64}, "cpus 64 is above this daemon's maximum of 4 (cella serve --max-cpus)"},
+		{Options{CPUs: math.Inf(1)}, "cpus +Inf is above this daemon's maximum of 4 (cella serve --max-cpus)"},
+		{Options{CPUs: math.NaN()}, "must not be negative"},
+		{Options{OutputMB: 1 << 50}, "output limit 1125899906842624 MiB is above the maximum of 1024 MiB"},
+		{Options{MemoryMB: 1 << 62}, "above this daemon's maximum"}, // mib() of it would wrap
+	} {
+		err := c.o.Normalize(testMaxima)
+		if err == nil || !errdefs.Is(err, errdefs.KindInvalidArgument) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v; want an invalid argument saying %q", c.o, err, c.want)
+		}
+	}
+	at := Options{CPUs: 4, MemoryMB: 8192, DiskMB: 8192, Pids: 4096, OutputMB: MaxOutputMB}
+	if err := at.Normalize(testMaxima); err != nil {
+		t.Fatalf("limits at the maxima: %v", err)
+	}
+}
+
+// TestResolveMaxima: unset maxima are the host's (disk: no more than the
+// data dir's free space); a maximum below the
+// default of its limit is refused (a create asking for nothing, and every
+// warm pool's sandbox, would fail).
+func TestResolveMaxima(t *testing.T) {
+	dir := t.TempDir()
+	host := HostMaxima(dir)
+	if ram := HostMaxima(""); host.CPUs < 1 || ram.MemoryMB < 1024 || host.MemoryMB != ram.MemoryMB || ram.DiskMB != ram.MemoryMB ||
+		host.DiskMB > ram.DiskMB || host.DiskMB < 1 || host.Pids != DefaultMaxPids {
+		t.Fatalf("host maxima %+v (without a data dir %+v)", host, ram)
+	}
+	m, err := Maxima{MemoryMB: 2048}.Resolve(dir)
+	if err != nil || m.MemoryMB != 2048 || m.CPUs != host.CPUs || m.DiskMB != host.DiskMB || m.Pids != host.Pids {
+		t.Fatalf("resolve: %+v %v", m, err)
+	}
+	for m, want := range map[Maxima]string{
+		{CPUs: 0.5}:     "--max-cpus 0.5 is below the default sandbox CPUs of 1",
+		{MemoryMB: 256}: "--max-memory 256 MiB is below the default sandbox memory of 512 MiB",
+		{DiskMB: 512}:   "--max-disk 512 MiB is below the default sandbox disk of 1024 MiB",
+		{Pids: 100}:     "--max-pids 100 is below the default sandbox pids limit of 256",
+	} {
+		if _, err := m.Resolve(dir); err == nil || err.Error() != want {
+			t.Errorf("%+v: %v; want %q", m, err, want)
+		}
+	}
+}
