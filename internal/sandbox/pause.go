@@ -21,7 +21,7 @@ func checkpointDir(sb *Sandbox) string { return filepath.Join(sb.Dir, "checkpoin
 // (gVisor: the container is gone and its memory freed) or, if it cannot,
 // freezes them in RAM (namespaces). Without keepMemory only the filesystem
 // is kept and resume boots a fresh container on it. The writable layer stays
-// mounted either way (a tmpfs: host RAM). A second pause is a Conflict.
+// mounted either way (an image on disk). A second pause is a Conflict.
 func (m *Manager) Pause(ctx context.Context, id string, keepMemory bool) error {
 	sb, err := m.Get(id)
 	if err != nil {
