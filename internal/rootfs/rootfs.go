@@ -125,7 +125,8 @@ func Open(sandboxDir string) (*Layer, error) {
 // Remount is Open for a layer that may have been unmounted behind the
 // daemon's back, by a host reboot: what is missing of its filesystem and
 // overlay is mounted again from its image, with everything the sandbox
-// wrote. Use it only while no container runs on the layer.
+// wrote. Use it only for a layer no container runs on and that was synced
+// (Layer.Sync) once its sandbox stopped writing.
 func Remount(sandboxDir string) (*Layer, error) {
 	if l, err := Open(sandboxDir); err == nil {
 		return l, nil
@@ -153,6 +154,10 @@ func Remount(sandboxDir string) (*Layer, error) {
 				break
 			}
 		}
+	}
+	if err == nil {
+		// Only paused sandboxes are remounted, and Pause synced their layer.
+		err = clearVolatile(filepath.Join(l.layer, "work"))
 	}
 	if err == nil {
 		err = mountOverlay(md.Lowers, l)

@@ -62,6 +62,15 @@ func TestMountWriteUnmount(t *testing.T) {
 	if got := mounted(t, sbx); !slices.Equal(got, []string{filepath.Join(sbx, "layer"), filepath.Join(sbx, "rootfs")}) {
 		t.Fatalf("mounts %v", got)
 	}
+	// The layer is an ext4 filesystem on a loop device, under a volatile
+	// overlay (the sandbox's fsyncs do not reach the disk).
+	if mi, err := findMount(filepath.Join(sbx, "layer")); err != nil || mi == nil || mi.fstype != "ext4" || !strings.HasPrefix(mi.source, "/dev/loop") {
+		t.Fatalf("layer mount %+v %v", mi, err)
+	}
+	if mi, err := findMount(l.Root); err != nil || mi == nil || !strings.Contains(mi.superOpts, "volatile") {
+		t.Fatalf("overlay mount %+v %v", mi, err)
+	}
+	must(t, l.Sync())
 	// Reads come from the template, writes land in the upper only.
 	b, err := os.ReadFile(filepath.Join(l.Root, "etc/hostname"))
 	must(t, err)

@@ -89,14 +89,48 @@ func (ls *Layers) MountStack(lowers []string, sandboxDir string, diskBytes int64
 }
 
 // mountOverlay mounts l's overlay of lowers over its upper dir.
+//
+// index=off and xino=off: the upper is never used with other lowers and
+// the kernel has no index support. redirect_dir/metacopy stay at their
+// (off) defaults: both would let a crafted upper point into other lower
+// files. volatile: the sandbox's fsync and sync do not reach the layer's
+// disk, as they did not when the layer was a tmpfs (on this machine 200
+// fsyncs took 1 s through the loop device instead of 0.04 s). What a
+// running sandbox wrote last may be lost when the host crashes, and a
+// running sandbox is lost with its host anyway; a paused one, the state
+// that survives a reboot, is synced at pause (Layer.Sync).
 func mountOverlay(lowers []string, l *Layer) error {
-	// index=off and xino=off: the upper is never used with other lowers
-	// and the kernel has no index support. redirect_dir/metacopy stay at
-	// their (off) defaults: both would let a crafted upper point into
-	// other lower files.
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off,xino=off", strings.Join(lowers, ":"), l.Upper, filepath.Join(l.layer, "work"))
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off,xino=off,volatile", strings.Join(lowers, ":"), l.Upper, filepath.Join(l.layer, "work"))
 	if err := unix.Mount("cella-rootfs", l.Root, "overlay", unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("overlay at %s: %w", l.Root, err)
+	}
+	return nil
+}
+
+// clearVolatile removes the marker a volatile overlay leaves in its work
+// dir (work/incompat/volatile), without which overlayfs refuses to mount
+// the upper again: it cannot know whether the upper was synced. Callers
+// know: the layer is still mounted (IDMapOverlay), or it was synced at
+// pause (Remount).
+func clearVolatile(workdir string) error {
+	if err := os.RemoveAll(filepath.Join(workdir, "work", "incompat", "volatile")); err != nil {
+		return fmt.Errorf("clear overlay's volatile marker: %w", err)
+	}
+	return nil
+}
+
+// Sync writes everything the sandbox wrote to the layer's disk (syncfs of
+// its filesystem, under the volatile overlay that skips the sandbox's own
+// syncs). Pause calls it once the sandbox has stopped writing, so a paused
+// sandbox's files survive a host crash.
+func (l *Layer) Sync() error {
+	fd, err := unix.Open(l.layer, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("sync layer: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return fmt.Errorf("sync layer %s: %w", l.layer, err)
 	}
 	return nil
 }

@@ -76,6 +76,12 @@ func (m *Manager) Pause(ctx context.Context, id string, keepMemory bool) error {
 		m.pauseFailed(sb, mode, perr)
 		return fmt.Errorf("pause sandbox %s: %w", id, perr)
 	}
+	// Nothing writes to the layer any more: put it on disk (its overlay
+	// skips the sandbox's own syncs), so that the paused sandbox's files
+	// survive a host crash.
+	if err := sb.layer.Sync(); err != nil {
+		m.log.Warn("sync the paused sandbox's layer", "id", id, "err", err)
+	}
 	// The agent (frozen, checkpointed or gone) redials when it runs again:
 	// a restored or thawed agent finds its old connection broken at once.
 	if conn != nil {
