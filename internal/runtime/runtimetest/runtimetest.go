@@ -150,6 +150,16 @@ func testIsolation(t *testing.T, env *daemontest.Env) {
 			t.Fatalf("sandbox read the host canary file: %q", res.Stdout)
 		}
 	})
+	t.Run("LayerInternals", func(t *testing.T) {
+		// The writable layer's filesystem holds more than the upper dir the
+		// sandbox sees through its overlay (the layer's record, lost+found),
+		// and it sits on a host loop device: root in the sandbox reaches
+		// none of it, nor any other loop device.
+		res := run(t, sb, "ls -d /lost+found /layer.json /upper /work /dev/loop* /dev/loop-control 2>/dev/null; mknod /tmp/l b 7 0 && head -c 1 /tmp/l | od -c; true", client.ExecOptions{User: "root"})
+		if out := strings.TrimSpace(res.Stdout); out != "" {
+			t.Fatalf("the sandbox sees its layer's internals or a loop device: %q", out)
+		}
+	})
 	t.Run("HostEnv", func(t *testing.T) {
 		res := run(t, sb, "env; cat /proc/1/environ | tr '\\0' '\\n'", client.ExecOptions{User: "root"})
 		if strings.Contains(res.Stdout, canary) || strings.Contains(res.Stdout, "CELLA_HOST_CANARY") {
