@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/cgroup"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
+	"github.com/cella-sandbox/cella/internal/diskimage"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 )
 
@@ -294,6 +296,16 @@ func hostLeftovers(t *testing.T, dataDir, runsc string, ids []string, all bool) 
 			out = append(out, "mount "+m)
 		}
 	}
+	// Freed loop devices are detached by the kernel shortly after.
+	loops := diskimage.Loops(dataDir)
+	if len(out) == 0 {
+		loops = diskimage.WaitLoopsGone(dataDir, 10*time.Second)
+	}
+	for _, l := range loops {
+		if mine(l.BackingFile) {
+			out = append(out, "loop device "+l.Device+" on "+l.BackingFile)
+		}
+	}
 	cgs, _ := cgroup.List()
 	for _, c := range cgs {
 		for _, id := range ids {
@@ -342,6 +354,19 @@ func TestCrashRecovery(t *testing.T) {
 		}
 		return out
 	}
+	// Another daemon on its own data dir, with a sandbox that has written
+	// to its disk: nothing the first daemon's crash recovery does touches
+	// its mounts and loop devices.
+	otherDir := t.TempDir()
+	other := startDaemon(t, otherDir, freePort(t))
+	otherID := strings.TrimSpace(other.mustCella("create", "--timeout", "10m"))
+	other.mustCella("exec", otherID, "--", "sh", "-c", "head -c 8M /dev/zero > /home/user/other")
+	otherMounts, _ := rootfs.FindMounts(otherDir)
+	otherLoops := diskimage.Loops(otherDir)
+	if len(otherMounts) == 0 || len(otherLoops) == 0 {
+		t.Fatalf("the other daemon's sandbox: mounts %v, loops %+v", otherMounts, otherLoops)
+	}
+
 	d := startDaemon(t, dataDir, listen, egressArgs...)
 	var ids []string
 	for i := 0; i < 3; i++ {
@@ -422,6 +447,16 @@ func TestCrashRecovery(t *testing.T) {
 	if l := hostLeftovers(t, dataDir, runsc, ids[2:], false); len(l) > 0 {
 		t.Fatalf("dead sandbox left: %v", l)
 	}
+	// The other daemon's sandbox kept its mounts, its loop devices, its data.
+	if m, _ := rootfs.FindMounts(otherDir); !slices.Equal(m, otherMounts) {
+		t.Fatalf("the other daemon's mounts changed: %v, was %v", m, otherMounts)
+	}
+	if l := diskimage.Loops(otherDir); !slices.Equal(l, otherLoops) {
+		t.Fatalf("the other daemon's loop devices changed: %+v, was %+v", l, otherLoops)
+	}
+	if out := other.mustCella("exec", otherID, "--", "sh", "-c", "wc -c < /home/user/other"); out != "8388608\n" {
+		t.Fatalf("the other daemon's sandbox after the first one's recovery: %q", out)
+	}
 	// A second crash: the channel credentials the adopted and resumed
 	// agents were given by d2 are in their records, so the next daemon
 	// takes them back too.
@@ -438,5 +473,13 @@ func TestCrashRecovery(t *testing.T) {
 	d3.term()
 	if l := hostLeftovers(t, dataDir, runsc, ids, true); len(l) > 0 {
 		t.Fatalf("after SIGTERM the host still holds: %v", l)
+	}
+	if m, _ := rootfs.FindMounts(otherDir); !slices.Equal(m, otherMounts) {
+		t.Fatalf("the other daemon's mounts changed at the first one's stop: %v, was %v", m, otherMounts)
+	}
+	other.mustCella("kill", otherID)
+	other.term()
+	if l := hostLeftovers(t, otherDir, runsc, []string{otherID}, true); len(l) > 0 {
+		t.Fatalf("the other daemon left: %v", l)
 	}
 }

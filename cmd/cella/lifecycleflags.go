@@ -77,7 +77,7 @@ func registerLifecycleDefaults(fs *pflag.FlagSet, l *sandbox.Lifecycle) error {
 		d               *time.Duration
 	}{
 		{"auto-stop", "CELLA_AUTO_STOP", "pause a running sandbox after this long idle (no exec, file op or proxied traffic); 0 = off", &l.AutoStop},
-		{"auto-archive", "CELLA_AUTO_ARCHIVE", "archive a paused sandbox (checkpoint + files to <data-dir>/archive, RAM freed) after this long; 0 = off", &l.AutoArchive},
+		{"auto-archive", "CELLA_AUTO_ARCHIVE", "archive a paused sandbox (checkpoint + files compressed to <data-dir>/archive, its layer freed) after this long; 0 = off", &l.AutoArchive},
 		{"auto-delete", "CELLA_AUTO_DELETE", "delete a paused sandbox after this long; 0 = off", &l.AutoDelete},
 	} {
 		if err := envLifeDuration(f.env, f.d); err != nil {

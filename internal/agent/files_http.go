@@ -297,7 +297,7 @@ func (s *Server) handleUpload(w http.ResponseWriter, r *http.Request) {
 // uploadError names the disk limit when a write ran out of space.
 func (s *Server) uploadError(w http.ResponseWriter, code int, err error) {
 	if limit := s.config().Limits.DiskBytes; code == http.StatusInsufficientStorage && limit > 0 {
-		err = fmt.Errorf("%s: %w", diskReason(limit), err)
+		err = fmt.Errorf("%s: %w", uploadDiskReason(limit), err)
 	}
 	jsonError(w, code, err)
 }

@@ -395,7 +395,7 @@ func TestUploadDiskFull(t *testing.T) {
 	req, _ := http.NewRequest("POST", e.ts.URL+"/files?path="+url.QueryEscape(target), bytes.NewReader(make([]byte, 1<<20)))
 	req.Header.Set("Content-Type", "application/octet-stream")
 	resp, b := do(t, req)
-	if resp.StatusCode != http.StatusInsufficientStorage || !strings.Contains(string(b), "sandbox disk limit 1 GiB reached (raise with --disk)") {
+	if resp.StatusCode != http.StatusInsufficientStorage || !strings.Contains(string(b), `"message":"sandbox disk limit 1024 MiB reached (raise with --disk / diskSizeMB)`) {
 		t.Fatalf("%d %s", resp.StatusCode, b)
 	}
 	// A command failing on the full disk gets the named error too.

@@ -41,6 +41,12 @@ func diskReason(limit int64) string {
 	return fmt.Sprintf("sandbox disk limit %s reached (raise with --disk)", formatBytes(limit))
 }
 
+// uploadDiskReason is diskReason for a files API client: the size in MiB,
+// and the create request's field (E2B's diskSizeMB) beside the CLI flag.
+func uploadDiskReason(limit int64) string {
+	return fmt.Sprintf("sandbox disk limit %d MiB reached (raise with --disk / diskSizeMB)", limit>>20)
+}
+
 func truncationMarker(limit int64) string {
 	return fmt.Sprintf("\n[cella: output truncated at %s (raise with --output-limit)]\n", formatBytes(limit))
 }

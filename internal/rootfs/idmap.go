@@ -56,6 +56,7 @@ func IDMapOverlay(root string, usernsFD int, hostID uint32) error {
 	}
 	var lowers []string
 	var upper, work string
+	volatile := false
 	for _, o := range strings.Split(mi.superOpts, ",") {
 		k, v, _ := strings.Cut(o, "=")
 		v = unescapeOctal(v)
@@ -68,6 +69,10 @@ func IDMapOverlay(root string, usernsFD int, hostID uint32) error {
 			upper = v
 		case "workdir":
 			work = v
+		case "volatile": // shown as fsync=volatile since Linux 6.12
+			volatile = true
+		case "fsync":
+			volatile = v == "volatile"
 		}
 	}
 	if len(lowers) == 0 || upper == "" || work == "" || filepath.Dir(upper) != filepath.Dir(work) {
@@ -77,7 +82,7 @@ func IDMapOverlay(root string, usernsFD int, hostID uint32) error {
 	// Credentials changed on the way are per-thread; the thread is thrown
 	// away so no other goroutine ever runs with them.
 	err = OnThrowawayThread(func() error {
-		return mountIDMappedOverlay(root, lowers, upper, work, usernsFD, hostID)
+		return mountIDMappedOverlay(root, lowers, upper, work, volatile, usernsFD, hostID)
 	})
 	if err != nil {
 		return fmt.Errorf("idmap overlay %s: %w", root, err)
@@ -85,7 +90,7 @@ func IDMapOverlay(root string, usernsFD int, hostID uint32) error {
 	return nil
 }
 
-func mountIDMappedOverlay(root string, lowers []string, upper, work string, usernsFD int, hostID uint32) error {
+func mountIDMappedOverlay(root string, lowers []string, upper, work string, volatile bool, usernsFD int, hostID uint32) error {
 	var fds []int
 	defer func() {
 		for _, fd := range fds {
@@ -178,6 +183,16 @@ func mountIDMappedOverlay(root string, lowers []string, upper, work string, user
 	for _, kv := range [][2]string{{"index", "off"}, {"xino", "off"}} {
 		if err := set(kv[0], kv[1]); err != nil {
 			return err
+		}
+	}
+	if volatile {
+		// The old overlay left its volatile marker in the work dir, which
+		// a new volatile mount refuses; it is the same upper, still live.
+		if err := clearVolatile(work); err != nil {
+			return err
+		}
+		if err := unix.FsconfigSetFlag(fs, "volatile"); err != nil {
+			return fmt.Errorf("overlay option volatile: %w", err)
 		}
 	}
 	if err := unix.FsconfigCreate(fs); err != nil {

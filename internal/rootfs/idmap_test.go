@@ -51,6 +51,10 @@ func TestIDMapOverlay(t *testing.T) {
 	if !IsIDMapped(l.Root) {
 		t.Fatal("not idmapped")
 	}
+	// Still volatile: the sandbox's syncs do not reach the disk.
+	if mi, err := findMount(l.Root); err != nil || mi == nil || !strings.Contains(mi.superOpts, "volatile") {
+		t.Fatalf("the idmapped overlay lost volatile: %+v %v", mi, err)
+	}
 	must(t, IDMapOverlay(l.Root, fd, 100000)) // no-op
 	if m := mounted(t, sbx); len(m) != 2 {
 		t.Fatalf("mounts after remount: %v", m)

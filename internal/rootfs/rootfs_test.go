@@ -10,8 +10,11 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cella-sandbox/cella/internal/diskimage"
 )
 
 func needRoot(t *testing.T) {
@@ -59,6 +62,15 @@ func TestMountWriteUnmount(t *testing.T) {
 	if got := mounted(t, sbx); !slices.Equal(got, []string{filepath.Join(sbx, "layer"), filepath.Join(sbx, "rootfs")}) {
 		t.Fatalf("mounts %v", got)
 	}
+	// The layer is an ext4 filesystem on a loop device, under a volatile
+	// overlay (the sandbox's fsyncs do not reach the disk).
+	if mi, err := findMount(filepath.Join(sbx, "layer")); err != nil || mi == nil || mi.fstype != "ext4" || !strings.HasPrefix(mi.source, "/dev/loop") {
+		t.Fatalf("layer mount %+v %v", mi, err)
+	}
+	if mi, err := findMount(l.Root); err != nil || mi == nil || !strings.Contains(mi.superOpts, "volatile") {
+		t.Fatalf("overlay mount %+v %v", mi, err)
+	}
+	must(t, l.Sync())
 	// Reads come from the template, writes land in the upper only.
 	b, err := os.ReadFile(filepath.Join(l.Root, "etc/hostname"))
 	must(t, err)
@@ -139,7 +151,9 @@ func TestDiskLimit(t *testing.T) {
 			t.Fatal("wrote past the disk limit")
 		}
 	}
-	if n > 2<<20 || n < 1<<20 {
+	// The limit is the space files get: not less, and not more than a few
+	// blocks of rounding.
+	if n > 2<<20+64<<10 || n < 2<<20-64<<10 {
 		t.Fatalf("ENOSPC after %d bytes, limit 2 MiB", n)
 	}
 	used, size, err := l.Usage()
@@ -231,5 +245,125 @@ func TestUnescape(t *testing.T) {
 	must(t, err)
 	if !slices.Equal(got, []string{"/x"}) {
 		t.Fatal(got)
+	}
+}
+
+// Layers keeps layers ready for the sizes it is told to; a mount takes one
+// (its image renamed into the sandbox dir, its loop device with it), the
+// rest are unmounted and deleted at Close. A size without ready layers is
+// cloned from its blank.
+func TestLayersReady(t *testing.T) {
+	needRoot(t)
+	ls, err := NewLayers(filepath.Join(t.TempDir(), "layers"))
+	must(t, err)
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			ls.Close()
+		}
+	})
+	const size = 8 << 20
+	ls.Keep(size, 2)
+	readyCount := func() int {
+		ls.mu.Lock()
+		defer ls.mu.Unlock()
+		return len(ls.ready[size])
+	}
+	deadline := time.Now().Add(time.Minute)
+	for readyCount() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("no ready layers after a minute")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	lower := lowerDir(t)
+	sbx := filepath.Join(t.TempDir(), "sbx")
+	l, err := ls.Mount(lower, sbx, size)
+	must(t, err)
+	if n := readyCount(); n != 1 {
+		t.Fatalf("the mount did not take a ready layer: %d left", n)
+	}
+	img := filepath.Join(sbx, LayerImage)
+	if dev := diskimage.FindLoop(img); dev == "" {
+		t.Fatalf("no loop device backs %s: %+v", img, diskimage.Loops("/"))
+	}
+	must(t, os.WriteFile(filepath.Join(l.Root, "etc/new"), []byte("x"), 0o644))
+	if used, got, err := l.Usage(); err != nil || got != size || used <= 0 {
+		t.Fatalf("usage %d/%d %v", used, got, err)
+	}
+	// Another size: cloned from its own blank.
+	other, err := ls.Mount(lower, filepath.Join(t.TempDir(), "sbx2"), 4<<20)
+	must(t, err)
+	if _, got, _ := other.Usage(); got != 4<<20 {
+		t.Fatalf("second size: %d", got)
+	}
+	must(t, other.Unmount())
+	must(t, l.Unmount())
+	if _, err := os.Stat(img); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("image after unmount: %v", err)
+	}
+	if loops := diskimage.WaitLoopsGone(sbx, 10*time.Second); len(loops) != 0 {
+		t.Fatalf("loop devices after unmount: %+v", loops)
+	}
+	// Close releases the ready layers: no loop device, no image left but
+	// the blanks.
+	deadline = time.Now().Add(time.Minute)
+	for readyCount() < 2 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	must(t, ls.Close())
+	closed = true
+	if loops := diskimage.WaitLoopsGone(ls.dir, 10*time.Second); len(loops) != 0 {
+		t.Fatalf("loop devices after Close: %+v", loops)
+	}
+	left, _ := filepath.Glob(filepath.Join(ls.dir, "ready-*"))
+	if len(left) != 0 {
+		t.Fatalf("ready images after Close: %v", left)
+	}
+}
+
+// A layer unmounted behind the daemon's back, as a host reboot does it, is
+// mounted again by Remount with everything the sandbox wrote: files,
+// deletions of template files (whiteouts), owners.
+func TestRemountAfterReboot(t *testing.T) {
+	needRoot(t)
+	lower := lowerDir(t)
+	sbx := t.TempDir()
+	l, err := Mount(lower, sbx, 16<<20)
+	must(t, err)
+	t.Cleanup(func() { _ = UnmountAll(sbx) })
+	must(t, os.WriteFile(filepath.Join(l.Root, "home/user/kept"), bytes.Repeat([]byte("k"), 1<<20), 0o600))
+	must(t, os.Lchown(filepath.Join(l.Root, "home/user/kept"), 1000, 1000))
+	must(t, os.Remove(filepath.Join(l.Root, "etc/hostname")))
+	// Open refuses what is not mounted; Remount is not needed while it is.
+	if _, err := Remount(sbx); err != nil {
+		t.Fatal(err)
+	}
+	// The reboot: a clean unmount of both, the loop device goes with it.
+	must(t, unix.Unmount(l.Root, 0))
+	must(t, unix.Unmount(filepath.Join(sbx, LayerDir), 0))
+	if loops := diskimage.WaitLoopsGone(sbx, 10*time.Second); len(loops) != 0 {
+		t.Fatalf("loop device after the unmount: %+v", loops)
+	}
+	if _, err := Open(sbx); err == nil {
+		t.Fatal("Open found an unmounted layer")
+	}
+	l2, err := Remount(sbx)
+	must(t, err)
+	var st unix.Stat_t
+	must(t, unix.Stat(filepath.Join(l2.Root, "home/user/kept"), &st))
+	if st.Size != 1<<20 || st.Uid != 1000 {
+		t.Fatalf("kept file after remount: size %d uid %d", st.Size, st.Uid)
+	}
+	if _, err := os.Stat(filepath.Join(l2.Root, "etc/hostname")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a deleted template file is back after remount: %v", err)
+	}
+	if used, size, err := l2.Usage(); err != nil || size != 16<<20 || used < 1<<20 {
+		t.Fatalf("usage after remount %d/%d %v", used, size, err)
+	}
+	// Without its image there is nothing to remount.
+	must(t, l2.Unmount())
+	if _, err := Remount(sbx); err == nil {
+		t.Fatal("Remount without an image succeeded")
 	}
 }

@@ -17,7 +17,6 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/errdefs"
-	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/tenant"
@@ -193,7 +192,7 @@ func (m *Manager) fromSnapshot(ctx context.Context, p tenant.Principal, opts Opt
 	if err != nil {
 		return fail(fmt.Errorf("sandbox from snapshot %s: %w", row.ID, err))
 	}
-	layer, err := rootfs.MountStack(lowers, sb.Dir, mib(opts.DiskMB))
+	layer, err := m.layers.MountStack(lowers, sb.Dir, mib(opts.DiskMB))
 	if err != nil {
 		return fail(fmt.Errorf("create rootfs for %s: %w", sb.ID, err))
 	}

@@ -25,8 +25,9 @@ import (
 //     finished within the window, and no REST call acting on it.
 //   - AutoArchive: a sandbox paused this long is archived: its checkpoint
 //     image and writable layer go into <data>/archive/<id>.tar.gz and its
-//     tmpfs is unmounted (RAM freed). A frozen (crun) sandbox's memory is
-//     dropped first: it resumes with a cold boot on its files.
+//     layer is unmounted and its image deleted (one compressed file left).
+//     A frozen (crun) sandbox's memory is dropped first: it resumes with a
+//     cold boot on its files.
 //   - AutoDelete: a sandbox paused (archived or not) this long is killed.
 type Lifecycle struct {
 	AutoStop    time.Duration `json:"auto_stop,omitempty"`
@@ -223,9 +224,10 @@ func (m *Manager) archiveFile(sb *Sandbox) string {
 	return archivePath(archiveDir(m.cfg.DataDir), sb.ID)
 }
 
-// Archive moves a paused sandbox's state off RAM: its checkpoint image (if
-// any) and its writable layer's files go into one tar.gz under
-// <data>/archive, and its tmpfs and overlay are unmounted. A frozen sandbox
+// Archive packs a paused sandbox's state into one file: its checkpoint
+// image (if any) and its writable layer's files go into one tar.gz under
+// <data>/archive, and its overlay and layer are unmounted, the layer's
+// image deleted. A frozen sandbox
 // loses its memory first (its container is destroyed; resume boots it cold).
 // Resume unpacks the archive again. Archiving a running sandbox is a
 // Conflict.
@@ -292,7 +294,7 @@ func (m *Manager) Archive(ctx context.Context, id string) error {
 	if err := m.persist(context.WithoutCancel(ctx), sb); err != nil {
 		return err
 	}
-	// From here the archive is the sandbox's state: free the RAM.
+	// From here the archive is the sandbox's state: drop the layer.
 	if err := layer.Unmount(); err != nil {
 		m.log.Warn("unmount archived sandbox's layer", "id", id, "err", err)
 	}
@@ -331,7 +333,7 @@ func (m *Manager) unarchive(ctx context.Context, sb *Sandbox) error {
 	}
 	defer f.Close()
 	_ = rootfs.UnmountAll(sb.Dir)
-	layer, err := rootfs.Mount(tpl.RootFS, sb.Dir, mib(sb.Options.DiskMB))
+	layer, err := m.layers.Mount(tpl.RootFS, sb.Dir, mib(sb.Options.DiskMB))
 	if err != nil {
 		return fmt.Errorf("unarchive sandbox %s: %w", sb.ID, err)
 	}

@@ -110,6 +110,8 @@ type Manager struct {
 	samplerDone chan struct{}
 
 	pools poolSet // warm pools (pool.go)
+
+	layers *rootfs.Layers // makes the writable layers (blank images in <data>/layers)
 }
 
 // NewManager makes a manager; call Reconcile before serving.
@@ -120,7 +122,12 @@ func NewManager(cfg Config) (*Manager, error) {
 	if err := os.MkdirAll(sandboxesDir(cfg.DataDir), 0o700); err != nil {
 		return nil, fmt.Errorf("create sandboxes dir: %w", err)
 	}
+	layers, err := rootfs.NewLayers(filepath.Join(cfg.DataDir, "layers"))
+	if err != nil {
+		return nil, err
+	}
 	m := &Manager{
+		layers:      layers,
 		cfg:         cfg,
 		log:         cfg.Log,
 		sandboxes:   map[string]*Sandbox{},
@@ -128,10 +135,18 @@ func NewManager(cfg Config) (*Manager, error) {
 		reaperDone:  make(chan struct{}),
 		samplerDone: make(chan struct{}),
 	}
+	// Layers of the default size wait ready: a create then takes one in
+	// about 0.1 ms instead of attaching and mounting one (1.5-4 ms).
+	layers.Keep(mib(DefaultDiskMB), readyLayers)
 	go m.reaper()
 	go m.sampleMetrics()
 	return m, nil
 }
+
+// readyLayers is how many writable layers of the default size are kept
+// mounted ahead (rootfs.Layers.Keep): enough for a warm pool's refill and
+// the next create.
+const readyLayers = 2
 
 func sandboxesDir(dataDir string) string { return filepath.Join(dataDir, "sandboxes") }
 
@@ -269,7 +284,7 @@ func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template
 	if _, err := m.openRunDir(sb); err != nil { // rundir.go
 		return err
 	}
-	layer, err := rootfs.Mount(tpl.RootFS, sb.Dir, mib(sb.Options.DiskMB))
+	layer, err := m.layers.Mount(tpl.RootFS, sb.Dir, mib(sb.Options.DiskMB))
 	st.step("rootfs")
 	if err != nil {
 		return fmt.Errorf("create rootfs for %s: %w", sb.ID, err)
@@ -786,7 +801,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	}
 	wg.Wait()
 	m.log.Info("all sandboxes stopped", "count", len(all)-int(kept.Load()), "paused_kept", kept.Load())
-	return nil
+	return m.layers.Close()
 }
 
 func tail(path string, n int) string {

@@ -21,7 +21,7 @@ func checkpointDir(sb *Sandbox) string { return filepath.Join(sb.Dir, "checkpoin
 // (gVisor: the container is gone and its memory freed) or, if it cannot,
 // freezes them in RAM (namespaces). Without keepMemory only the filesystem
 // is kept and resume boots a fresh container on it. The writable layer stays
-// mounted either way (a tmpfs: host RAM). A second pause is a Conflict.
+// mounted either way (an image on disk). A second pause is a Conflict.
 func (m *Manager) Pause(ctx context.Context, p tenant.Principal, id string, keepMemory bool) error {
 	sb, err := m.Lookup(p, id)
 	if err != nil {
@@ -75,6 +75,12 @@ func (m *Manager) Pause(ctx context.Context, p tenant.Principal, id string, keep
 	if perr != nil {
 		m.pauseFailed(sb, mode, perr)
 		return fmt.Errorf("pause sandbox %s: %w", id, perr)
+	}
+	// Nothing writes to the layer any more: put it on disk (its overlay
+	// skips the sandbox's own syncs), so that the paused sandbox's files
+	// survive a host crash.
+	if err := sb.layer.Sync(); err != nil {
+		m.log.Warn("sync the paused sandbox's layer", "id", id, "err", err)
 	}
 	// The agent (frozen, checkpointed or gone) redials when it runs again:
 	// a restored or thawed agent finds its old connection broken at once.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/cgroup"
+	"github.com/cella-sandbox/cella/internal/diskimage"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/tenant"
@@ -25,12 +26,13 @@ type ReconcileReport struct {
 	RemovedContainers []string // containers without a record
 	RemovedDirs       []string // sandbox dirs without a record
 	RemovedMounts     []string
+	RemovedLoops      []string // loop devices of sandbox layers no record explains
 	RemovedCgroups    []string
 }
 
 func (r ReconcileReport) String() string {
-	return fmt.Sprintf("adopted=%d adopted_paused=%d marked_dead=%d removed_containers=%d removed_dirs=%d removed_mounts=%d removed_cgroups=%d",
-		len(r.Adopted), len(r.AdoptedPaused), len(r.MarkedDead), len(r.RemovedContainers), len(r.RemovedDirs), len(r.RemovedMounts), len(r.RemovedCgroups))
+	return fmt.Sprintf("adopted=%d adopted_paused=%d marked_dead=%d removed_containers=%d removed_dirs=%d removed_mounts=%d removed_loops=%d removed_cgroups=%d",
+		len(r.Adopted), len(r.AdoptedPaused), len(r.MarkedDead), len(r.RemovedContainers), len(r.RemovedDirs), len(r.RemovedMounts), len(r.RemovedLoops), len(r.RemovedCgroups))
 }
 
 // Reconcile makes the host match the records after a start or a crash:
@@ -160,6 +162,22 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		}
 		rep.RemovedDirs = append(rep.RemovedDirs, dir)
 	}
+	// Unmounting a layer frees its loop device (AUTOCLEAR); one still
+	// attached to an image of this data dir that no kept sandbox explains
+	// is held by a mount outside this daemon's view: mark it to detach.
+	// Only images under this data dir are looked at, never another
+	// daemon's.
+	for _, l := range diskimage.Loops(sandboxesDir(m.cfg.DataDir)) {
+		id := strings.SplitN(strings.TrimPrefix(l.BackingFile, prefix), "/", 2)[0]
+		if keep[id] {
+			continue
+		}
+		if err := diskimage.Detach(l.Device); err != nil {
+			m.log.Warn("detach leftover loop device", "device", l.Device, "image", l.BackingFile, "err", err)
+			continue
+		}
+		rep.RemovedLoops = append(rep.RemovedLoops, l.Device)
+	}
 	cgs, err := cgroup.List()
 	if err != nil {
 		m.log.Warn("list cgroups", "err", err)
@@ -230,14 +248,18 @@ func (m *Manager) adopt(sb *Sandbox, netSlot string) error {
 }
 
 // adoptPaused keeps a paused sandbox paused across a daemon restart when
-// what resume needs is still on the host: its mounted writable layer (a
-// tmpfs: gone after a host reboot), and the checkpoint image or the frozen
-// container. Its channel is listened on again at resume.
+// what resume needs is still on the host: its writable layer (its image on
+// disk, mounted again if a host reboot unmounted it), and the checkpoint
+// image or the frozen container. Its channel is listened on again at
+// resume.
 func (m *Manager) adoptPaused(ctx context.Context, sb *Sandbox, containerLive bool, netSlot string) error {
 	if sb.lc.archived {
 		return m.adoptArchived(sb) // lifecycle.go
 	}
-	layer, err := rootfs.Open(sb.Dir)
+	if sb.pauseMode == PauseFrozen && !containerLive {
+		return errors.New("its frozen container is gone")
+	}
+	layer, err := rootfs.Remount(sb.Dir)
 	if err != nil {
 		return fmt.Errorf("its filesystem is gone: %w", err)
 	}
@@ -247,9 +269,6 @@ func (m *Manager) adoptPaused(ctx context.Context, sb *Sandbox, containerLive bo
 			return fmt.Errorf("its memory checkpoint is gone: %w", err)
 		}
 	case PauseFrozen:
-		if !containerLive {
-			return errors.New("its frozen container is gone")
-		}
 		if st, err := m.cfg.Runtime.State(ctx, sb.ID); err != nil || st != runtime.StatusPaused {
 			return fmt.Errorf("its container is no longer frozen (%s, %v)", st, err)
 		}

@@ -24,8 +24,9 @@
 // sandbox start fails instead of writing to the host disk unbounded.
 //
 // The image is mounted once per host and bind-mounted into every sandbox
-// that uses it. The loop device is set up with LO_FLAGS_AUTOCLEAR, so it goes
-// away with the last mount; a mount that survives the daemon (a frozen
+// that uses it. The image and its loop device are internal/diskimage's,
+// the mechanism sandbox writable layers use too: the device goes away with
+// the last mount; a mount that survives the daemon (a frozen
 // sandbox's namespace) keeps its loop device, which the next daemon finds by
 // its backing file and mounts again (the same superblock, never a second one
 // on the same image).
@@ -39,17 +40,16 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cella-sandbox/cella/internal/diskimage"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/store"
@@ -191,21 +191,8 @@ func (m *Manager) Create(ctx context.Context, owner tenant.Owner, name string, s
 	if err := os.MkdirAll(m.mountDir(id), 0o700); err != nil {
 		return Volume{}, fmt.Errorf("create volume %s: %w", name, err)
 	}
-	f, err := os.OpenFile(m.image(id), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
+	if err := diskimage.Format(ctx, m.image(id), diskimage.Spec{Size: sizeBytes}); err != nil {
 		return Volume{}, fmt.Errorf("create volume %s: %w", name, err)
-	}
-	err = f.Truncate(sizeBytes)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return Volume{}, fmt.Errorf("create volume %s: %w", name, err)
-	}
-	// -m 0: no blocks reserved for root, the whole size is the sandbox's.
-	out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=0,lazy_journal_init=0", m.image(id)).CombinedOutput()
-	if err != nil {
-		return Volume{}, fmt.Errorf("create volume %s: mkfs.ext4: %v: %s", name, err, strings.TrimSpace(string(out)))
 	}
 	if err := m.mount(id); err != nil {
 		return Volume{}, fmt.Errorf("create volume %s: %w", name, err)
@@ -397,73 +384,7 @@ func (m *Manager) mount(name string) error {
 	if err := os.MkdirAll(mnt, 0o700); err != nil {
 		return err
 	}
-	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOATIME
-	if dev := findLoop(img); dev != "" {
-		if err := unix.Mount(dev, mnt, "ext4", flags, ""); err != nil {
-			return fmt.Errorf("mount %s (already on %s) at %s: %w", img, dev, mnt, err)
-		}
-		return nil
-	}
-	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("loop devices: %w", err)
-	}
-	defer ctl.Close()
-	backing, err := os.OpenFile(img, os.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer backing.Close()
-	var lastErr error
-	for range 10 {
-		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
-		if err != nil {
-			return fmt.Errorf("find a free loop device: %w", err)
-		}
-		dev := "/dev/loop" + strconv.Itoa(n)
-		if _, err := os.Stat(dev); errors.Is(err, os.ErrNotExist) {
-			_ = unix.Mknod(dev, unix.S_IFBLK|0o600, int(unix.Mkdev(7, uint32(n))))
-		}
-		lf, err := os.OpenFile(dev, os.O_RDWR|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("open %s: %w", dev, err)
-		}
-		cfg := unix.LoopConfig{Fd: uint32(backing.Fd())}
-		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
-		copy(cfg.Info.File_name[:], img)
-		if err := unix.IoctlLoopConfigure(int(lf.Fd()), &cfg); err != nil {
-			lf.Close()
-			lastErr = fmt.Errorf("configure %s: %w", dev, err)
-			if errors.Is(err, unix.EBUSY) {
-				continue // another process took it first
-			}
-			return lastErr
-		}
-		// Mount before closing lf: with AUTOCLEAR the last close of an
-		// unused device detaches it.
-		err = unix.Mount(dev, mnt, "ext4", flags, "")
-		lf.Close()
-		if err != nil {
-			return fmt.Errorf("mount %s (%s) at %s: %w", img, dev, mnt, err)
-		}
-		return nil
-	}
-	return lastErr
-}
-
-// findLoop returns the loop device whose backing file is img, or "".
-func findLoop(img string) string {
-	matches, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, p := range matches {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		if strings.TrimSpace(string(b)) == img {
-			return "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(p)))
-		}
-	}
-	return ""
+	return diskimage.Mount(img, mnt, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOATIME, "")
 }
 
 // remove unmounts and deletes a volume's directory.

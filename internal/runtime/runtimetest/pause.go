@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,11 +15,14 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
 
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
+	"github.com/cella-sandbox/cella/internal/diskimage"
 	"github.com/cella-sandbox/cella/internal/envd/process"
+	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 )
 
@@ -281,5 +285,80 @@ func testPauseRestart(t *testing.T, env *daemontest.Env) {
 	waitCountAbove(t, sb2, readCount(t, sb2))
 	if res := run(t, sb2, curl, client.ExecOptions{Timeout: time.Minute}); res.ExitCode != 0 || res.Stdout != "upstream says hi" {
 		t.Fatalf("egress after a resume by the next daemon: exit %d %q %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
+}
+
+// testPauseReboot: a paused sandbox's files survive what a host reboot does
+// to them (every mount under the sandbox gone, its image file kept), and
+// the next daemon mounts them again and resumes it; under gVisor its
+// memory too (the checkpoint is on disk beside it). A writable layer in
+// RAM is lost at this point, and the sandbox with it.
+func testPauseReboot(t *testing.T, env *daemontest.Env) {
+	dir, err := os.MkdirTemp("", "cella-test-reboot-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	rtName := env.Daemon.Runtime.Name()
+	env1 := daemontest.Start(t, rtName, daemontest.Options{DataDir: dir})
+	memory := env1.Daemon.Runtime.Capabilities().MemoryCheckpoint // crun's frozen memory dies with the host
+	ctx := ctxT(t, 3*time.Minute)
+	sb := create(t, env1, client.CreateRequest{})
+	id := sb.ID
+	mustOK(t, sb, "echo kept > /home/user/kept && head -c 64M /dev/urandom > /home/user/big && sha256sum /home/user/big > /home/user/big.sum")
+	run(t, sb, "rm /etc/hostname", client.ExecOptions{User: "root"})
+	n := 0
+	if memory {
+		startCounter(t, sb)
+		n = waitCountAbove(t, sb, 1)
+	}
+	if err := env1.Client.Pause(ctx, id, memory); err != nil {
+		t.Fatal(err)
+	}
+	env1.Close() // a graceful stop keeps paused sandboxes
+
+	// The reboot, as far as the sandbox's files go: its mounts are gone
+	// (cleanly unmounted by the shutdown), and so are their loop devices.
+	sbDir := filepath.Join(dir, "sandboxes", id)
+	mounts, err := rootfs.FindMounts(sbDir)
+	if err != nil || len(mounts) == 0 {
+		t.Fatalf("a paused sandbox's layer is not mounted: %v %v", mounts, err)
+	}
+	for i := len(mounts) - 1; i >= 0; i-- {
+		if err := unix.Unmount(mounts[i], 0); err != nil {
+			t.Fatalf("unmount %s: %v", mounts[i], err)
+		}
+	}
+	if l := diskimage.WaitLoopsGone(sbDir, 10*time.Second); len(l) > 0 {
+		t.Fatalf("loop devices after the unmount: %+v", l)
+	}
+
+	env2 := daemontest.Start(t, rtName, daemontest.Options{DataDir: dir})
+	t.Cleanup(func() { _ = env2.Client.Kill(context.Background(), id) })
+	if !slices.Contains(env2.Daemon.Reconcile.AdoptedPaused, id) {
+		d, _ := env2.Client.Get(ctx, id)
+		t.Fatalf("after the reboot the paused sandbox was not kept: %+v; state %q: %s", env2.Daemon.Reconcile, d.State, d.Error)
+	}
+	if _, resumed, err := env2.Client.ConnectResumed(ctx, id); err != nil || !resumed {
+		t.Fatalf("resume after the reboot: resumed=%v err=%v", resumed, err)
+	}
+	sb2, err := env2.Client.Sandbox(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := mustOK(t, sb2, "cat /home/user/kept && sha256sum -c --quiet /home/user/big.sum && echo big-ok && test ! -e /etc/hostname && echo deleted-stays-deleted"); out != "kept\nbig-ok\ndeleted-stays-deleted\n" {
+		t.Fatalf("files after the reboot: %q", out)
+	}
+	if memory {
+		if c := readCount(t, sb2); c < n {
+			t.Fatalf("counter went back from %d to %d", n, c)
+		}
+		waitCountAbove(t, sb2, readCount(t, sb2))
+	}
+	if err := env2.Client.Kill(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if l := leftovers(t, env2, id); len(l) > 0 {
+		t.Fatalf("after kill the host still holds: %v", l)
 	}
 }

@@ -6,11 +6,15 @@ package runtimetest
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +22,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/cgroup"
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
+	"github.com/cella-sandbox/cella/internal/diskimage"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 )
 
@@ -33,6 +38,7 @@ func Run(t *testing.T, runtimeName string) {
 	t.Run("Limits", func(t *testing.T) { testLimits(t, env) })
 	t.Run("PauseResume", func(t *testing.T) { testPauseResume(t, env) })
 	t.Run("PauseSurvivesDaemonRestart", func(t *testing.T) { testPauseRestart(t, env) })
+	t.Run("PauseSurvivesHostReboot", func(t *testing.T) { testPauseReboot(t, env) })
 	t.Run("Volumes", func(t *testing.T) { testVolumes(t, env) })                     // volumes.go
 	t.Run("LifecyclePolicies", func(t *testing.T) { testLifecyclePolicies(t, env) }) // volumes.go
 	t.Run("CleanupAfterKill", func(t *testing.T) { testCleanupAfterKill(t, env) })
@@ -145,6 +151,16 @@ func testIsolation(t *testing.T, env *daemontest.Env) {
 		res := run(t, sb, "cat "+hostFile+"; grep -rl "+canary+" /tmp /home /root /run 2>/dev/null; true", client.ExecOptions{User: "root"})
 		if strings.Contains(res.Stdout, canary) {
 			t.Fatalf("sandbox read the host canary file: %q", res.Stdout)
+		}
+	})
+	t.Run("LayerInternals", func(t *testing.T) {
+		// The writable layer's filesystem holds more than the upper dir the
+		// sandbox sees through its overlay (the layer's record, lost+found),
+		// and it sits on a host loop device: root in the sandbox reaches
+		// none of it, nor any other loop device.
+		res := run(t, sb, "ls -d /lost+found /layer.json /upper /work /dev/loop* /dev/loop-control 2>/dev/null; mknod /tmp/l b 7 0 && head -c 1 /tmp/l | od -c; true", client.ExecOptions{User: "root"})
+		if out := strings.TrimSpace(res.Stdout); out != "" {
+			t.Fatalf("the sandbox sees its layer's internals or a loop device: %q", out)
 		}
 	})
 	t.Run("HostEnv", func(t *testing.T) {
@@ -320,6 +336,7 @@ while True:
 		run(t, sb, "rm -f /home/user/fill", client.ExecOptions{})
 		stillServing(t)
 	})
+	t.Run("DiskBeyondMemory", func(t *testing.T) { testDiskBeyondMemory(t, env, bystander) })
 	t.Run("OutputFlood", func(t *testing.T) {
 		res := run(t, sb, `head -c 30000000 /dev/zero | tr '\0' 'a'`, client.ExecOptions{Timeout: time.Minute})
 		if len(res.Stdout) > 11<<20 || len(res.Stdout) < 9<<20 {
@@ -330,6 +347,82 @@ while True:
 		}
 		stillServing(t)
 	})
+}
+
+// testDiskBeyondMemory is the attack of a disk limit above the memory limit:
+// a sandbox with 256 MiB of memory (host ceilings 576 MiB gVisor, 384 MiB
+// namespaces) and 1 GiB of disk writes 700 MB, then fills the disk, then
+// uploads past the limit. A writable layer that is RAM charged to the
+// sandbox's memory cgroup takes the whole sandbox down on the first write;
+// a disk-backed one takes the 700 MB, refuses the rest with ENOSPC named
+// as the disk limit (exec) and a 507 naming it (upload), and the sandbox
+// and its other processes carry on.
+func testDiskBeyondMemory(t *testing.T, env *daemontest.Env, bystander *client.SandboxConn) {
+	sb := create(t, env, client.CreateRequest{MemoryMB: 256, DiskSizeMB: 1024})
+	pid := strings.TrimSpace(mustOK(t, sb, "nohup sleep 3600 >/dev/null 2>&1 & echo $!"))
+	alive := func(t *testing.T, what string) {
+		t.Helper()
+		if d, err := env.Client.Get(ctxT(t, time.Minute), sb.ID); err != nil || d.State != "running" {
+			t.Fatalf("after %s the sandbox is not running: %v %+v", what, err, d)
+		}
+		if out := mustOK(t, sb, "kill -0 "+pid+" && echo alive"); out != "alive\n" {
+			t.Fatalf("after %s the sandbox's background process %s is gone: %q", what, pid, out)
+		}
+		if out := mustOK(t, bystander, "echo alive"); out != "alive\n" {
+			t.Fatalf("after %s another sandbox: %q", what, out)
+		}
+	}
+
+	// More than the memory ceiling, less than the disk: it fits.
+	res := run(t, sb, `dd if=/dev/zero of=/home/user/big bs=1M count=700`, client.ExecOptions{Timeout: 90 * time.Second})
+	if res.ExitCode != 0 {
+		t.Fatalf("writing 700 MB into a 1 GiB disk with 256 MiB of memory: exit %d, error %q, output %q", res.ExitCode, res.Error, res.Stdout+res.Stderr)
+	}
+	alive(t, "a 700 MB write")
+
+	// Past the disk: ENOSPC, named.
+	res = run(t, sb, `dd if=/dev/zero of=/home/user/more bs=1M count=600`, client.ExecOptions{Timeout: 90 * time.Second})
+	if !strings.Contains(res.Stderr, "No space left on device") {
+		t.Fatalf("writing past the disk limit: stderr %q does not say ENOSPC (exit %d, error %q)", tailStr(res.Stderr, 300), res.ExitCode, res.Error)
+	}
+	for _, w := range []string{"disk limit", "1 GiB", "--disk"} {
+		if !strings.Contains(res.Error, w) {
+			t.Fatalf("result error %q does not name %q (exit %d)", res.Error, w, res.ExitCode)
+		}
+	}
+	mustOK(t, sb, "rm -f /home/user/more")
+	alive(t, "a write past the disk limit")
+
+	// An upload past the disk, through the daemon's API: 507 in E2B's shape.
+	err := sb.WriteFile(ctxT(t, 3*time.Minute), "/home/user/upload", "", io.LimitReader(zeros{}, 500<<20))
+	var ae *client.APIError
+	if !errors.As(err, &ae) || ae.Status != http.StatusInsufficientStorage {
+		t.Fatalf("upload past the disk limit: want a 507, got %v", err)
+	}
+	var body struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}
+	if err := json.Unmarshal([]byte(ae.Message), &body); err != nil || body.Code != http.StatusInsufficientStorage {
+		t.Fatalf("upload past the disk limit: body %q is not E2B's {code, message} (%v)", ae.Message, err)
+	}
+	for _, w := range []string{"disk limit 1024 MiB reached", "--disk", "diskSizeMB"} {
+		if !strings.Contains(body.Message, w) {
+			t.Fatalf("upload past the disk limit: message %q does not name %q", body.Message, w)
+		}
+	}
+	alive(t, "an upload past the disk limit")
+	if out := mustOK(t, sb, "rm -f /home/user/upload /home/user/big && echo ok"); out != "ok\n" {
+		t.Fatalf("free the disk: %q", out)
+	}
+}
+
+// zeros is an endless reader of zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
 
 func tailStr(s string, n int) string {
@@ -358,6 +451,14 @@ func leftovers(t *testing.T, env *daemontest.Env, id string) []string {
 	}
 	for _, m := range mounts {
 		out = append(out, "mount "+m)
+	}
+	// The kernel detaches a freed loop device shortly after the unmount.
+	loops := diskimage.Loops(filepath.Join(env.DataDir, "sandboxes", id))
+	if len(out) == 0 {
+		loops = diskimage.WaitLoopsGone(filepath.Join(env.DataDir, "sandboxes", id), 10*time.Second)
+	}
+	for _, l := range loops {
+		out = append(out, "loop device "+l.Device+" on "+l.BackingFile)
 	}
 	cgs, err := cgroup.List()
 	if err != nil {
@@ -393,8 +494,8 @@ func testCleanupAfterKill(t *testing.T, env *daemontest.Env) {
 	}
 	// A background process that would outlive a sloppy kill.
 	run(t, conn, "nohup sleep 1000 >/dev/null 2>&1 &", client.ExecOptions{Timeout: 10 * time.Second})
-	if l := leftovers(t, env, sb.SandboxID); len(l) == 0 {
-		t.Fatal("leftovers() finds nothing for a running sandbox: the check itself is broken")
+	if l := leftovers(t, env, sb.SandboxID); !slices.ContainsFunc(l, func(s string) bool { return strings.HasPrefix(s, "loop device ") }) {
+		t.Fatalf("leftovers() finds no loop device for a running sandbox: the check itself is broken (%v)", l)
 	}
 	if err := env.Client.Kill(ctx, sb.SandboxID); err != nil {
 		t.Fatal(err)
