@@ -27,7 +27,7 @@ func registerNetworkFlags(f *pflag.FlagSet, n *daemon.NetworkConfig) {
 	f.StringSliceVar(&n.Deny, "egress-deny", envList("CELLA_EGRESS_DENY"),
 		"never reachable, whatever a sandbox asks (repeatable) [CELLA_EGRESS_DENY]")
 	f.StringSliceVar(&n.Resolve, "egress-resolve", envList("CELLA_EGRESS_RESOLVE"),
-		"NAME=ADDR: the proxy dials ADDR for NAME (or *.suffix) instead of asking DNS; a loopback ADDR lets those names reach this host's loopback (tests, local mirrors) [CELLA_EGRESS_RESOLVE]")
+		"NAME=ADDR[:PORT][,ADDR[:PORT]...]: the proxy dials ADDR for NAME (or *.suffix) instead of asking DNS; a loopback ADDR lets exactly those names reach this host's loopback, only on PORT when given (tests, local mirrors) [CELLA_EGRESS_RESOLVE]")
 	f.StringVar(&n.UpstreamCAFile, "egress-ca-file", os.Getenv("CELLA_EGRESS_CA_FILE"),
 		"extra root certificates (PEM) the proxy trusts for TLS it opens upstream [CELLA_EGRESS_CA_FILE]")
 	f.StringVar(&n.Prefix, "network-prefix", envOr("CELLA_NETWORK_PREFIX", "10.200.0.0/30"),

@@ -36,8 +36,11 @@
 //
 // Hard-denied addresses are never dialed whatever the policy says:
 // 0.0.0.0/8, link-local (cloud metadata), multicast, reserved and
-// broadcast, the fake range, loopback (unless Config.PermitLoopback) and
-// Config.HardDeny (the daemon's sandbox range and host addresses).
+// broadcast, the fake range, Config.HardDeny (the daemon's sandbox range
+// and host addresses) and Config.DenyUpstream (the daemon's own API), and
+// loopback, except for the names a Mapping (--egress-resolve) maps there
+// and on its port when it gives one: a name that DNS resolves to
+// 127.0.0.1 is refused, and one mapping does not open loopback to others.
 //
 // Deny wins over allow, with one exception taken from E2B: a catch-all
 // DenyOut entry ("0.0.0.0/0", "::/0", "*") only restates the default and

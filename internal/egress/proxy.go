@@ -36,8 +36,11 @@ const (
 
 // Config is shared by all the sandboxes a Proxy serves.
 type Config struct {
-	// Resolver resolves allowed names to the addresses the proxy dials;
-	// nil is net.DefaultResolver.
+	// Mappings answer for their names before Resolver does
+	// (--egress-resolve); they are the only way to an upstream on loopback.
+	Mappings []Mapping
+	// Resolver resolves allowed names no mapping answers to the addresses
+	// the proxy dials; nil is net.DefaultResolver.
 	Resolver func(ctx context.Context, host string) ([]netip.Addr, error)
 	// Dial opens upstream connections; nil is a net.Dialer.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -58,10 +61,6 @@ type Config struct {
 	// PeekTimeout is how long a connection may stay silent before it is
 	// taken for a server-speaks-first protocol (raw TCP); 0 is 5s.
 	PeekTimeout time.Duration
-	// PermitLoopback lets upstreams be on 127.0.0.0/8 and ::1, for tests.
-	// Otherwise loopback is hard-denied: a name resolving to it would reach
-	// the daemon host's own services.
-	PermitLoopback bool
 	// DenyUpstream reports upstreams never dialed whatever the policy, with
 	// why: the daemon's own API, which a name mapped to loopback would
 	// otherwise reach (and through it other sandboxes).
@@ -164,8 +163,9 @@ func clonePolicy(p Policy) Policy {
 // Proxy serves the sandbox-side listeners and DNS sockets of any number of
 // sandboxes.
 type Proxy struct {
-	cfg Config
-	wg  sync.WaitGroup // Serve and ServeDNS calls in progress
+	cfg  Config
+	maps mappings
+	wg   sync.WaitGroup // Serve and ServeDNS calls in progress
 
 	mu      sync.Mutex
 	closed  bool
@@ -194,7 +194,7 @@ func New(cfg Config) *Proxy {
 		hd = append(hd, unmapPrefix(p))
 	}
 	cfg.HardDeny = hd
-	return &Proxy{cfg: cfg, serving: map[io.Closer]struct{}{}}
+	return &Proxy{cfg: cfg, maps: newMappings(cfg.Mappings), serving: map[io.Closer]struct{}{}}
 }
 
 // track registers a listener or socket so that Close can end its loop; it
@@ -553,7 +553,7 @@ func (p *Proxy) decideName(ctx context.Context, s *session, name, via string) (t
 		return target{name: name}, p.notAllowed(s.pol, name, rule)
 	}
 	rctx, cancel := context.WithTimeout(ctx, resolveTimeout)
-	addrs, err := p.resolve(rctx, name)
+	addrs, mapping, err := p.resolve(rctx, name)
 	cancel()
 	if err != nil {
 		return target{name: name, rule: rule}, &refusal{status: http.StatusBadGateway, code: "resolve-failed", msg: fmt.Sprintf("%s could not be resolved: %v", name, err)}
@@ -564,7 +564,7 @@ func (p *Proxy) decideName(ctx context.Context, s *session, name, via string) (t
 				"%s is allowed, but the connection was opened to %s, which is not an address of %s: a sandbox cannot pin an allowed name to another address (look the name up through the sandbox's resolver)",
 				name, s.dst.Addr(), name))
 		}
-		if why, denied := p.deniedUpstream(s.dst); denied {
+		if why, denied := p.deniedUpstream(s.dst, name, mapping); denied {
 			return target{name: name}, policyRefusal("hard-deny", fmt.Sprintf("%s resolves to %s, which is %s: cella never connects there", name, s.dst.Addr(), why))
 		}
 		return target{name: name, rule: rule, addrs: []netip.AddrPort{s.dst}}, nil
@@ -573,7 +573,7 @@ func (p *Proxy) decideName(ctx context.Context, s *session, name, via string) (t
 	denied := ""
 	for _, a := range addrs {
 		ap := netip.AddrPortFrom(a, s.dst.Port())
-		if why, bad := p.deniedUpstream(ap); bad {
+		if why, bad := p.deniedUpstream(ap, name, mapping); bad {
 			if denied == "" {
 				denied = fmt.Sprintf("%s is %s", ap.Addr(), why)
 			}
@@ -589,7 +589,7 @@ func (p *Proxy) decideName(ctx context.Context, s *session, name, via string) (t
 
 func (p *Proxy) decideAddr(s *session) (target, *refusal) {
 	a := s.dst.Addr()
-	if why, denied := p.deniedUpstream(s.dst); denied {
+	if why, denied := p.deniedUpstream(s.dst, "", nil); denied {
 		return target{}, policyRefusal("hard-deny", fmt.Sprintf("%s is %s: cella never connects there", a, why))
 	}
 	ok, rule := s.pol.allowsAddr(a)
@@ -605,47 +605,60 @@ func (p *Proxy) notAllowed(pol *compiledPolicy, host, rule string) *refusal {
 	return policyRefusal(rule, fmt.Sprintf("%s is not allowed for this sandbox (%s); an operator can allow it with %s", host, pol.summary, p.cfg.OperatorHint))
 }
 
-// deniedUpstream describes why ap is never dialed, if it is not.
-func (p *Proxy) deniedUpstream(ap netip.AddrPort) (string, bool) {
-	if why, bad := p.hardDenied(ap.Addr()); bad {
-		return why, true
-	}
-	if p.cfg.DenyUpstream != nil {
-		return p.cfg.DenyUpstream(netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()))
-	}
-	return "", false
-}
-
-// hardDenied describes why a is never dialed, if it is not.
-func (p *Proxy) hardDenied(a netip.Addr) (string, bool) {
-	a = a.Unmap()
+// deniedUpstream describes why ap is never dialed for name, if it is not;
+// m is the mapping name was resolved by (nil: DNS, or no name). Loopback
+// is dialed only where m permits it.
+func (p *Proxy) deniedUpstream(ap netip.AddrPort, name string, m *Mapping) (string, bool) {
+	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	a := ap.Addr()
 	if h, why, ok := builtinHardDeny(a); ok {
 		return fmt.Sprintf("in %s (%s)", h, why), true
-	}
-	if a.IsLoopback() && !p.cfg.PermitLoopback {
-		return "loopback (the daemon's host itself)", true
 	}
 	for _, h := range p.cfg.HardDeny {
 		if h.Contains(a) {
 			return fmt.Sprintf("in %s, which this cella never lets sandboxes reach", h), true
 		}
 	}
+	if p.cfg.DenyUpstream != nil {
+		if why, bad := p.cfg.DenyUpstream(ap); bad {
+			return why, true
+		}
+	}
+	if a.IsLoopback() && (m == nil || !m.permits(ap)) {
+		return loopbackRefusal(a, name, m), true
+	}
 	return "", false
 }
 
+// loopbackRefusal says why a loopback address is not dialed for name.
+func loopbackRefusal(a netip.Addr, name string, m *Mapping) string {
+	const why = "loopback (the daemon's host itself)"
+	switch {
+	case m != nil && m.ports(a) != "":
+		return fmt.Sprintf("%s, which %s may reach only on port %s (cella serve --egress-resolve %s)", why, name, m.ports(a), m)
+	case name != "":
+		return fmt.Sprintf("%s, which cella dials only for names an operator maps there (cella serve --egress-resolve %s=%s[:PORT])", why, name, a)
+	}
+	return why
+}
+
 // resolve returns name's addresses, IPv4 first since sandboxes and many
-// hosts have no IPv6 route.
-func (p *Proxy) resolve(ctx context.Context, name string) ([]netip.Addr, error) {
+// hosts have no IPv6 route, and the mapping that gave them (nil: the
+// resolver did).
+func (p *Proxy) resolve(ctx context.Context, name string) ([]netip.Addr, *Mapping, error) {
+	if m := p.maps.lookup(name); m != nil {
+		return m.addrs(), m, nil
+	}
 	addrs, err := p.cfg.Resolver(ctx, name)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	out := make([]netip.Addr, 0, len(addrs))
 	for _, a := range addrs {
 		out = append(out, a.Unmap())
 	}
 	if len(out) == 0 {
-		return nil, errors.New("no addresses")
+		return nil, nil, errors.New("no addresses")
 	}
 	slices.SortStableFunc(out, func(a, b netip.Addr) int {
 		switch {
@@ -656,7 +669,7 @@ func (p *Proxy) resolve(ctx context.Context, name string) ([]netip.Addr, error) 
 		}
 		return 1
 	})
-	return out, nil
+	return out, nil, nil
 }
 
 func (p *Proxy) dial(ctx context.Context, addrs []netip.AddrPort) (net.Conn, error) {

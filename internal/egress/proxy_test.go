@@ -275,8 +275,8 @@ func TestRawTCP(t *testing.T) {
 	echo := echoServer(t, "")
 	// The banner case below waits out the peek of a client that sends
 	// nothing: keep it short (well inside that case's 5 s read deadline).
-	h := newHarness(t, Policy{AllowOut: []string{"127.0.0.1/32"}}, func(c *Config) { c.PeekTimeout = 300 * time.Millisecond })
-	c := h.dial(netip.MustParseAddrPort(echo))
+	h := newHarness(t, Policy{AllowOut: []string{"192.0.2.1/32"}}, func(c *Config) { c.PeekTimeout = 300 * time.Millisecond })
+	c := h.dial(public(t, echo))
 	fmt.Fprint(c, "ping\n")
 	// Half-close: the echo server answers after our EOF, then closes.
 	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
@@ -286,13 +286,13 @@ func TestRawTCP(t *testing.T) {
 		t.Errorf("got %q", got)
 	}
 	e := h.waitEvent("allowed tcp", func(e Event) bool { return e.Decision == "allowed" && e.Proto == "tcp" })
-	if e.BytesOut != 5 || e.BytesIn != 11 || e.Rule != "127.0.0.1/32" || e.Upstream != echo || e.Host != "" {
+	if e.BytesOut != 5 || e.BytesIn != 11 || e.Rule != "192.0.2.1/32" || e.Upstream != echo || e.Host != "" {
 		t.Errorf("event = %+v", e)
 	}
 
 	// A server that speaks first: the sandbox sends nothing.
 	banner := echoServer(t, "SSH-2.0-upstream\r\n")
-	c = h.dial(netip.MustParseAddrPort(banner))
+	c = h.dial(public(t, banner))
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	line, err := bufio.NewReader(c).ReadString('\n')
 	if err != nil || line != "SSH-2.0-upstream\r\n" {
@@ -303,7 +303,7 @@ func TestRawTCP(t *testing.T) {
 	if err := h.sb.SetPolicy(&Policy{AllowOut: []string{"*"}}); err != nil {
 		t.Fatal(err)
 	}
-	c = h.dial(netip.MustParseAddrPort(echo))
+	c = h.dial(public(t, echo))
 	fmt.Fprint(c, "ping\n")
 	if got := readAll(t, c); got != "" {
 		t.Errorf("raw TCP under a name-only policy got %q", got)
@@ -427,24 +427,115 @@ func TestUpgradeIsCarried(t *testing.T) {
 	}
 }
 
-func TestLoopbackIsHardDeniedByDefault(t *testing.T) {
-	h := newHarness(t, Policy{AllowOut: []string{"pkg.test", "127.0.0.0/8"}}, func(c *Config) { c.PermitLoopback = false })
-	c := h.dial(netip.AddrPortFrom(h.fake("pkg.test"), 80))
-	fmt.Fprint(c, "GET / HTTP/1.1\r\nHost: pkg.test\r\n\r\n")
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatal(err)
+// TestLoopbackOnlyThroughItsMapping: loopback is dialed only for a name an
+// operator mapped there, and with a port in the mapping only on that port.
+// A name that resolves to 127.0.0.1 through DNS, a mapped name on another
+// mapping's port, and a raw loopback address are all refused.
+func TestLoopbackOnlyThroughItsMapping(t *testing.T) {
+	upA := httptest.NewServer(http.HandlerFunc(hello))
+	defer upA.Close()
+	upB := httptest.NewServer(http.HandlerFunc(hello))
+	defer upB.Close()
+	pa, pb := port(t, upA.URL), port(t, upB.URL)
+	h := newHarness(t, Policy{AllowOut: []string{"*", "127.0.0.0/8"}}, func(c *Config) {
+		c.Mappings = []Mapping{
+			{Name: "a.test", Addrs: []netip.AddrPort{netip.AddrPortFrom(loopback, pa)}},
+			{Name: "b.test", Addrs: []netip.AddrPort{netip.AddrPortFrom(loopback, pb)}},
+		}
+	})
+	get := func(name string, p uint16) (int, string) {
+		t.Helper()
+		c := h.dial(netip.AddrPortFrom(h.fake(name), p))
+		fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", name)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("%s:%d: %v", name, p, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 403 || !strings.Contains(string(body), "loopback") {
-		t.Errorf("got %d %q", resp.StatusCode, body)
+	// Each mapped name reaches its own port.
+	if st, body := get("a.test", pa); st != 200 || !strings.HasPrefix(body, "hello from upstream") {
+		t.Errorf("a.test on its port: %d %q", st, body)
 	}
-	c = h.dial(netip.MustParseAddrPort("127.0.0.1:9"))
+	if st, body := get("b.test", pb); st != 200 {
+		t.Errorf("b.test on its port: %d %q", st, body)
+	}
+	// A mapped name on the other mapping's port.
+	if st, body := get("a.test", pb); st != 403 || !strings.Contains(body, fmt.Sprintf("which a.test may reach only on port %d", pa)) {
+		t.Errorf("a.test on b.test's port: %d %q", st, body)
+	}
+	h.waitEvent("a.test on the wrong port", blockedFor("a.test", "hard-deny"))
+	// A name DNS resolves to 127.0.0.1, on either mapped port.
+	for _, p := range []uint16{pa, pb} {
+		st, body := get("dnsloop.test", p)
+		if st != 403 || !strings.Contains(body, "loopback (the daemon's host itself), which cella dials only for names an operator maps there") {
+			t.Errorf("dnsloop.test:%d: %d %q", p, st, body)
+		}
+	}
+	h.waitEvent("dnsloop.test", blockedFor("dnsloop.test", "hard-deny"))
+	// A raw loopback address, even one the policy names.
+	c := h.dial(netip.AddrPortFrom(loopback, pa))
 	fmt.Fprint(c, "x")
 	if got := readAll(t, c); got != "" {
 		t.Errorf("raw loopback got %q", got)
 	}
 	h.waitEvent("raw loopback", func(e Event) bool { return e.Rule == "hard-deny" && e.Proto == "tcp" })
+}
+
+func TestParseMapping(t *testing.T) {
+	for in, want := range map[string]string{
+		"pkg.test=127.0.0.1":                      "pkg.test=127.0.0.1",
+		" PKG.test. = 127.0.0.1:8080 ":            "pkg.test=127.0.0.1:8080",
+		"*.test=127.0.0.1:80,127.0.0.2,[::1]:443": "*.test=127.0.0.1:80,127.0.0.2,[::1]:443",
+		"mirror.test=10.0.0.5,10.0.0.6":           "mirror.test=10.0.0.5,10.0.0.6",
+	} {
+		m, err := ParseMapping(in)
+		if err != nil || m.String() != want {
+			t.Errorf("ParseMapping(%q) = %v, %v; want %s", in, m, err, want)
+		}
+	}
+	for in, want := range map[string]string{
+		"pkg.test":              "want NAME=ADDRESS",
+		"=127.0.0.1":            "want NAME=ADDRESS",
+		"pkg.test=":             "want NAME=ADDRESS",
+		"pkg.test=nope":         "is not an address",
+		"pkg.test=10.0.0.5:80":  "a port only scopes a loopback address",
+		"pkg.test=127.0.0.1:0":  "port 0",
+		"bad name=127.0.0.1":    "name:",
+		"pkg.test=fe80::1%eth0": "zone",
+	} {
+		if _, err := ParseMapping(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParseMapping(%q) = %v, want an error with %q", in, err, want)
+		}
+	}
+	if _, err := ParseMappings([]string{"a.test=127.0.0.1", "A.test=127.0.0.2"}); err == nil || !strings.Contains(err.Error(), "mapped twice") {
+		t.Errorf("a name mapped twice: %v", err)
+	}
+	// What a comma-split flag list makes of two mappings with two
+	// addresses each.
+	ms, err := ParseMappings([]string{"a.test=127.0.0.1:80", "127.0.0.1:81", "b.test=10.0.0.1", "10.0.0.2"})
+	if err != nil || len(ms) != 2 || ms[0].String() != "a.test=127.0.0.1:80,127.0.0.1:81" || ms[1].String() != "b.test=10.0.0.1,10.0.0.2" {
+		t.Errorf("split lists: %v, %v", ms, err)
+	}
+	if _, err := ParseMappings([]string{"127.0.0.1"}); err == nil {
+		t.Error("an address without a name was accepted")
+	}
+	// The most specific mapping answers.
+	ml := newMappings([]Mapping{
+		{Name: "*.test", Addrs: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:1")}},
+		{Name: "*.a.test", Addrs: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:2")}},
+		{Name: "x.a.test", Addrs: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:3")}},
+	})
+	for name, want := range map[string]string{"x.a.test": "x.a.test", "y.a.test": "*.a.test", "b.test": "*.test", "a.test": "*.test", "test": ""} {
+		got := ""
+		if m := ml.lookup(name); m != nil {
+			got = m.Name
+		}
+		if got != want {
+			t.Errorf("lookup(%s) = %q, want %q", name, got, want)
+		}
+	}
 }
 
 func TestConfigHardDeny(t *testing.T) {
@@ -509,10 +600,10 @@ func TestServeEndsEverythingWhenListenerCloses(t *testing.T) {
 	runtime.GC()
 	before := runtime.NumGoroutine()
 
-	h := newHarness(t, Policy{AllowOut: []string{"127.0.0.1", "pkg.test"}}, nil)
+	h := newHarness(t, Policy{AllowOut: []string{"192.0.2.1", "pkg.test"}}, nil)
 	// An open spliced connection, an open keep-alive HTTP connection and
 	// one that never sends anything.
-	raw := h.dial(netip.MustParseAddrPort(echo))
+	raw := h.dial(public(t, echo))
 	fmt.Fprint(raw, "x\n")
 	_ = raw.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if line, err := bufio.NewReader(raw).ReadString('\n'); line != "ready\n" {
@@ -525,7 +616,7 @@ func TestServeEndsEverythingWhenListenerCloses(t *testing.T) {
 		t.Fatal(err)
 	}
 	io.Copy(io.Discard, resp.Body)
-	silent := h.dial(netip.MustParseAddrPort(echo))
+	silent := h.dial(public(t, echo))
 	_ = silent
 
 	h.ln.Close()

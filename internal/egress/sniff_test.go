@@ -3,7 +3,6 @@ package egress
 import (
 	"fmt"
 	"net"
-	"net/netip"
 	"testing"
 )
 
@@ -27,8 +26,8 @@ func TestLooksHTTP(t *testing.T) {
 // decided like raw TCP.
 func TestNotQuiteTLSGoesThroughAsRaw(t *testing.T) {
 	echo := echoServer(t, "")
-	h := newHarness(t, Policy{AllowOut: []string{"127.0.0.1"}}, nil)
-	c := h.dial(netip.MustParseAddrPort(echo))
+	h := newHarness(t, Policy{AllowOut: []string{"192.0.2.1"}}, nil)
+	c := h.dial(public(t, echo))
 	payload := "\x16\x03\x01\x00\x05hello and more"
 	fmt.Fprint(c, payload)
 	c.(*net.TCPConn).CloseWrite()
