@@ -18,10 +18,13 @@
 //
 // Connections. The proxy peeks at the first bytes (a server-speaks-first
 // protocol that sends nothing within Config.PeekTimeout is raw TCP, and on
-// the well-known ports of such protocols there is no peek at all): a TLS
-// ClientHello gives the server name (SNI), an HTTP/1.x request its Host
-// header. The name of a connection is that name, or, without one, the name
-// the fake destination address was issued for.
+// the well-known ports of such protocols there is no peek at all; once a
+// byte has come, no timeout decides: what could still be an HTTP request
+// line or a TLS hello is waited for, and closed if it stalls): a TLS
+// ClientHello gives the server name (SNI), an HTTP request line (any
+// method, h2c's preface) its Host header. The name of a connection is that
+// name, or, without one, the name the fake destination address was issued
+// for.
 //
 //   - With a name: the policy must allow the name. When the destination is
 //     a fake address issued for another name, the connection is refused
@@ -47,12 +50,16 @@
 // yields to explicit AllowOut entries, so the E2B idiom
 // denyOut: ["0.0.0.0/0"], allowOut: ["1.1.1.1"] lets 1.1.1.1 through.
 //
-// Allowed TLS is spliced byte for byte, unless the policy has a header rule
-// for the host: then the proxy terminates TLS with a leaf certificate from
-// its own CA, sets the rule's headers (secrets resolved per request and
-// never shown) and forwards each request over its own verified TLS
-// connection. Plain HTTP is proxied request by request, so every request on
-// a connection must name the host the connection was allowed for.
+// Allowed TLS to a name is terminated with a leaf certificate from the
+// proxy's CA (terminate.go): each request inside must be for the server
+// name (no domain fronting), header rules set their headers (secrets
+// resolved per request and never shown), and requests go over the proxy's
+// own verified TLS, whose ALPN choice the sandbox is given; what is not
+// HTTP goes through re-encrypted. TLS without a name, decided by an
+// allowed address, is spliced byte for byte. Plain HTTP is proxied request
+// by request, so every request on a connection must name the host the
+// connection was allowed for. A header rule applies to one scheme and port
+// (https on 443 by default): a request to its host elsewhere is refused.
 //
 // Refusals: plain HTTP gets a 403 whose body starts with
 // "blocked by cella sandbox policy: "; TLS and raw TCP are closed. Every

@@ -78,6 +78,15 @@ type harness struct {
 	cfg Config
 
 	dsts sync.Map // client local address -> netip.AddrPort it "dialed"
+	// ports redirects upstream dials by port (uint16 -> loopback address),
+	// so that a test server plays port 443 or 80.
+	ports sync.Map
+
+	// roots trust cella's CA (what a sandbox trusts); upCA plays the public
+	// PKI of TLS upstreams, which the proxy trusts.
+	roots   *x509.CertPool
+	upCA    *CA
+	upRoots *x509.CertPool
 
 	mu     sync.Mutex
 	events []Event
@@ -88,8 +97,13 @@ type harness struct {
 func newHarness(t *testing.T, pol Policy, tweak func(*Config)) *harness {
 	t.Helper()
 	h := &harness{t: t, serveDone: make(chan struct{}), dnsDone: make(chan struct{})}
+	var ca *CA
+	ca, h.roots = cellaCA(t)
+	h.upCA, h.upRoots = upstreamCA(t)
 	h.cfg = Config{
-		Mappings: testMappings(),
+		CA:              ca,
+		UpstreamRootCAs: h.upRoots,
+		Mappings:        testMappings(),
 		Resolver: func(ctx context.Context, host string) ([]netip.Addr, error) {
 			addrs, ok := dnsNames[host]
 			if !ok || len(addrs) == 0 {
@@ -99,6 +113,10 @@ func newHarness(t *testing.T, pol Policy, tweak func(*Config)) *harness {
 		},
 		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			ap, err := netip.ParseAddrPort(addr)
+			if to, ok := h.ports.Load(ap.Port()); ok && err == nil {
+				addr = to.(string)
+				ap = netip.MustParseAddrPort(addr)
+			}
 			if err == nil && publicStandIn.Contains(ap.Addr()) {
 				// A raw address the proxy may dial: the test's server on
 				// loopback plays it.
@@ -159,6 +177,9 @@ func (h *harness) close() {
 		}
 	}
 }
+
+// serveOn has the proxy's dials to port p reach the server at addr.
+func (h *harness) serveOn(p uint16, addr string) { h.ports.Store(p, addr) }
 
 // origDst plays SO_ORIGINAL_DST. The client registers its destination
 // right after connecting, so the proxy may ask a moment before.

@@ -151,6 +151,7 @@ func clonePolicy(p Policy) Policy {
 	for k, rs := range p.Rules {
 		cp := make([]Rule, len(rs))
 		for i, r := range rs {
+			cp[i].Scheme, cp[i].Port = r.Scheme, r.Port
 			if r.Transform != nil {
 				cp[i].Transform = &Transform{Headers: maps.Clone(r.Transform.Headers)}
 			}
@@ -413,33 +414,54 @@ func (p *Proxy) handle(ctx context.Context, raw net.Conn, sb *Sandbox, origDst f
 		s.fakeName = name
 	}
 
-	br := bufio.NewReaderSize(s.client, 16<<10)
+	br := bufio.NewReaderSize(s.client, peekBufSize)
 	kind := sniffRaw
 	if !serverFirstPorts[s.dst.Port()] {
+		// Only silence is timed: a client that said nothing by then waits
+		// for a server that speaks first. Once it has said something, what
+		// it says decides, however slowly it comes (bounded by the
+		// handshake timeout, after which it is closed, not waved through).
 		_ = raw.SetReadDeadline(time.Now().Add(p.cfg.PeekTimeout))
-		kind = sniff(br)
+		_, err := br.Peek(1)
+		switch {
+		case err == nil:
+			_ = raw.SetReadDeadline(time.Now().Add(handshakeTimeout))
+			if kind, err = sniff(br); err != nil {
+				p.refuseStalled(s, err)
+				return
+			}
+		case isTimeout(err) || errors.Is(err, io.EOF):
+		default:
+			return // gone
+		}
 	}
 	switch kind {
-	case sniffGone:
-		return
 	case sniffTLS:
 		name, hello, err := readClientHello(br)
 		_ = raw.SetReadDeadline(time.Time{})
-		clientR := io.MultiReader(bytes.NewReader(hello), br)
 		if err != nil {
-			// Not TLS after all: its bytes go through as they came.
-			p.handleTCP(ctx, s, clientR)
+			// Whatever a server might make of these bytes, they are no
+			// TLS cella can read, so it cannot check what is inside.
+			s.setProto("tls")
+			s.refuse(policyRefusal("not-tls", fmt.Sprintf("the connection starts like TLS but sends no ClientHello cella can read (%v)", err)), target{name: s.fakeName})
 			return
 		}
-		p.handleTLS(ctx, s, name, clientR)
+		p.handleTLS(ctx, s, name, &replayConn{Conn: s.client, r: io.MultiReader(bytes.NewReader(hello), br)})
 	case sniffHTTP:
 		_ = raw.SetReadDeadline(time.Time{})
 		s.setProto("http")
-		p.serveHTTP(ctx, s, &replayConn{Conn: s.client, r: br}, nil, "http")
+		p.serveHTTP(ctx, s, &replayConn{Conn: s.client, r: br}, nil, &upstreamConns{p: p, s: s})
 	default:
 		_ = raw.SetReadDeadline(time.Time{})
 		p.handleTCP(ctx, s, br)
 	}
+}
+
+// refuseStalled refuses a connection whose first bytes could start an
+// HTTP request or a TLS handshake and then stopped coming.
+func (p *Proxy) refuseStalled(s *session, err error) {
+	why := fmt.Sprintf("the connection sent the start of what could be an HTTP request or a TLS handshake and then nothing for %v (%v): closed, since cella cannot check it", handshakeTimeout, err)
+	s.refuse(policyRefusal("incomplete-request", why), target{name: s.fakeName})
 }
 
 func (p *Proxy) handleTCP(ctx context.Context, s *session, clientR io.Reader) {
@@ -452,7 +474,10 @@ func (p *Proxy) handleTCP(ctx context.Context, s *session, clientR io.Reader) {
 	p.pipe(ctx, s, t, clientR)
 }
 
-func (p *Proxy) handleTLS(ctx context.Context, s *session, serverName string, clientR io.Reader) {
+// handleTLS decides a TLS connection by its server name. One to a name is
+// terminated (terminate.go); one without a name, decided by an allowed
+// address, is spliced: there is no name to hold its requests to.
+func (p *Proxy) handleTLS(ctx context.Context, s *session, serverName string, client net.Conn) {
 	s.setProto("tls")
 	t, ref := p.decide(ctx, s, serverName, "the TLS server name")
 	if ref != nil {
@@ -460,13 +485,11 @@ func (p *Proxy) handleTLS(ctx context.Context, s *session, serverName string, cl
 		return
 	}
 	if t.name != "" {
-		if names, _ := s.pol.headersFor(t.name); len(names) > 0 {
-			p.intercept(ctx, s, t, &replayConn{Conn: s.client, r: clientR})
-			return
-		}
+		p.terminate(ctx, s, t, client)
+		return
 	}
 	s.allow(t)
-	p.pipe(ctx, s, t, clientR)
+	p.pipe(ctx, s, t, client)
 }
 
 // pipe dials t and copies both ways until both sides are done.

@@ -163,15 +163,15 @@ func TestFirstRequestByAddressThenByName(t *testing.T) {
 	}
 }
 
-func TestAllowedHTTPSIsSpliced(t *testing.T) {
-	ca, roots := upstreamCA(t)
-	up := tlsUpstream(t, ca, http.HandlerFunc(hello))
+// TestAllowedHTTPSIsTerminated: allowed TLS to a name is terminated with
+// cella's CA (what the sandbox sees) and carried over the proxy's own
+// verified TLS to the upstream.
+func TestAllowedHTTPSIsTerminated(t *testing.T) {
 	h := newHarness(t, Policy{AllowOut: []string{"*.pkg.test"}}, nil)
+	up := tlsUpstream(t, h.upCA, http.HandlerFunc(hello))
 	p := port(t, up.URL)
 
-	// The sandbox's client verifies the upstream's own certificate: the
-	// bytes went through untouched.
-	resp, err := h.client(roots).Get(fmt.Sprintf("https://a.pkg.test:%d/", p))
+	resp, err := h.client(h.roots).Get(fmt.Sprintf("https://a.pkg.test:%d/", p))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,12 +180,17 @@ func TestAllowedHTTPSIsSpliced(t *testing.T) {
 	if !strings.HasPrefix(string(body), "hello from upstream, host=a.pkg.test") {
 		t.Fatalf("body = %q", body)
 	}
-	if resp.TLS.PeerCertificates[0].CheckSignatureFrom(ca.cert) != nil {
-		t.Error("the sandbox did not see the upstream's certificate")
+	if resp.TLS.PeerCertificates[0].CheckSignatureFrom(h.cfg.CA.cert) != nil {
+		t.Error("the sandbox did not see cella's certificate")
 	}
 	e := h.waitEvent("allowed tls", allowedFor("a.pkg.test"))
-	if e.Proto != "tls" || e.Rule != "*.pkg.test" || e.BytesIn == 0 || e.BytesOut == 0 {
+	if e.Proto != "tls" || e.Rule != "*.pkg.test" || e.BytesIn == 0 || e.BytesOut == 0 || e.Upstream != up.Listener.Addr().String() {
 		t.Errorf("event = %+v", e)
+	}
+
+	// A sandbox that trusts only the upstream's CA, not cella's, fails.
+	if _, err := h.client(h.upRoots).Get(fmt.Sprintf("https://a.pkg.test:%d/", p)); err == nil {
+		t.Error("a client that does not trust cella's CA got through")
 	}
 
 	// The wildcard does not allow its apex, neither by DNS nor by SNI.
@@ -193,7 +198,7 @@ func TestAllowedHTTPSIsSpliced(t *testing.T) {
 		t.Errorf("DNS pkg.test rcode = %d, want NXDOMAIN", r.Rcode)
 	}
 	c := h.dial(netip.AddrPortFrom(loopback, p))
-	if err := tls.Client(c, &tls.Config{ServerName: "pkg.test", RootCAs: roots}).Handshake(); err == nil {
+	if err := tls.Client(c, &tls.Config{ServerName: "pkg.test", RootCAs: h.roots}).Handshake(); err == nil {
 		t.Error("TLS to the wildcard's apex succeeded")
 	}
 	h.waitEvent("apex blocked", blockedFor("pkg.test", "no-match"))
@@ -476,7 +481,7 @@ func TestLoopbackOnlyThroughItsMapping(t *testing.T) {
 	h.waitEvent("dnsloop.test", blockedFor("dnsloop.test", "hard-deny"))
 	// A raw loopback address, even one the policy names.
 	c := h.dial(netip.AddrPortFrom(loopback, pa))
-	fmt.Fprint(c, "x")
+	fmt.Fprint(c, "x\n")
 	if got := readAll(t, c); got != "" {
 		t.Errorf("raw loopback got %q", got)
 	}
@@ -684,10 +689,21 @@ func echoServer(t *testing.T, banner string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { l.Close() })
+	return serveConns(t, l, banner, func(c net.Conn) {
+		b, _ := io.ReadAll(c)
+		if len(b) > 0 {
+			io.WriteString(c, "echo: "+string(b))
+		}
+	})
+}
+
+// serveConns serves each connection ln accepts until the test ends: the
+// banner first, then serve; the connection is closed after.
+func serveConns(t *testing.T, ln net.Listener, banner string, serve func(net.Conn)) string {
+	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
-			c, err := l.Accept()
+			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
@@ -696,14 +712,11 @@ func echoServer(t *testing.T, banner string) string {
 				if banner != "" {
 					io.WriteString(c, banner)
 				}
-				b, _ := io.ReadAll(c)
-				if len(b) > 0 {
-					io.WriteString(c, "echo: "+string(b))
-				}
+				serve(c)
 			}()
 		}
 	}()
-	return l.Addr().String()
+	return ln.Addr().String()
 }
 
 // TestFakeAddressOfAnIPv4LiteralName: "1.2.3.4" is a valid DNS name, so "*"
