@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log"
@@ -11,16 +12,19 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
+	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 )
 
@@ -31,6 +35,7 @@ func TestEgressAttacks(t *testing.T) {
 	t.Run("LoopbackOnlyForMappedNames", testLoopbackScope)
 	t.Run("SecretsOnlyWhereTheRuleIsBound", testRuleBinding)
 	t.Run("NoDomainFronting", testNoFronting)
+	t.Run("ConnectionFlood", testConnectionFlood)
 }
 
 // recorder is an upstream on loopback that records every request it gets.
@@ -278,4 +283,219 @@ EOF`, url, port))
 	if res.ExitCode != 0 || strings.Count(res.Stdout, "saw allowed.test:"+port) != 2 || !strings.HasSuffix(res.Stdout, "\n2\n") {
 		t.Errorf("allowed.test itself: exit %d stdout %q stderr %q", res.ExitCode, res.Stdout, res.Stderr)
 	}
+}
+
+// holdScriptPy opens N connections to NAME:PORT through the proxy, sends a
+// request on each (the upstream never answers, so the proxy holds both
+// ends), then keeps counting how many the proxy closed into /tmp/closed.
+const holdScriptPy = `
+import json, resource, select, socket, sys, time
+name, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+addr = socket.gethostbyname(name)
+socks = []
+for i in range(n):
+    try:
+        s = socket.create_connection((addr, port), 10)
+        s.sendall(b"GET / HTTP/1.1\r\nHost: " + name.encode() + b"\r\n\r\n")
+        socks.append(s)
+    except OSError as e:
+        print("connect", i, e, flush=True)
+open("/tmp/opened", "w").write(str(len(socks)))
+p = select.poll()
+for s in socks:
+    p.register(s, select.POLLIN | select.POLLHUP | select.POLLERR)
+closed = set()
+while True:
+    for fd, ev in p.poll(1000):
+        closed.add(fd)
+        p.unregister(fd)
+    open("/tmp/closed.tmp", "w").write(str(len(closed)))
+    import os; os.rename("/tmp/closed.tmp", "/tmp/closed")
+`
+
+// testConnectionFlood: a sandbox opens 3000 connections through the egress
+// proxy and holds them, in a daemon whose open-file limit is 4096 (as if
+// 15,000 against 20,000). The proxy holds the sandbox's limit (1024, the
+// default) and refuses the rest with a block event that names the limit;
+// meanwhile another tenant creates a sandbox and uses egress, and the API
+// answers. Before the cap, the flood took every descriptor the daemon had:
+// the other tenant's create failed and its egress with it.
+func testConnectionFlood(t *testing.T) {
+	const n, limit = 3000, 1024
+	// An upstream that never accepts: the kernel completes the proxy's
+	// connections into its backlog, so the flood costs this process (the
+	// daemon's) no descriptor on the upstream side.
+	hole, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hole.Close()
+	holePort := hole.Addr().(*net.TCPAddr).Port
+	ok := newRecorder(t)
+	env := startServeProc(t, 4096, "--egress-allow", "hold.test,ok.test",
+		"--egress-resolve", fmt.Sprintf("hold.test=127.0.0.1:%d", holePort), "--egress-resolve", fmt.Sprintf("ok.test=127.0.0.1:%d", ok.port())).env
+	a := apiT{env: env}
+	idA, sbA := mustCreate(t, env, map[string]any{"templateID": "base"})
+	if err := sbA.WriteFile(context.Background(), "/tmp/hold.py", "", strings.NewReader(holdScriptPy)); err != nil {
+		t.Fatal(err)
+	}
+	since := time.Now()
+	startBG(t, sbA, fmt.Sprintf("python3 /tmp/hold.py hold.test %d %d > /tmp/hold.log 2>&1", holePort, n))
+	// Every connection is either held or refused: wait until the script
+	// has opened them all and sees the refused ones closed.
+	deadline := time.Now().Add(3 * time.Minute)
+	var state string
+	for {
+		res := sh(t, sbA, "", "cat /tmp/opened 2>/dev/null; echo; cat /tmp/closed 2>/dev/null; echo; tail -3 /tmp/hold.log")
+		state = res.Stdout
+		if strings.HasPrefix(state, fmt.Sprintf("%d\n%d\n", n, n-limit)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the flood did not settle at %d held, %d refused: opened, closed, log = %q", limit, n-limit, state)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	a.wantBlockedEntry(t, idA, since, blockedWant{kind: "connect", rule: "connection-limit", reason: "1024 connections open through cella's egress proxy"})
+
+	// Another tenant, meanwhile: its own key, a create, egress.
+	k, err := env.Client.CreateKey(context.Background(), "tenant-b", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _, body := a.do(t, "POST", "/v2/sandboxes", k.Key, map[string]any{"templateID": "base"}, nil)
+	var created struct {
+		SandboxID string `json:"sandboxID"`
+	}
+	if st != 201 || json.Unmarshal(body, &created) != nil {
+		t.Fatalf("the other tenant's create during the flood: %d %s (flood state %q)", st, body, state)
+	}
+	t.Cleanup(func() { env.Client.Kill(context.Background(), created.SandboxID) })
+	cb, err := client.New(client.Config{URL: env.URL, APIKey: k.Key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sbB, err := cb.Sandbox(context.Background(), created.SandboxID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := sh(t, sbB, "", fmt.Sprintf("curl -sS -m 10 http://ok.test:%d/", ok.port()))
+	if res.ExitCode != 0 || !strings.Contains(res.Stdout, "saw ok.test") {
+		t.Fatalf("the other tenant's egress during the flood: exit %d stdout %q stderr %q events %q", res.ExitCode, res.Stdout, res.Stderr, res.SandboxEvents)
+	}
+	if st, _, body := a.do(t, "GET", "/sandboxes/"+idA+"/logs?decision=blocked&limit=1", env.APIKey, nil, nil); st != 200 {
+		t.Fatalf("the API during the flood: %d %s", st, body)
+	}
+}
+
+// serveProc is a `cella serve` process of its own, for attacks on what
+// belongs to the process: its open-file limit, its log.
+type serveProc struct {
+	env *daemontest.Env
+	log *countingLog
+}
+
+// startServeProc runs bin/cella serve with an open-file limit of nofile
+// (0: this process's) and args, until the test ends; then it stops it
+// (SIGTERM) and checks it left no mount behind.
+func startServeProc(t *testing.T, nofile int, args ...string) *serveProc {
+	t.Helper()
+	bin, _ := daemontest.Binaries(t)
+	daemontest.EnsureBase(t)
+	dataDir, err := os.MkdirTemp("", "cella-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := ln.Addr().String()
+	ln.Close()
+	argv := append([]string{bin, "serve", "--listen", listen, "--data-dir", dataDir, "--cache-dir", daemontest.CacheDir()}, args...)
+	if nofile > 0 {
+		argv = append([]string{"sh", "-c", fmt.Sprintf(`ulimit -n %d && exec "$@"`, nofile), "sh"}, argv...)
+	}
+	p := &serveProc{log: &countingLog{}}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = p.log, p.log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(90 * time.Second):
+			cmd.Process.Kill()
+			<-done
+			t.Error("cella serve did not stop within 90 s of SIGTERM")
+		}
+		if left, _ := rootfs.FindMounts(dataDir); len(left) > 0 {
+			t.Errorf("the daemon left mounts behind: %v", left)
+		}
+		if t.Failed() {
+			t.Logf("daemon log (last %d of %d bytes):\n%s", len(p.log.tail()), p.log.size(), p.log.tail())
+		}
+		os.RemoveAll(dataDir)
+	})
+	url := "http://" + listen
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if resp, err := http.Get(url + "/health"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 204 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cella serve did not come up; log:\n%s", p.log.tail())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	key, err := os.ReadFile(filepath.Join(dataDir, "admin.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.env = &daemontest.Env{URL: url, APIKey: strings.TrimSpace(string(key)), DataDir: dataDir, Domain: "localhost"}
+	if p.env.Client, err = client.New(client.Config{URL: url, APIKey: p.env.APIKey}); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// countingLog counts what the daemon writes and keeps the end of it.
+type countingLog struct {
+	mu   sync.Mutex
+	n    int64
+	last []byte
+}
+
+const keepLog = 256 << 10
+
+func (l *countingLog) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.n += int64(len(b))
+	l.last = append(l.last, b...)
+	if len(l.last) > 2*keepLog {
+		l.last = append([]byte(nil), l.last[len(l.last)-keepLog:]...)
+	}
+	return len(b), nil
+}
+
+func (l *countingLog) size() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.n
+}
+
+func (l *countingLog) tail() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return string(l.last[max(0, len(l.last)-keepLog):])
 }

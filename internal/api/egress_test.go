@@ -695,10 +695,7 @@ func (w blockedWant) matches(e audit.Entry) bool {
 // started.
 func (a apiT) wantBlocked(t *testing.T, id string, since time.Time, res client.ExecResult, w blockedWant) {
 	t.Helper()
-	e := waitEntry(t, a, id, since.Add(-time.Millisecond), w.kind, w.matches)
-	if e.Reason == "" {
-		t.Fatalf("audit entry without a reason: %+v", e)
-	}
+	e := a.wantBlockedEntry(t, id, since, w)
 	line := client.BlockedEvent{Kind: e.Kind, Proto: e.Proto, Dst: e.Dst, Host: e.Host, Rule: e.Rule, Reason: e.Reason}.String()
 	for _, ev := range res.SandboxEvents {
 		if ev == line {
@@ -706,6 +703,17 @@ func (a apiT) wantBlocked(t *testing.T, id string, since time.Time, res client.E
 		}
 	}
 	t.Fatalf("SandboxEvents lack %q (the audit log has it): %q", line, res.SandboxEvents)
+}
+
+// wantBlockedEntry waits for a blocked decision in the sandbox's audit
+// log since since.
+func (a apiT) wantBlockedEntry(t *testing.T, id string, since time.Time, w blockedWant) audit.Entry {
+	t.Helper()
+	e := waitEntry(t, a, id, since.Add(-time.Millisecond), w.kind, w.matches)
+	if e.Reason == "" {
+		t.Fatalf("audit entry without a reason: %+v", e)
+	}
+	return e
 }
 
 // waitEntry returns the first audit entry of kind since since that

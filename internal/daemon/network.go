@@ -35,6 +35,9 @@ type NetworkConfig struct {
 	// UpstreamCAFile holds extra roots the proxy trusts when it opens TLS
 	// upstream itself (header injection).
 	UpstreamCAFile string
+	// MaxConnsPerSandbox is how many connections one sandbox may hold open
+	// through the egress proxy (0: egress.DefaultMaxConnsPerSandbox).
+	MaxConnsPerSandbox int
 	// Prefix is the address pair every slot uses; PoolSize how many slots
 	// are made ahead.
 	Prefix   string
@@ -68,6 +71,9 @@ func newNetwork(c Config, log *slog.Logger, al *audit.Log, sm *secrets.Manager, 
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, nil, err
+	}
+	if nc.MaxConnsPerSandbox < 0 {
+		return nil, nil, fmt.Errorf("--egress-max-conns %d: want a positive number of connections", nc.MaxConnsPerSandbox)
 	}
 	mappings, err := egress.ParseMappings(nc.Resolve)
 	if err != nil {
@@ -115,6 +121,7 @@ func newNetwork(c Config, log *slog.Logger, al *audit.Log, sm *secrets.Manager, 
 		Secrets:         sm.Get,
 		OperatorHint:    "cella serve --egress-allow <host> (the daemon's ceiling), then the sandbox's network.allowOut or PUT /sandboxes/{id}/network",
 		DenyUpstream:    denyUpstream,
+		Limits:          egressLimits(nc.MaxConnsPerSandbox, log), // fdlimit.go
 	})
 	events := func(e egress.Event) {
 		entry := audit.Entry{

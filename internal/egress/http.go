@@ -143,9 +143,12 @@ func (h *httpConn) setTarget(t target, key string) {
 	h.up.target(t)
 	newTransport := func() *http.Transport {
 		tr := &http.Transport{
-			Proxy:                 nil,  // never the daemon's HTTP_PROXY
-			DisableCompression:    true, // pass Accept-Encoding and bodies through as sent
-			MaxIdleConnsPerHost:   4,
+			Proxy:               nil,  // never the daemon's HTTP_PROXY
+			DisableCompression:  true, // pass Accept-Encoding and bodies through as sent
+			MaxIdleConnsPerHost: 2,
+			// One sandbox connection opens about one upstream connection:
+			// Limits count two descriptors per connection.
+			MaxConnsPerHost:       2,
 			IdleConnTimeout:       90 * time.Second,
 			ExpectContinueTimeout: time.Second,
 		}

@@ -65,6 +65,8 @@ type Config struct {
 	// why: the daemon's own API, which a name mapped to loopback would
 	// otherwise reach (and through it other sandboxes).
 	DenyUpstream func(netip.AddrPort) (string, bool)
+	// Limits bound the connections held open (limits.go).
+	Limits Limits
 }
 
 // Event is one decision. A blocked connection, HTTP request or DNS query
@@ -102,6 +104,7 @@ type Sandbox struct {
 
 	policy atomic.Pointer[compiledPolicy]
 	fakes  fakeTable
+	conns  atomic.Int64 // connections open through the proxy
 }
 
 // SetPolicy replaces the policy for the connections and queries that
@@ -164,9 +167,10 @@ func clonePolicy(p Policy) Policy {
 // Proxy serves the sandbox-side listeners and DNS sockets of any number of
 // sandboxes.
 type Proxy struct {
-	cfg  Config
-	maps mappings
-	wg   sync.WaitGroup // Serve and ServeDNS calls in progress
+	cfg   Config
+	maps  mappings
+	wg    sync.WaitGroup // Serve and ServeDNS calls in progress
+	conns atomic.Int64   // connections open, all sandboxes
 
 	mu      sync.Mutex
 	closed  bool
@@ -266,9 +270,14 @@ func (p *Proxy) Serve(ln net.Listener, sb *Sandbox, origDst func(net.Conn) (neti
 			continue
 		}
 		backoff = 0
+		if ref := p.admit(sb, c); ref != nil {
+			p.refuseConn(c, sb, origDst, ref)
+			continue
+		}
 		conns.Add(1)
 		go func() {
 			defer conns.Done()
+			defer p.release(sb)
 			p.handle(ctx, c, sb, origDst)
 		}()
 	}

@@ -731,3 +731,92 @@ func TestFakeAddressOfAnIPv4LiteralName(t *testing.T) {
 	}
 	h.waitEvent("blocked 1.2.3.4", blockedFor("1.2.3.4", "no-match"))
 }
+
+// TestConnectionLimits: past its limit a sandbox's connection is closed at
+// once and reported with the limit and how to raise it; the other
+// sandboxes' share is untouched, and a closed connection frees its place.
+func TestConnectionLimits(t *testing.T) {
+	h := newHarness(t, Policy{AllowOut: []string{"pkg.test"}}, func(c *Config) {
+		c.PeekTimeout = time.Minute // the held connections stay silent
+		c.Limits = Limits{PerSandbox: 3, PerSandboxHint: "cella serve --egress-max-conns N", Total: 5, TotalHint: "raise the daemon's open-file limit"}
+	})
+	fake := netip.AddrPortFrom(h.fake("pkg.test"), 9)
+	waitConns := func(sb *Sandbox, n int64) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for sb.Conns() != n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s holds %d connections, want %d", sb.ID, sb.Conns(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	var held []net.Conn
+	for range 3 {
+		held = append(held, h.dial(fake))
+	}
+	waitConns(h.sb, 3)
+	over := h.dial(fake)
+	if got := readAll(t, over); got != "" {
+		t.Errorf("a connection past the limit got %q", got)
+	}
+	e := h.waitEvent("limit", func(e Event) bool { return e.Rule == "connection-limit" })
+	if e.Decision != "blocked" || e.Host != "pkg.test" || e.Dst != fake.String() ||
+		!strings.Contains(e.Reason, "3 connections open through cella's egress proxy, its limit") || !strings.Contains(e.Reason, "cella serve --egress-max-conns N") {
+		t.Errorf("event = %+v", e)
+	}
+	held[0].Close()
+	waitConns(h.sb, 2)
+	held[0] = h.dial(fake)
+	waitConns(h.sb, 3)
+
+	// A second sandbox on the same proxy has its own share, up to the
+	// total.
+	other := &Sandbox{ID: "sb-other", Events: h.sb.Events}
+	if err := other.SetPolicy(&Policy{AllowOut: []string{"pkg.test"}}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go h.p.Serve(ln, other, h.origDst)
+	dialOther := func() net.Conn {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.dsts.Store(c.LocalAddr().String(), netip.MustParseAddrPort("203.0.113.7:9"))
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	dialOther()
+	dialOther()
+	waitConns(other, 2)
+	if got := readAll(t, dialOther()); got != "" {
+		t.Errorf("a connection past the total got %q", got)
+	}
+	e = h.waitEvent("total", func(e Event) bool { return e.Rule == "daemon-connection-limit" })
+	if e.SandboxID != "sb-other" || !strings.Contains(e.Reason, "holds 5 connections for all sandboxes") {
+		t.Errorf("event = %+v", e)
+	}
+	if n := h.p.Conns(); n != 5 {
+		t.Errorf("the proxy holds %d connections, want 5", n)
+	}
+}
+
+// TestDescriptorReserve: a connection whose descriptor number reaches
+// MaxFD is refused, whoever used up the descriptors below it.
+func TestDescriptorReserve(t *testing.T) {
+	h := newHarness(t, Policy{AllowOut: []string{"pkg.test"}}, func(c *Config) {
+		c.Limits = Limits{MaxFD: 3, TotalHint: "raise the daemon's open-file limit"}
+	})
+	c := h.dial(netip.AddrPortFrom(h.fake("pkg.test"), 9))
+	if got := readAll(t, c); got != "" {
+		t.Errorf("got %q", got)
+	}
+	e := h.waitEvent("reserve", func(e Event) bool { return e.Rule == "daemon-connection-limit" })
+	if !strings.Contains(e.Reason, "running out of file descriptors") || !strings.Contains(e.Reason, "raise the daemon's open-file limit") {
+		t.Errorf("event = %+v", e)
+	}
+}
