@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/audit"
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
@@ -36,6 +37,7 @@ func TestEgressAttacks(t *testing.T) {
 	t.Run("SecretsOnlyWhereTheRuleIsBound", testRuleBinding)
 	t.Run("NoDomainFronting", testNoFronting)
 	t.Run("ConnectionFlood", testConnectionFlood)
+	t.Run("AuditAndLogFlood", testAuditFlood)
 }
 
 // recorder is an upstream on loopback that records every request it gets.
@@ -387,6 +389,80 @@ func testConnectionFlood(t *testing.T) {
 	}
 	if st, _, body := a.do(t, "GET", "/sandboxes/"+idA+"/logs?decision=blocked&limit=1", env.APIKey, nil, nil); st != 200 {
 		t.Fatalf("the API during the flood: %d %s", st, body)
+	}
+}
+
+// testAuditFlood: a sandbox makes one blocked HTTP request, then 20,000
+// blocked DNS queries for long random names as fast as it can (enough, one
+// entry each, to fill the audit log's 16 MiB cap). The early block is still
+// in the audit log, what was not recorded one by one is counted, and the
+// daemon's log grew by a few lines, not a line per query. Before the
+// bounds, the flood added megabytes to the daemon's log and the audit log's
+// cut dropped its oldest half, the early block with it.
+func testAuditFlood(t *testing.T) {
+	const n = 20000
+	p := startServeProc(t, 0, "--egress-allow", "ok.test")
+	env := p.env
+	a := apiT{env: env}
+	id, sb := mustCreate(t, env, map[string]any{"templateID": "base"})
+	since := time.Now()
+	res := sh(t, sb, "", "curl -sS -m 10 -H 'Host: evidence.test' http://10.1.2.3/")
+	if !strings.HasPrefix(res.Stdout, "blocked by cella sandbox policy: evidence.test is not allowed") {
+		t.Fatalf("the early request: exit %d stdout %q stderr %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	a.wantBlocked(t, id, since, res, blockedWant{kind: "connect", proto: "http", host: "evidence.test"})
+	if err := sb.WriteFile(context.Background(), "/tmp/flood.py", "", strings.NewReader(dnsQueryPy+fmt.Sprintf(`
+import random, string, socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+nx = 0
+for i in range(%d):
+    name = ".".join("".join(random.choice(string.ascii_lowercase) for _ in range(60)) for _ in range(4)) + ".evil.test"
+    r = query(name[-253:].lstrip("."), sock=s)
+    nx += (r[3] & 15) == 3
+print("nxdomain", nx)
+`, n))); err != nil {
+		t.Fatal(err)
+	}
+	before := p.log.size()
+	res = sh(t, sb, "", "python3 /tmp/flood.py")
+	if res.ExitCode != 0 || res.Stdout != fmt.Sprintf("nxdomain %d\n", n) {
+		t.Fatalf("the flood: exit %d stdout %q stderr %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	// The daemon sums up the rest when its window ends.
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(p.log.tail(), "not_logged=") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no summary line in the daemon's log")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if grew := p.log.size() - before; grew > 32<<10 {
+		t.Errorf("the daemon's log grew by %d bytes for %d refused queries", grew, n)
+	}
+	st, _, body := a.do(t, "GET", "/sandboxes/"+id+"/logs?decision=blocked&limit=10000", env.APIKey, nil, nil)
+	var out struct {
+		Entries []audit.Entry `json:"entries"`
+		Dropped audit.Dropped `json:"dropped"`
+	}
+	if st != 200 || json.Unmarshal(body, &out) != nil {
+		t.Fatalf("logs: %d %.300s", st, body)
+	}
+	var early, dns, notRecorded int64
+	for _, e := range out.Entries {
+		switch {
+		case e.Host == "evidence.test" && e.Kind == "connect":
+			early++
+		case e.Rule == audit.RuleNotRecorded:
+			notRecorded += e.Dropped.Blocked
+		case e.Kind == "dns":
+			dns++
+		}
+	}
+	if early != 1 {
+		t.Fatalf("the early block is gone from the audit log (%d entries, dropped %+v)", len(out.Entries), out.Dropped)
+	}
+	if dns+out.Dropped.Blocked != n || notRecorded != out.Dropped.Blocked {
+		t.Errorf("%d lookups recorded, %d counted as not recorded (%d in summaries): want all %d accounted for", dns, out.Dropped.Blocked, notRecorded, n)
 	}
 }
 

@@ -123,6 +123,7 @@ func newNetwork(c Config, log *slog.Logger, al *audit.Log, sm *secrets.Manager, 
 		DenyUpstream:    denyUpstream,
 		Limits:          egressLimits(nc.MaxConnsPerSandbox, log), // fdlimit.go
 	})
+	blocks := newBlockLog(log) // blocklog.go
 	events := func(e egress.Event) {
 		entry := audit.Entry{
 			Time: e.Time, SandboxID: e.SandboxID, Kind: e.Kind, Source: audit.SourceProxy, Proto: e.Proto,
@@ -135,7 +136,7 @@ func newNetwork(c Config, log *slog.Logger, al *audit.Log, sm *secrets.Manager, 
 			return
 		}
 		counts.Blocked.Add(1)
-		log.Info("egress blocked", "id", e.SandboxID, "proto", e.Proto, "dst", e.Dst, "host", e.Host, "rule", e.Rule, "reason", e.Reason)
+		blocks.record(e)
 	}
 	closeAll := func() {
 		proxy.Close()
