@@ -16,15 +16,18 @@
 // real address, so the name it asked for is the only thing it can connect
 // to through that address.
 //
-// Connections. The proxy peeks at the first bytes (a server-speaks-first
-// protocol that sends nothing within Config.PeekTimeout is raw TCP, and on
-// the well-known ports of such protocols there is no peek at all; once a
-// byte has come, no timeout decides: what could still be an HTTP request
-// line or a TLS hello is waited for, and closed if it stalls): a TLS
-// ClientHello gives the server name (SNI), an HTTP request line (any
-// method, h2c's preface) its Host header. The name of a connection is that
-// name, or, without one, the name the fake destination address was issued
-// for.
+// Connections. The proxy peeks at the first bytes: a TLS ClientHello gives
+// the server name (SNI), an HTTP request line (any method, h2c's preface)
+// its Host header. No timeout lets anything through unchecked: once a byte
+// has come, what could still be a request line or a hello is waited for
+// (and closed if it stalls); a sandbox that says nothing within
+// Config.PeekTimeout (or on the well-known ports of server-speaks-first
+// protocols, at once) is decided by its destination and dialed, and then
+// whoever speaks first decides: the sandbox's bytes are handled as if they
+// had come at once, and after a server that spoke first (no HTTP server) a
+// request line or hello from the sandbox ends the connection. The name of
+// a connection is that name, or, without one, the name the fake
+// destination address was issued for.
 //
 //   - With a name: the policy must allow the name. When the destination is
 //     a fake address issued for another name, the connection is refused

@@ -424,30 +424,45 @@ func (p *Proxy) handle(ctx context.Context, raw net.Conn, sb *Sandbox, origDst f
 	}
 
 	br := bufio.NewReaderSize(s.client, peekBufSize)
-	kind := sniffRaw
-	if !serverFirstPorts[s.dst.Port()] {
-		// Only silence is timed: a client that said nothing by then waits
-		// for a server that speaks first. Once it has said something, what
-		// it says decides, however slowly it comes (bounded by the
-		// handshake timeout, after which it is closed, not waved through).
-		_ = raw.SetReadDeadline(time.Now().Add(p.cfg.PeekTimeout))
-		_, err := br.Peek(1)
-		switch {
-		case err == nil:
-			_ = raw.SetReadDeadline(time.Now().Add(handshakeTimeout))
-			if kind, err = sniff(br); err != nil {
-				p.refuseStalled(s, err)
-				return
-			}
-		case isTimeout(err) || errors.Is(err, io.EOF):
-		default:
-			return // gone
-		}
+	if serverFirstPorts[s.dst.Port()] {
+		p.handleSilent(ctx, s, br)
+		return
+	}
+	// Only silence is timed: a client that said nothing by then waits for
+	// a server that speaks first. Once it has said something, what it says
+	// decides, however slowly it comes (bounded by the handshake timeout,
+	// after which it is closed, not waved through).
+	_ = raw.SetReadDeadline(time.Now().Add(p.cfg.PeekTimeout))
+	_, err = br.Peek(1)
+	switch {
+	case err == nil:
+		p.dispatch(ctx, s, br, nil)
+	case isTimeout(err):
+		_ = raw.SetReadDeadline(time.Time{})
+		p.handleSilent(ctx, s, br)
+	case errors.Is(err, io.EOF):
+		_ = raw.SetReadDeadline(time.Time{})
+		p.handleTCP(ctx, s, br, nil)
+	}
+}
+
+// dispatch handles a connection whose first bytes have come, by what they
+// are; pre is an upstream connection already made for its raw decision.
+func (p *Proxy) dispatch(ctx context.Context, s *session, br *bufio.Reader, pre net.Conn) {
+	_ = s.client.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	kind, err := sniff(br)
+	if err != nil {
+		p.refuseStalled(s, err)
+		return
+	}
+	if kind != sniffRaw && pre != nil {
+		_ = pre.Close()
+		pre = nil
 	}
 	switch kind {
 	case sniffTLS:
 		name, hello, err := readClientHello(br)
-		_ = raw.SetReadDeadline(time.Time{})
+		_ = s.client.SetReadDeadline(time.Time{})
 		if err != nil {
 			// Whatever a server might make of these bytes, they are no
 			// TLS cella can read, so it cannot check what is inside.
@@ -457,12 +472,12 @@ func (p *Proxy) handle(ctx context.Context, raw net.Conn, sb *Sandbox, origDst f
 		}
 		p.handleTLS(ctx, s, name, &replayConn{Conn: s.client, r: io.MultiReader(bytes.NewReader(hello), br)})
 	case sniffHTTP:
-		_ = raw.SetReadDeadline(time.Time{})
+		_ = s.client.SetReadDeadline(time.Time{})
 		s.setProto("http")
 		p.serveHTTP(ctx, s, &replayConn{Conn: s.client, r: br}, nil, &upstreamConns{p: p, s: s})
 	default:
-		_ = raw.SetReadDeadline(time.Time{})
-		p.handleTCP(ctx, s, br)
+		_ = s.client.SetReadDeadline(time.Time{})
+		p.handleTCP(ctx, s, br, pre)
 	}
 }
 
@@ -473,14 +488,51 @@ func (p *Proxy) refuseStalled(s *session, err error) {
 	s.refuse(policyRefusal("incomplete-request", why), target{name: s.fakeName})
 }
 
-func (p *Proxy) handleTCP(ctx context.Context, s *session, clientR io.Reader) {
+// handleTCP carries a connection the proxy does not look into, decided by
+// its destination; pre is the upstream connection if one was made.
+func (p *Proxy) handleTCP(ctx context.Context, s *session, clientR io.Reader, pre net.Conn) {
 	t, ref := p.decide(ctx, s, "", "")
 	if ref != nil {
 		s.refuse(ref, t)
 		return
 	}
 	s.allow(t)
-	p.pipe(ctx, s, t, clientR)
+	p.pipe(ctx, s, t, clientR, pre)
+}
+
+// handleSilent handles a connection whose sandbox has said nothing: it is
+// decided by its destination and the upstream is dialed, and then whoever
+// speaks first decides. The sandbox: its bytes are handled as if they had
+// come at once (so an HTTP request or a TLS hello sent after a pause is
+// checked like any other). The upstream (a server that speaks first):
+// the bytes go through, but a request line or TLS hello from the sandbox
+// after it is refused, since it would go unchecked.
+func (p *Proxy) handleSilent(ctx context.Context, s *session, br *bufio.Reader) {
+	t, ref := p.decide(ctx, s, "", "")
+	if ref != nil {
+		s.refuse(ref, t)
+		return
+	}
+	up, err := p.dial(ctx, t.addrs)
+	if err != nil {
+		s.allow(t)
+		s.setReason(err.Error())
+		return
+	}
+	cp, upc := newPeekConn(s.client, br), newPeekConn(up, nil)
+	select {
+	case <-cp.ready:
+		if _, err := br.Peek(1); err == nil {
+			p.dispatch(ctx, s, br, upc)
+			return
+		}
+	case <-upc.ready:
+	case <-ctx.Done():
+		_ = up.Close()
+		return
+	}
+	s.allow(t)
+	p.pipe(ctx, s, t, &gatedReader{c: cp, s: s}, upc)
 }
 
 // handleTLS decides a TLS connection by its server name. One to a name is
@@ -498,15 +550,19 @@ func (p *Proxy) handleTLS(ctx context.Context, s *session, serverName string, cl
 		return
 	}
 	s.allow(t)
-	p.pipe(ctx, s, t, client)
+	p.pipe(ctx, s, t, client, nil)
 }
 
-// pipe dials t and copies both ways until both sides are done.
-func (p *Proxy) pipe(ctx context.Context, s *session, t target, clientR io.Reader) {
-	up, err := p.dial(ctx, t.addrs)
-	if err != nil {
-		s.setReason(err.Error())
-		return
+// pipe dials t, unless pre is a connection to it already, and copies both
+// ways until both sides are done.
+func (p *Proxy) pipe(ctx context.Context, s *session, t target, clientR io.Reader, pre net.Conn) {
+	up := pre
+	if up == nil {
+		var err error
+		if up, err = p.dial(ctx, t.addrs); err != nil {
+			s.setReason(err.Error())
+			return
+		}
 	}
 	defer up.Close()
 	stop := context.AfterFunc(ctx, func() { _ = up.Close() })

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"time"
@@ -76,7 +77,7 @@ func (p *Proxy) terminate(ctx context.Context, s *session, t target, client net.
 		p.serveHTTP(ctx, s, tc, &t, &upstreamConns{p: p, s: s, tls: true, protos: []string{"h2"}, first: up})
 		return
 	}
-	cp, upc := newPeekConn(tc), newPeekConn(up)
+	cp, upc := newPeekConn(tc, nil), newPeekConn(up, nil)
 	select {
 	case <-cp.ready:
 		_ = tc.SetReadDeadline(time.Now().Add(handshakeTimeout))
@@ -91,6 +92,10 @@ func (p *Proxy) terminate(ctx context.Context, s *session, t target, client net.
 			return
 		}
 	case <-upc.ready:
+		// A server that speaks first is no HTTP server: what it says goes
+		// through, and a request the sandbox sends it is refused.
+		splice(cp, &gatedReader{c: cp, s: s}, upc)
+		return
 	case <-ctx.Done():
 		return
 	}
@@ -105,8 +110,12 @@ type peekConn struct {
 	ready chan struct{} // closed once the first bytes (or an error) came
 }
 
-func newPeekConn(c net.Conn) *peekConn {
-	pc := &peekConn{Conn: c, br: bufio.NewReaderSize(c, peekBufSize), ready: make(chan struct{})}
+// newPeekConn starts waiting on c, through br if it has one already.
+func newPeekConn(c net.Conn, br *bufio.Reader) *peekConn {
+	if br == nil {
+		br = bufio.NewReaderSize(c, peekBufSize)
+	}
+	pc := &peekConn{Conn: c, br: br, ready: make(chan struct{})}
 	go func() {
 		defer close(pc.ready)
 		_, _ = pc.br.Peek(1)
@@ -120,3 +129,30 @@ func (c *peekConn) Read(b []byte) (int, error) {
 }
 
 func (c *peekConn) CloseWrite() error { return closeWrite(c.Conn) }
+
+// gatedReader reads the sandbox's side of a connection whose server spoke
+// first, but looks at the sandbox's first bytes before passing any on: an
+// HTTP request line or a TLS hello there would be taken by whatever server
+// is behind the address without cella checking it, so it ends the
+// connection instead.
+type gatedReader struct {
+	c      *peekConn
+	s      *session
+	passed bool
+}
+
+var errUnchecked = errors.New("egress: a request cella cannot check")
+
+func (g *gatedReader) Read(b []byte) (int, error) {
+	if !g.passed {
+		g.passed = true
+		<-g.c.ready
+		if kind, err := sniff(g.c.br); err == nil && kind != sniffRaw {
+			g.s.refuse(policyRefusal("unchecked-request",
+				"the server spoke first, so this is no HTTP or TLS connection, and then the sandbox sent what an HTTP or TLS server would take for a request: closed, since cella cannot check it"),
+				target{name: g.s.fakeName})
+			return 0, errUnchecked
+		}
+	}
+	return g.c.Read(b)
+}

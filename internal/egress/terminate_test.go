@@ -382,3 +382,66 @@ func TestPlainHTTPSlowOrOddIsStillHTTP(t *testing.T) {
 	}
 
 }
+
+// TestNothingUncheckedAfterSilence: a sandbox that says nothing past the
+// peek timeout is decided by its destination, but what it sends first is
+// still looked at: an HTTP request or a TLS hello after a pause is checked
+// like any other, and one sent after the server spoke first (so no HTTP
+// server) is refused.
+func TestNothingUncheckedAfterSilence(t *testing.T) {
+	h := newHarness(t, Policy{AllowOut: []string{"api.test", "pkg.test"}}, func(c *Config) { c.PeekTimeout = 50 * time.Millisecond })
+	rec := &hostRecorder{}
+	plain := httptest.NewServer(rec)
+	defer plain.Close()
+	pause := func() { time.Sleep(3 * h.cfg.PeekTimeout) } // makes the attack stronger, decides nothing
+
+	// Plain HTTP after a pause, for another host.
+	c := h.dial(netip.AddrPortFrom(h.fake("pkg.test"), port(t, plain.URL)))
+	pause()
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: other.test\r\n\r\n")
+	if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != 403 {
+		t.Errorf("HTTP after a pause: %v %v", resp, err)
+	}
+	// TLS after a pause: terminated, its requests held to its name.
+	up := h2Upstream(t, h.upCA, rec)
+	raw := h.dial(netip.AddrPortFrom(h.fake("api.test"), port(t, up.URL)))
+	pause()
+	tc := tls.Client(raw, &tls.Config{ServerName: "api.test", RootCAs: h.roots})
+	if err := tc.Handshake(); err != nil {
+		t.Fatalf("TLS after a pause: %v", err)
+	}
+	io.WriteString(tc, "GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n")
+	if resp, err := http.ReadResponse(bufio.NewReader(tc), nil); err != nil || resp.StatusCode != 403 {
+		t.Errorf("fronting in TLS after a pause: %v %v", resp, err)
+	}
+	// A server that speaks first, then a request from the sandbox: in the
+	// clear, and inside TLS.
+	banner := echoServer(t, "220 ready\r\n")
+	c = h.dial(netip.AddrPortFrom(h.fake("pkg.test"), netip.MustParseAddrPort(banner).Port()))
+	br := bufio.NewReader(c)
+	if line, err := br.ReadString('\n'); line != "220 ready\r\n" {
+		t.Fatalf("banner: %q %v", line, err)
+	}
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n")
+	if got := readAll(t, c); got != "" {
+		t.Errorf("a request after the server spoke got %q", got)
+	}
+	tlsBanner := tlsEcho(t, h.upCA, "* OK ready\r\n")
+	tc = frontTLS(t, h, netip.MustParseAddrPort(tlsBanner).Port())
+	br = bufio.NewReader(tc)
+	if line, err := br.ReadString('\n'); line != "* OK ready\r\n" {
+		t.Fatalf("TLS banner: %q %v", line, err)
+	}
+	io.WriteString(tc, "GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n")
+	_ = tc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if b, _ := io.ReadAll(br); len(b) != 0 {
+		t.Errorf("a request inside TLS after the server spoke got %q", b)
+	}
+	h.waitEvent("unchecked", func(e Event) bool { return e.Rule == "unchecked-request" && e.Decision == "blocked" && e.Proto == "tls" })
+	h.waitEvent("unchecked in the clear", func(e Event) bool { return e.Rule == "unchecked-request" && e.Proto == "tcp" })
+	for _, host := range rec.seen() {
+		if host != "api.test" {
+			t.Errorf("an upstream saw a request for %q", host)
+		}
+	}
+}
