@@ -33,7 +33,7 @@ func registerNetworkFlags(f *pflag.FlagSet, n *daemon.NetworkConfig) {
 	f.IntVar(&n.MaxConnsPerSandbox, "egress-max-conns", maxConns,
 		"connections one sandbox may hold open through the egress proxy; past it a connection is refused with a block event [CELLA_EGRESS_MAX_CONNS]")
 	f.StringVar(&n.UpstreamCAFile, "egress-ca-file", os.Getenv("CELLA_EGRESS_CA_FILE"),
-		"extra root certificates (PEM) the proxy trusts for TLS it opens upstream [CELLA_EGRESS_CA_FILE]")
+		"extra root certificates (PEM) the proxy trusts, beside the system's, to verify the upstreams of the TLS it terminates (private CAs) [CELLA_EGRESS_CA_FILE]")
 	f.StringVar(&n.Prefix, "network-prefix", envOr("CELLA_NETWORK_PREFIX", "10.200.0.0/30"),
 		"address pair of every sandbox's private link (first host: the gateway and resolver, second: the sandbox) [CELLA_NETWORK_PREFIX]")
 	pool, _ := strconv.Atoi(envOr("CELLA_NETWORK_POOL", "4"))

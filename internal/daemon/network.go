@@ -32,8 +32,9 @@ type NetworkConfig struct {
 	// A mapping to loopback lets exactly those names reach the daemon
 	// host's loopback, on the mapping's port when it gives one.
 	Resolve []string
-	// UpstreamCAFile holds extra roots the proxy trusts when it opens TLS
-	// upstream itself (header injection).
+	// UpstreamCAFile holds extra roots the proxy trusts, beside the
+	// system's, when it verifies the upstreams of the TLS it terminates
+	// (every TLS connection to a name).
 	UpstreamCAFile string
 	// MaxConnsPerSandbox is how many connections one sandbox may hold open
 	// through the egress proxy (0: egress.DefaultMaxConnsPerSandbox).

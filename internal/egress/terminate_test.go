@@ -437,7 +437,9 @@ func TestNothingUncheckedAfterSilence(t *testing.T) {
 	if b, _ := io.ReadAll(br); len(b) != 0 {
 		t.Errorf("a request inside TLS after the server spoke got %q", b)
 	}
-	h.waitEvent("unchecked", func(e Event) bool { return e.Rule == "unchecked-request" && e.Decision == "blocked" && e.Proto == "tls" })
+	h.waitEvent("unchecked", func(e Event) bool {
+		return e.Rule == "unchecked-request" && e.Decision == "blocked" && e.Proto == "tls"
+	})
 	h.waitEvent("unchecked in the clear", func(e Event) bool { return e.Rule == "unchecked-request" && e.Proto == "tcp" })
 	for _, host := range rec.seen() {
 		if host != "api.test" {
