@@ -34,6 +34,7 @@ type blockLog struct {
 
 // blockWindow is one sandbox's refusals since its window opened.
 type blockWindow struct {
+	closed      bool
 	logged      int
 	held        int
 	rules       map[string]int
@@ -67,14 +68,26 @@ func (b *blockLog) record(e egress.Event) {
 	b.mu.Unlock()
 }
 
+// flush ends every window now (the daemon stops): nothing held is lost.
+func (b *blockLog) flush() {
+	b.mu.Lock()
+	ws := maps.Clone(b.windows)
+	b.mu.Unlock()
+	for id, w := range ws {
+		b.close(id, w)
+	}
+}
+
 // close ends a sandbox's window, summing up what it held.
 func (b *blockLog) close(id string, w *blockWindow) {
 	b.mu.Lock()
 	if b.windows[id] == w {
 		delete(b.windows, id)
 	}
+	done := w.closed
+	w.closed = true
 	b.mu.Unlock()
-	if w.held == 0 {
+	if done || w.held == 0 {
 		return
 	}
 	rules := slices.SortedFunc(maps.Keys(w.rules), func(a, c string) int { return w.rules[c] - w.rules[a] })

@@ -142,6 +142,7 @@ func newNetwork(c Config, log *slog.Logger, al *audit.Log, sm *secrets.Manager, 
 	closeAll := func() {
 		proxy.Close()
 		slots.Close()
+		blocks.flush() // what the daemon log held back is summed up before it stops
 	}
 	log.Info("sandbox networking ready", "ceiling", ceilingText(nc), "slot_pool", cfg.PoolSize, "run_dir", cfg.RunDir)
 	return &sandbox.Network{Slots: slots, Proxy: proxy, CAPEM: ca.CertPEM(), Events: events, Nameserver: cfg.HostIP()}, closeAll, nil

@@ -52,12 +52,12 @@ func (p *Proxy) admit(sb *Sandbox, c net.Conn) *refusal {
 				fd, l.MaxFD, l.TotalHint))
 		}
 	}
-	if max := l.perSandbox(); max > 0 {
-		if n := sb.conns.Add(1); n > int64(max) {
+	if limit := l.perSandbox(); limit > 0 {
+		if n := sb.conns.Add(1); n > int64(limit) {
 			sb.conns.Add(-1)
 			return policyRefusal("connection-limit", fmt.Sprintf(
 				"this sandbox already has %d connections open through cella's egress proxy, its limit: close some first, or an operator can raise it with %s",
-				max, l.PerSandboxHint))
+				limit, l.PerSandboxHint))
 		}
 	} else {
 		sb.conns.Add(1)

@@ -194,6 +194,12 @@ func New(cfg Config) *Proxy {
 	if cfg.OperatorHint == "" {
 		cfg.OperatorHint = defaultHint
 	}
+	if cfg.Limits.PerSandboxHint == "" {
+		cfg.Limits.PerSandboxHint = "a higher per-sandbox connection limit"
+	}
+	if cfg.Limits.TotalHint == "" {
+		cfg.Limits.TotalHint = "an operator can raise the daemon's open-file limit"
+	}
 	hd := make([]netip.Prefix, 0, len(cfg.HardDeny))
 	for _, p := range cfg.HardDeny {
 		hd = append(hd, unmapPrefix(p))

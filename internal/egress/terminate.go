@@ -85,7 +85,7 @@ func (p *Proxy) terminate(ctx context.Context, s *session, t target, client net.
 		_ = tc.SetReadDeadline(time.Time{})
 		switch {
 		case err != nil:
-			s.setReason(fmt.Sprintf("the sandbox sent the start of a line inside TLS and then nothing for %v: closed, as it could be an HTTP request cella cannot check", handshakeTimeout))
+			p.refuseStalled(s, err)
 			return
 		case kind == sniffHTTP:
 			p.serveHTTP(ctx, s, cp, &t, &upstreamConns{p: p, s: s, tls: true, protos: []string{"http/1.1"}, first: upc})
