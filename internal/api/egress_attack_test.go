@@ -423,8 +423,10 @@ print("nxdomain", nx)
 `, n))); err != nil {
 		t.Fatal(err)
 	}
-	before := p.log.size()
+	before, beforeLines := p.log.size(), p.log.lineCount()
+	t0 := time.Now()
 	res = sh(t, sb, "", "python3 /tmp/flood.py")
+	took := time.Since(t0)
 	if res.ExitCode != 0 || res.Stdout != fmt.Sprintf("nxdomain %d\n", n) {
 		t.Fatalf("the flood: exit %d stdout %q stderr %q", res.ExitCode, res.Stdout, res.Stderr)
 	}
@@ -436,8 +438,13 @@ print("nxdomain", nx)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if grew := p.log.size() - before; grew > 32<<10 {
-		t.Errorf("the daemon's log grew by %d bytes for %d refused queries", grew, n)
+	// Per sandbox the daemon logs at most 10 refusals and one summary
+	// per 10 s window: so many windows as the flood took, one more for
+	// the summary, and lines of at most 2 KiB.
+	lines, grew := p.log.lineCount()-beforeLines, p.log.size()-before
+	most := (int(took/(10*time.Second)) + 2) * 11
+	if lines > most || grew > int64(most)*2048 {
+		t.Errorf("the daemon's log grew by %d lines (%d bytes) for %d refused queries in %v, want at most %d lines", lines, grew, n, took.Round(time.Millisecond), most)
 	}
 	// The early block, through the API.
 	st, _, body := a.do(t, "GET", "/sandboxes/"+id+"/logs?kind=connect&decision=blocked", env.APIKey, nil, nil)
@@ -479,7 +486,8 @@ print("nxdomain", nx)
 	if dns+notRecorded != n || out.Dropped.Blocked != notRecorded {
 		t.Errorf("%d lookups recorded and %d counted as not recorded (the answer says %+v): want all %d accounted for", dns, notRecorded, out.Dropped, n)
 	}
-	t.Logf("%d lookups: %d recorded one by one, %d summed up; the audit file is %d bytes; the daemon's log grew by %d bytes", n, dns, notRecorded, len(data), p.log.size()-before)
+	t.Logf("%d lookups in %v: %d recorded one by one, %d summed up; the audit file is %d bytes; the daemon's log grew by %d lines, %d bytes",
+		n, took.Round(time.Millisecond), dns, notRecorded, len(data), lines, grew)
 }
 
 // serveProc is a `cella serve` process of its own, for attacks on what
@@ -562,9 +570,10 @@ func startServeProc(t *testing.T, nofile int, args ...string) *serveProc {
 
 // countingLog counts what the daemon writes and keeps the end of it.
 type countingLog struct {
-	mu   sync.Mutex
-	n    int64
-	last []byte
+	mu    sync.Mutex
+	n     int64
+	lines int
+	last  []byte
 }
 
 const keepLog = 256 << 10
@@ -573,6 +582,7 @@ func (l *countingLog) Write(b []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.n += int64(len(b))
+	l.lines += bytes.Count(b, []byte{'\n'})
 	l.last = append(l.last, b...)
 	if len(l.last) > 2*keepLog {
 		l.last = append([]byte(nil), l.last[len(l.last)-keepLog:]...)
@@ -584,6 +594,12 @@ func (l *countingLog) size() int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.n
+}
+
+func (l *countingLog) lineCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lines
 }
 
 func (l *countingLog) tail() string {
