@@ -363,7 +363,7 @@ func testConnectionFlood(t *testing.T) {
 	a.wantBlockedEntry(t, idA, since, blockedWant{kind: "connect", rule: "connection-limit", reason: "1024 connections open through cella's egress proxy"})
 
 	// Another tenant, meanwhile: its own key, a create, egress.
-	k, err := env.Client.CreateKey(context.Background(), "tenant-b", 0)
+	k, err := env.Client.CreateKey(context.Background(), client.NewKey{Name: "tenant-b"})
 	if err != nil {
 		t.Fatal(err)
 	}
