@@ -78,7 +78,7 @@ func newBenchCmd() *cobra.Command {
 			func(ctx context.Context) ([]bench.Figure, error) { return bench.Density(ctx, b.cfg, b.density) }),
 		sub("files", "upload/download of 1 MB and 1 GB through the API, beside a local copy",
 			func(ctx context.Context) ([]bench.Figure, error) { return bench.Files(ctx, b.cfg, b.smoke) }),
-		sub("egress", "1000 small HTTP requests through the egress proxy, beside the same requests without it",
+		sub("egress", "1000 small HTTP and 1000 HTTPS requests through the egress proxy, beside the same requests without it",
 			func(ctx context.Context) ([]bench.Figure, error) { return bench.Egress(ctx, b.cfg, b.egress) }),
 	}
 	all := sub("all", "every sub-benchmark in turn", func(ctx context.Context) ([]bench.Figure, error) {

@@ -42,6 +42,8 @@ type sandboxLogsV1 struct {
 	Logs       []sandboxLog      `json:"logs"`
 	LogEntries []sandboxLogEntry `json:"logEntries"`
 	Entries    []audit.Entry     `json:"entries"`
+	// Dropped counts every entry the log did not keep (cella's field).
+	Dropped audit.Dropped `json:"dropped"`
 }
 
 // sandboxLogsV2 is E2B's SandboxLogsV2Response (whose "logs" are the
@@ -49,6 +51,7 @@ type sandboxLogsV1 struct {
 type sandboxLogsV2 struct {
 	Logs    []sandboxLogEntry `json:"logs"`
 	Entries []audit.Entry     `json:"entries"`
+	Dropped audit.Dropped     `json:"dropped"`
 }
 
 func logEntry(e audit.Entry) sandboxLogEntry {
@@ -61,11 +64,11 @@ func logEntry(e audit.Entry) sandboxLogEntry {
 
 // GET /sandboxes/{id}/logs?since=&kind=&decision=&limit= (E2B's start= too).
 func (s *Server) sandboxLogsV1(w http.ResponseWriter, r *http.Request) {
-	entries, ok := s.auditEntries(w, r, false)
+	entries, st, ok := s.auditEntries(w, r, false)
 	if !ok {
 		return
 	}
-	out := sandboxLogsV1{Logs: make([]sandboxLog, 0, len(entries)), LogEntries: make([]sandboxLogEntry, 0, len(entries)), Entries: entries}
+	out := sandboxLogsV1{Logs: make([]sandboxLog, 0, len(entries)), LogEntries: make([]sandboxLogEntry, 0, len(entries)), Entries: entries, Dropped: st.Dropped}
 	for _, e := range entries {
 		le := logEntry(e)
 		out.Logs = append(out.Logs, sandboxLog{Timestamp: le.Timestamp, Line: le.Message})
@@ -78,11 +81,11 @@ func (s *Server) sandboxLogsV1(w http.ResponseWriter, r *http.Request) {
 // direction=forward|backward (backward: entries up to the cursor, newest
 // first).
 func (s *Server) sandboxLogsV2(w http.ResponseWriter, r *http.Request) {
-	entries, ok := s.auditEntries(w, r, true)
+	entries, st, ok := s.auditEntries(w, r, true)
 	if !ok {
 		return
 	}
-	out := sandboxLogsV2{Logs: make([]sandboxLogEntry, 0, len(entries)), Entries: entries}
+	out := sandboxLogsV2{Logs: make([]sandboxLogEntry, 0, len(entries)), Entries: entries, Dropped: st.Dropped}
 	for _, e := range entries {
 		out.Logs = append(out.Logs, logEntry(e))
 	}
@@ -91,15 +94,15 @@ func (s *Server) sandboxLogsV2(w http.ResponseWriter, r *http.Request) {
 
 // auditEntries answers the error itself and reports false when there is
 // nothing to serve.
-func (s *Server) auditEntries(w http.ResponseWriter, r *http.Request, v2 bool) ([]audit.Entry, bool) {
+func (s *Server) auditEntries(w http.ResponseWriter, r *http.Request, v2 bool) ([]audit.Entry, audit.Stats, bool) {
 	if s.cfg.Audit == nil {
 		s.writeErr(w, r, errdefs.NotImplemented("the audit log is not configured on this daemon"))
-		return nil, false
+		return nil, audit.Stats{}, false
 	}
 	q, backward, err := parseLogQuery(r, v2)
 	if err != nil {
 		s.writeErr(w, r, err)
-		return nil, false
+		return nil, audit.Stats{}, false
 	}
 	id := r.PathValue("id")
 	// A killed sandbox's log stays readable, to its owner, for as long as
@@ -107,17 +110,17 @@ func (s *Server) auditEntries(w http.ResponseWriter, r *http.Request, v2 bool) (
 	// teams) is the admin's.
 	if !s.mayReadAudit(r, id) {
 		s.writeErr(w, r, errdefs.NotFound("sandbox %q not found", id))
-		return nil, false
+		return nil, audit.Stats{}, false
 	}
-	entries, err := s.cfg.Audit.Read(id, q)
+	entries, st, err := s.cfg.Audit.ReadWithStats(id, q)
 	if err != nil {
 		s.writeErr(w, r, err)
-		return nil, false
+		return nil, audit.Stats{}, false
 	}
 	if backward {
 		slices.Reverse(entries)
 	}
-	return entries, true
+	return entries, st, true
 }
 
 func (s *Server) mayReadAudit(r *http.Request, id string) bool {

@@ -136,7 +136,7 @@ func testEgressPolicy(t *testing.T) {
 		{"templateID": "base"},
 		{"templateID": "base", "network": map[string]any{"allowOut": []string{"allowed.test"}, "denyOut": []string{"0.0.0.0/0"}}},
 		{"templateID": "base", "network": map[string]any{"rules": map[string]any{
-			"api.test": []any{map[string]any{"transform": map[string]any{"headers": map[string]string{"Authorization": "Bearer ${e2b.secrets.TOKEN}"}}}},
+			"api.test": []any{map[string]any{"transform": map[string]any{"headers": map[string]string{"Authorization": "Bearer ${e2b.secrets.TOKEN}"}}, "port": up.tlsPort}},
 		}}},
 	}
 	ids, sbs := createMany(t, env, bodies)
@@ -199,17 +199,26 @@ func testEgressPolicy(t *testing.T) {
 			t.Fatalf("second Host on an allowed connection: exit %d stdout %q stderr %q", res.ExitCode, res.Stdout, res.Stderr)
 		}
 		a.wantBlocked(t, idA, since, res, blockedWant{kind: "connect", proto: "http", host: "other.test"})
-		// ...but only HTTP the proxy recognizes is checked: a request
-		// whose method is not in its list (or whose first bytes trickle
-		// in slower than the peek timeout) is raw TCP, decided by the
-		// fake address's name alone, and any Host goes through to the
-		// allowed name's address. Reported, not asserted.
+		// ...whatever the method, and however slowly the request line
+		// comes (its first byte, then a pause past the peek timeout).
+		since = time.Now()
 		res = sh(t, sbA, "", fmt.Sprintf(`python3 -c '
-import socket
-s = socket.create_connection(("allowed.test", %s), 5)
-s.sendall(b"FOO / HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n")
-print(s.recv(1000).decode().splitlines()[-1])'`, hp))
-		t.Logf("KNOWN LIMITATION: raw-TCP request with Host other.test over allowed.test's address: %q %q", res.Stdout, res.Stderr)
+import socket, time
+for first, rest in ((b"FOO / HTTP/1.1\r\n", b""), (b"G", b"ET / HTTP/1.1\r\n")):
+    s = socket.create_connection(("allowed.test", %s), 5)
+    s.sendall(first)
+    if rest:
+        time.sleep(5.5)
+        s.sendall(rest)
+    s.sendall(b"Host: other.test\r\nConnection: close\r\n\r\n")
+    print(s.recv(1000).decode().splitlines()[0])'`, hp))
+		if res.ExitCode != 0 || res.Stdout != "HTTP/1.1 403 Forbidden\nHTTP/1.1 403 Forbidden\n" {
+			t.Fatalf("odd method and slow request line with Host other.test over allowed.test's address: exit %d stdout %q stderr %q", res.ExitCode, res.Stdout, res.Stderr)
+		}
+		a.wantBlocked(t, idA, since, res, blockedWant{kind: "connect", proto: "http", host: "other.test", rule: "host-mismatch"})
+		if n := up.hits("other.test"); n != 0 {
+			t.Fatalf("the upstream saw %d requests for other.test", n)
+		}
 
 		// A fake address cella never answered: refused before any byte
 		// is read, so there is no HTTP answer, only a closed connection.
@@ -305,8 +314,9 @@ print(s.recv(1000).decode().splitlines()[-1])'`, hp))
 		// The daemon's own API: with --egress-resolve mapping a name to
 		// 127.0.0.1 (this test's setup) an allowed name reaches the host's
 		// loopback, but never the port the daemon serves on — neither by
-		// HTTP nor by raw bytes that dodge the Host check (a G, a pause
-		// past the peek timeout, then the rest of a request to B's port).
+		// HTTP nor by a request line sent slowly (a G, a pause past the
+		// peek timeout, then the rest of a request to B's port), which
+		// is still HTTP, for another host.
 		_, dport, _ := net.SplitHostPort(strings.TrimPrefix(env.URL, "http://"))
 		res = sh(t, sbA, "", fmt.Sprintf("curl -sS -m 5 http://allowed.test:%s/health", dport))
 		if strings.Contains(res.Stdout, marker) || !strings.Contains(res.Stdout, "the cella daemon's own API") {
@@ -332,7 +342,7 @@ EOF`, dport, idB)
 		if strings.Contains(res.Stdout, marker) {
 			t.Fatalf("A read B's marker through the daemon's API with raw bytes: %q", res.Stdout)
 		}
-		a.wantBlocked(t, idA, since, res, blockedWant{kind: "connect", rule: "hard-deny", reason: "the cella daemon's own API"})
+		a.wantBlocked(t, idA, since, res, blockedWant{kind: "connect", rule: "host-mismatch", host: "8000-" + idB + ".cella.test"})
 	})
 
 	t.Run("LinkLocal", func(t *testing.T) {
@@ -379,19 +389,21 @@ except OSError as e:
 		a.wantBlocked(t, idA, since, res, blockedWant{kind: "connect", proto: "http", host: "allowed.test", dst: "10.9.9.9:" + hp, rule: "pinned-address", reason: "cannot pin an allowed name"})
 	})
 
-	t.Run("HTTPSSpliced", func(t *testing.T) {
+	t.Run("HTTPSTerminated", func(t *testing.T) {
+		// Terminated with cella's CA, which the system bundle trusts; the
+		// proxy verifies the upstream (the daemon trusts the test CA).
+		res := sh(t, sbA, "", fmt.Sprintf("curl -sS -m 10 https://allowed.test:%s/ && curl -sS -m 10 --http2 -w '%%{http_version}\\n' https://allowed.test:%s/", tp, tp))
+		if res.ExitCode != 0 || res.Stdout != "hello over TLS to allowed.test\nhello over TLS to allowed.test\n2\n" {
+			t.Fatalf("terminated HTTPS (HTTP/1.1, then h2): exit %d stdout %q stderr %q events %q", res.ExitCode, res.Stdout, res.Stderr, res.SandboxEvents)
+		}
+		// A client that trusts only the upstream's CA sees cella's
+		// certificate, not the upstream's.
 		if err := sbA.WriteFile(ctx, "/tmp/testca.pem", "", bytes.NewReader(ca.certPEM)); err != nil {
 			t.Fatal(err)
 		}
-		res := sh(t, sbA, "", fmt.Sprintf("curl -sS -m 10 --cacert /tmp/testca.pem https://allowed.test:%s/", tp))
-		if res.ExitCode != 0 || res.Stdout != "hello over TLS to allowed.test\n" {
-			t.Fatalf("spliced HTTPS: exit %d stdout %q stderr %q events %q", res.ExitCode, res.Stdout, res.Stderr, res.SandboxEvents)
-		}
-		// Not intercepted: the certificate is the upstream's, which the
-		// system bundle (cella's CA included) does not trust.
-		res = sh(t, sbA, "", fmt.Sprintf("curl -sS -m 10 https://allowed.test:%s/", tp))
+		res = sh(t, sbA, "", fmt.Sprintf("curl -sS -m 10 --cacert /tmp/testca.pem https://allowed.test:%s/", tp))
 		if res.ExitCode != 60 {
-			t.Fatalf("spliced HTTPS without the test CA: want a certificate error (60), got %d %q %q", res.ExitCode, res.Stdout, res.Stderr)
+			t.Fatalf("terminated HTTPS with only the test CA: want a certificate error (60), got %d %q %q", res.ExitCode, res.Stdout, res.Stderr)
 		}
 		waitEntry(t, a, idA, time.Time{}, "connect", func(e audit.Entry) bool {
 			return e.Decision == "allowed" && e.Proto == "tls" && e.Host == "allowed.test" && e.Upstream == "127.0.0.1:"+tp
@@ -686,10 +698,7 @@ func (w blockedWant) matches(e audit.Entry) bool {
 // started.
 func (a apiT) wantBlocked(t *testing.T, id string, since time.Time, res client.ExecResult, w blockedWant) {
 	t.Helper()
-	e := waitEntry(t, a, id, since.Add(-time.Millisecond), w.kind, w.matches)
-	if e.Reason == "" {
-		t.Fatalf("audit entry without a reason: %+v", e)
-	}
+	e := a.wantBlockedEntry(t, id, since, w)
 	line := client.BlockedEvent{Kind: e.Kind, Proto: e.Proto, Dst: e.Dst, Host: e.Host, Rule: e.Rule, Reason: e.Reason}.String()
 	for _, ev := range res.SandboxEvents {
 		if ev == line {
@@ -697,6 +706,17 @@ func (a apiT) wantBlocked(t *testing.T, id string, since time.Time, res client.E
 		}
 	}
 	t.Fatalf("SandboxEvents lack %q (the audit log has it): %q", line, res.SandboxEvents)
+}
+
+// wantBlockedEntry waits for a blocked decision in the sandbox's audit
+// log since since.
+func (a apiT) wantBlockedEntry(t *testing.T, id string, since time.Time, w blockedWant) audit.Entry {
+	t.Helper()
+	e := waitEntry(t, a, id, since.Add(-time.Millisecond), w.kind, w.matches)
+	if e.Reason == "" {
+		t.Fatalf("audit entry without a reason: %+v", e)
+	}
+	return e
 }
 
 // waitEntry returns the first audit entry of kind since since that
@@ -871,6 +891,7 @@ func newUpstreams(t *testing.T, ca *testCA, extra func(map[string]http.Handler))
 	u.httpPort = hs.Listener.Addr().(*net.TCPAddr).Port
 	if ca != nil {
 		ts := httptest.NewUnstartedServer(handler("hello over TLS"))
+		ts.EnableHTTP2 = true
 		ts.TLS = &tls.Config{Certificates: []tls.Certificate{ca.leaf(t, "allowed.test", "api.test")}}
 		// curl's refusal of a certificate ends in "bad record MAC" on a
 		// Go server, direct or through cella alike: not worth a log line.

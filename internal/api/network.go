@@ -245,7 +245,7 @@ func redactRules(rules map[string][]egress.Rule) map[string][]egress.Rule {
 	out := make(map[string][]egress.Rule, len(rules))
 	for host, rs := range rules {
 		for _, r := range rs {
-			nr := egress.Rule{}
+			nr := egress.Rule{Scheme: r.Scheme, Port: r.Port}
 			if r.Transform != nil {
 				h := map[string]string{}
 				for k, v := range r.Transform.Headers {

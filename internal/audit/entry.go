@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -97,6 +98,45 @@ type Entry struct {
 	// Error is a failure of the recorded operation.
 	Error   string `json:"error,omitempty"`
 	Message string `json:"message,omitempty"`
+
+	// Dropped, on the log's own notes, counts the entries the note stands
+	// for that are not in the file: cut by the size cap, not recorded one
+	// by one under a flood, or lost behind a stuck writer. The sum over a
+	// file's notes is all it ever dropped.
+	Dropped *Dropped `json:"dropped,omitempty"`
+}
+
+// Dropped counts entries by what they recorded.
+type Dropped struct {
+	Blocked int64 `json:"blocked"` // decisions the proxy refused
+	Allowed int64 `json:"allowed"` // decisions the proxy allowed (routine)
+	Other   int64 `json:"other"`   // processes, files, lifecycle
+}
+
+// Add adds d's counts to c.
+func (c *Dropped) Add(d Dropped) {
+	c.Blocked += d.Blocked
+	c.Allowed += d.Allowed
+	c.Other += d.Other
+}
+
+// Total is the number of entries counted.
+func (c Dropped) Total() int64 { return c.Blocked + c.Allowed + c.Other }
+
+// count adds one entry of e's class.
+func (c *Dropped) count(e Entry) {
+	switch e.Decision {
+	case DecisionBlocked:
+		c.Blocked++
+	case DecisionAllowed:
+		c.Allowed++
+	default:
+		c.Other++
+	}
+}
+
+func (c Dropped) String() string {
+	return fmt.Sprintf("%d blocked, %d allowed, %d other", c.Blocked, c.Allowed, c.Other)
 }
 
 // Blocked reports whether the entry records something the proxy refused.
@@ -152,6 +192,9 @@ func (e Entry) optional() [][2]string {
 	add("path", e.Path)
 	addInt("size", e.Size)
 	add("error", e.Error)
+	if e.Dropped != nil {
+		out = append(out, [2]string{"dropped", e.Dropped.String()})
+	}
 	if e.Seq != 0 {
 		out = append(out, [2]string{"seq", strconv.FormatUint(e.Seq, 10)})
 	}

@@ -9,15 +9,29 @@
 // files as soon as it wakes (well under 100 ms; Read and Close first wait
 // for the queue to drain).
 //
-// Bounds: a file that grows past MaxFileBytes (default 16 MiB) is cut to
-// its newest half in place, rather than rotated to a .1 file, so a reader
-// always has one file to read and the disk use per sandbox stays under the
-// cap. The cut is recorded as a lifecycle entry at the end of the file. If
-// the writer falls behind by more than 65536 entries, further entries are
-// dropped and the count is recorded in the sandbox's file once the writer
-// catches up. Entries are written but not fsynced: a host crash may lose
-// the last moments of a log, never corrupt earlier lines (a torn last line
-// is skipped on read).
+// Bounds, so that a sandbox flooding its own log can neither fill the disk
+// nor push the evidence of what it did out of it:
+//
+//   - Rate: the proxy's decisions are recorded one by one up to a burst
+//     (Options.Burst, 1000) and then at Options.Rate (100) a second per
+//     sandbox, blocked and allowed decisions each on their own budget (a
+//     flood of allowed lookups cannot silence blocks). What goes past it is
+//     counted and summed up in one entry per kind and decision a second
+//     (rule "not-recorded", with the first and last of them).
+//   - Size: a file that grows past MaxFileBytes (default 16 MiB) is cut to
+//     half in place, rather than rotated to a .1 file, so a reader always
+//     has one file and the disk use per sandbox stays under the cap. The
+//     cut drops routine entries (allowed decisions) first, oldest first;
+//     only if that is not enough does it drop others (blocked decisions,
+//     processes, files, lifecycle), oldest first but never the oldest
+//     eighth of the cap, where the story of the sandbox starts.
+//   - Queue: if the writer falls behind by more than 65536 entries,
+//     further entries are dropped.
+//
+// Each of these writes a note whose Dropped counts what it dropped, by
+// blocked, allowed and other: Stats sums them. Entries are written but
+// not fsynced: a host crash may lose the last moments of a log, never
+// corrupt earlier lines (a torn last line is skipped on read).
 package audit
 
 import (
@@ -54,6 +68,16 @@ const maxPending = 1 << 16
 // cannot take a large share of a file's cap.
 const maxFieldBytes = 4096
 
+// Defaults of Options.Rate and Options.Burst.
+const (
+	DefaultRate  = 100
+	DefaultBurst = 1000
+)
+
+// RuleNotRecorded is the Rule of an entry that stands for decisions the
+// rate bound did not record one by one.
+const RuleNotRecorded = "not-recorded"
+
 var idRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 
 // validID keeps a sandbox ID usable as a file name inside the log dir.
@@ -69,6 +93,10 @@ type Options struct {
 	MaxFileBytes int64
 	// Log receives the writer's own failures (nil: slog.Default()).
 	Log *slog.Logger
+	// Rate and Burst bound how many proxy decisions are recorded one by
+	// one per sandbox (see the package doc; 0: DefaultRate and
+	// DefaultBurst; Rate < 0: no bound).
+	Rate, Burst int
 }
 
 // Query selects entries for Read. Zero fields select everything.
@@ -94,8 +122,11 @@ type Log struct {
 
 	mu      sync.Mutex
 	pending []Entry
-	dropped map[string]int // per sandbox: entries refused since the last batch
+	dropped map[string]*Dropped // per sandbox: entries refused since the last batch
 	closed  bool
+	// rate is the per-sandbox bound on proxy decisions (rate.go).
+	rate, burst float64
+	budgets     map[string]*budget
 	// lastBlocked is the newest blocked entry this process accepted per
 	// sandbox; complete marks the sandboxes whose whole file this process
 	// wrote (it did not exist at the first write), for which lastBlocked
@@ -103,7 +134,10 @@ type Log struct {
 	// which is what every exec's "anything blocked?" question asks.
 	lastBlocked map[string]time.Time
 	complete    map[string]bool
-	written     map[string]bool // guarded by fileMu: sandboxes written to since start
+	// droppedTotal is what this process dropped per sandbox: the file's
+	// Stats for the complete ones.
+	droppedTotal map[string]Dropped
+	written      map[string]bool // guarded by fileMu: sandboxes written to since start
 
 	invalid atomic.Int64 // entries with an unusable sandbox ID
 
@@ -129,14 +163,25 @@ func New(dir string, o Options) (*Log, error) {
 	if o.Redact == nil {
 		o.Redact = func(s string) string { return s }
 	}
+	switch {
+	case o.Rate == 0:
+		o.Rate = DefaultRate
+	case o.Rate < 0:
+		o.Rate = 0
+	}
+	if o.Burst <= 0 {
+		o.Burst = DefaultBurst
+	}
 	l := &Log{
 		dir: dir, redact: o.Redact, maxFile: o.MaxFileBytes, log: o.Log,
-		dropped:     map[string]int{},
+		rate: float64(o.Rate), burst: float64(o.Burst), budgets: map[string]*budget{},
+		dropped:     map[string]*Dropped{},
 		lastBlocked: map[string]time.Time{}, complete: map[string]bool{}, written: map[string]bool{},
-		wake:  make(chan struct{}, 1),
-		flush: make(chan chan struct{}),
-		stop:  make(chan struct{}),
-		done:  make(chan struct{}),
+		droppedTotal: map[string]Dropped{},
+		wake:         make(chan struct{}, 1),
+		flush:        make(chan chan struct{}),
+		stop:         make(chan struct{}),
+		done:         make(chan struct{}),
 	}
 	go l.run()
 	return l, nil
@@ -160,8 +205,22 @@ func (l *Log) Append(e Entry) {
 	case l.closed:
 		l.mu.Unlock()
 		return
+	case e.Source == SourceProxy && !l.admit(e):
+		// Held back, to be summed up: a reader asking for blocks since
+		// before it must read (and so flush) the file.
+		if e.Decision == DecisionBlocked && e.Time.After(l.lastBlocked[e.SandboxID]) {
+			l.lastBlocked[e.SandboxID] = e.Time
+		}
+		l.mu.Unlock()
+		l.wakeWriter()
+		return
 	case len(l.pending) >= maxPending:
-		l.dropped[e.SandboxID]++
+		d := l.dropped[e.SandboxID]
+		if d == nil {
+			d = &Dropped{}
+			l.dropped[e.SandboxID] = d
+		}
+		d.count(e)
 		l.mu.Unlock()
 		return
 	}
@@ -170,6 +229,10 @@ func (l *Log) Append(e Entry) {
 		l.lastBlocked[e.SandboxID] = e.Time
 	}
 	l.mu.Unlock()
+	l.wakeWriter()
+}
+
+func (l *Log) wakeWriter() {
 	select {
 	case l.wake <- struct{}{}:
 	default: // a wake-up is already due
@@ -201,16 +264,27 @@ func (l *Log) Close() error {
 
 func (l *Log) run() {
 	defer close(l.done)
+	// held fires once a second while decisions are held back, to sum
+	// them up.
+	var held <-chan time.Time
 	for {
 		select {
 		case <-l.wake:
-			l.drain()
+		case <-held:
+			held = nil
+			l.summarizeHeld()
 		case ack := <-l.flush:
+			l.summarizeHeld()
 			l.drain()
 			close(ack)
 		case <-l.stop:
+			l.summarizeHeld()
 			l.drain()
 			return
+		}
+		l.drain()
+		if held == nil && l.holding() {
+			held = time.After(time.Second)
 		}
 	}
 }
@@ -227,7 +301,7 @@ func (l *Log) writeBatch() bool {
 	defer l.fileMu.Unlock()
 	l.mu.Lock()
 	batch, dropped := l.pending, l.dropped
-	l.pending, l.dropped = nil, map[string]int{}
+	l.pending, l.dropped = nil, map[string]*Dropped{}
 	l.mu.Unlock()
 	if len(batch) == 0 && len(dropped) == 0 {
 		return false
@@ -246,9 +320,10 @@ func (l *Log) writeBatch() bool {
 	for _, e := range batch {
 		l.encode(buf(e.SandboxID), e)
 	}
-	for id, n := range dropped {
-		l.encode(buf(id), Entry{Time: time.Now(), SandboxID: id, Kind: KindLifecycle, Source: SourceDaemon,
-			Message: fmt.Sprintf("audit log dropped %d entries: its writer fell behind", n)})
+	for id, d := range dropped {
+		l.noteDropped(id, *d)
+		l.encode(buf(id), Entry{Time: time.Now(), SandboxID: id, Kind: KindLifecycle, Source: SourceDaemon, Dropped: d,
+			Message: fmt.Sprintf("audit log dropped %d entries (%s): its writer fell behind", d.Total(), d)})
 	}
 	for _, id := range order {
 		if err := l.appendFile(id, bufs[id].Bytes()); err != nil {
@@ -313,26 +388,25 @@ func (l *Log) appendFile(id string, data []byte) error {
 	return l.compact(id)
 }
 
-// compact keeps the newest half of a file that outgrew the cap, cut at a
-// line boundary, and notes the cut at its end. The new content replaces the
-// file by rename, so a concurrent Read sees the old file or the new one.
+// compact cuts a file that outgrew the cap to half of it, dropping
+// routine entries first (see the package doc), and notes the cut, with its
+// counts, at its end. The new content replaces the file by rename, so a
+// concurrent Read sees the old file or the new one.
 func (l *Log) compact(id string) error {
 	p := l.path(id)
 	data, err := os.ReadFile(p)
 	if err != nil {
 		return fmt.Errorf("compact %s: %w", p, err)
 	}
-	start := max(0, len(data)-int(l.maxFile/2))
-	if i := bytes.IndexByte(data[start:], '\n'); start > 0 && i >= 0 {
-		start += i + 1
-	} else if start > 0 {
-		start = len(data)
-	}
+	kept, dropped := cut(data, l.maxFile/2, l.maxFile/8)
+	l.noteDropped(id, dropped.fresh)
 	var b bytes.Buffer
-	b.Write(data[start:])
-	l.encode(&b, Entry{Time: time.Now(), SandboxID: id, Kind: KindLifecycle, Source: SourceDaemon,
-		Message: fmt.Sprintf("audit log reached its %d-byte cap: the oldest %d entries (%d bytes) were dropped",
-			l.maxFile, bytes.Count(data[:start], []byte{'\n'}), start)})
+	for _, ln := range kept {
+		b.Write(ln)
+	}
+	l.encode(&b, Entry{Time: time.Now(), SandboxID: id, Kind: KindLifecycle, Source: SourceDaemon, Dropped: &dropped.counts,
+		Message: fmt.Sprintf("audit log reached its %d-byte cap: %d entries (%d bytes) were dropped, routine ones (allowed decisions) first and oldest first, %s",
+			l.maxFile, dropped.lines, dropped.bytes, dropped.counts)})
 	tmp := p + ".tmp"
 	if err := os.WriteFile(tmp, b.Bytes(), 0o600); err != nil {
 		os.Remove(tmp)
@@ -343,6 +417,92 @@ func (l *Log) compact(id string) error {
 		return fmt.Errorf("compact %s: %w", p, err)
 	}
 	return nil
+}
+
+// cutStats is what cut dropped: the entries by class, counting those the
+// notes dropped stood for, so the file's notes still sum to everything.
+type cutStats struct {
+	lines, bytes int
+	counts       Dropped
+	fresh        Dropped // of counts, the entries that were no notes
+}
+
+// cut returns the lines of data to keep so that they take at most target
+// bytes: it drops allowed decisions oldest first, then, if that is not
+// enough, other lines oldest first, sparing the first head bytes of those.
+func cut(data []byte, target, head int64) ([][]byte, cutStats) {
+	type line struct {
+		b       []byte
+		e       Entry
+		routine bool
+		drop    bool
+	}
+	var lines []line
+	size := int64(0)
+	for len(data) > 0 {
+		i := bytes.IndexByte(data, '\n')
+		if i < 0 {
+			break // a torn last line is not an entry
+		}
+		ln := line{b: data[:i+1]}
+		data = data[i+1:]
+		if json.Unmarshal(ln.b, &ln.e) != nil {
+			ln.drop = true // not an entry either
+		}
+		ln.routine = ln.e.Decision == DecisionAllowed
+		lines = append(lines, ln)
+		if !ln.drop {
+			size += int64(len(ln.b))
+		}
+	}
+	for pass := range 2 {
+		spared := int64(0)
+		for i := range lines {
+			if size <= target {
+				break
+			}
+			ln := &lines[i]
+			if ln.drop || ln.routine != (pass == 0) {
+				continue
+			}
+			if pass == 1 && spared+int64(len(ln.b)) <= head {
+				spared += int64(len(ln.b))
+				continue
+			}
+			ln.drop = true
+			size -= int64(len(ln.b))
+		}
+	}
+	var kept [][]byte
+	var st cutStats
+	for _, ln := range lines {
+		if !ln.drop {
+			kept = append(kept, ln.b)
+			continue
+		}
+		st.lines++
+		st.bytes += len(ln.b)
+		if ln.e.Dropped != nil {
+			st.counts.Add(*ln.e.Dropped) // a note: what it stood for
+		} else if ln.e.Kind != "" {
+			st.counts.count(ln.e)
+			st.fresh.count(ln.e)
+		}
+	}
+	return kept, st
+}
+
+// noteDropped adds to what this process dropped of a sandbox's entries.
+func (l *Log) noteDropped(id string, d Dropped) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.noteDroppedLocked(id, d)
+}
+
+func (l *Log) noteDroppedLocked(id string, d Dropped) {
+	t := l.droppedTotal[id]
+	t.Add(d)
+	l.droppedTotal[id] = t
 }
 
 // Exists reports whether a sandbox has a log file (after writing what is
@@ -356,9 +516,27 @@ func (l *Log) Exists(sandboxID string) bool {
 	return err == nil
 }
 
+// Stats is what a read learns besides the entries.
+type Stats struct {
+	// Dropped sums the notes of the whole file: every entry the log did
+	// not keep, by class.
+	Dropped Dropped `json:"dropped"`
+}
+
 // Read returns a sandbox's entries that match q, oldest first: the newest
 // q.Limit of them. A sandbox without a file has no entries.
 func (l *Log) Read(sandboxID string, q Query) ([]Entry, error) {
+	return l.read(sandboxID, q, nil)
+}
+
+// ReadWithStats is Read, and the stats of the whole file.
+func (l *Log) ReadWithStats(sandboxID string, q Query) ([]Entry, Stats, error) {
+	var st Stats
+	out, err := l.read(sandboxID, q, &st)
+	return out, st, err
+}
+
+func (l *Log) read(sandboxID string, q Query, st *Stats) ([]Entry, error) {
 	limit := q.Limit
 	if limit <= 0 {
 		limit = DefaultLimit
@@ -367,12 +545,18 @@ func (l *Log) Read(sandboxID string, q Query) ([]Entry, error) {
 	if q.Decision == DecisionBlocked && !q.Since.IsZero() {
 		l.mu.Lock()
 		none := l.complete[sandboxID] && q.Since.After(l.lastBlocked[sandboxID])
+		if none && st != nil {
+			st.Dropped = l.droppedTotal[sandboxID]
+		}
 		l.mu.Unlock()
 		if none {
 			return out, nil
 		}
 	}
 	err := l.scan(sandboxID, func(e Entry) {
+		if st != nil && e.Dropped != nil {
+			st.Dropped.Add(*e.Dropped)
+		}
 		if !q.match(e) {
 			return
 		}
@@ -463,6 +647,8 @@ func (l *Log) Remove(sandboxID string) error {
 	l.mu.Lock()
 	l.pending = slices.DeleteFunc(l.pending, func(e Entry) bool { return e.SandboxID == sandboxID })
 	delete(l.dropped, sandboxID)
+	delete(l.budgets, sandboxID)
+	delete(l.droppedTotal, sandboxID)
 	delete(l.lastBlocked, sandboxID)
 	delete(l.complete, sandboxID)
 	l.mu.Unlock()

@@ -137,7 +137,7 @@ func TestInvalidSandboxIDs(t *testing.T) {
 }
 
 func TestConcurrentAppends(t *testing.T) {
-	l, dir := newLog(t, audit.Options{})
+	l, dir := newLog(t, audit.Options{Rate: -1})
 	const writers, each = 32, 200
 	var wg sync.WaitGroup
 	for w := range writers {
@@ -235,7 +235,7 @@ func TestRedaction(t *testing.T) {
 // Past the cap the file keeps its newest half and says so at its end.
 func TestSizeCap(t *testing.T) {
 	const capBytes = 64 << 10
-	l, dir := newLog(t, audit.Options{MaxFileBytes: capBytes})
+	l, dir := newLog(t, audit.Options{MaxFileBytes: capBytes, Rate: -1})
 	path := filepath.Join(dir, "sb.jsonl")
 	const n = 2000
 	for i := range n {

@@ -28,12 +28,17 @@ type NetworkConfig struct {
 	// egress for anyone, whatever a request asks.
 	Allow, Deny []string
 	// Resolve maps names (or *.wildcards) to addresses the proxy dials
-	// instead of asking DNS: "pkg.test=127.0.0.1". A mapping to loopback
-	// lets the proxy reach the daemon host's loopback for those names.
+	// instead of asking DNS: "pkg.test=127.0.0.1:8080" (egress.ParseMapping).
+	// A mapping to loopback lets exactly those names reach the daemon
+	// host's loopback, on the mapping's port when it gives one.
 	Resolve []string
-	// UpstreamCAFile holds extra roots the proxy trusts when it opens TLS
-	// upstream itself (header injection).
+	// UpstreamCAFile holds extra roots the proxy trusts, beside the
+	// system's, when it verifies the upstreams of the TLS it terminates
+	// (every TLS connection to a name).
 	UpstreamCAFile string
+	// MaxConnsPerSandbox is how many connections one sandbox may hold open
+	// through the egress proxy (0: egress.DefaultMaxConnsPerSandbox).
+	MaxConnsPerSandbox int
 	// Prefix is the address pair every slot uses; PoolSize how many slots
 	// are made ahead.
 	Prefix   string
@@ -68,9 +73,12 @@ func newNetwork(c Config, log *slog.Logger, al *audit.Log, sm *secrets.Manager, 
 	if err := cfg.Validate(); err != nil {
 		return nil, nil, err
 	}
-	resolve, loopback, err := parseResolve(nc.Resolve)
+	if nc.MaxConnsPerSandbox < 0 {
+		return nil, nil, fmt.Errorf("--egress-max-conns %d: want a positive number of connections", nc.MaxConnsPerSandbox)
+	}
+	mappings, err := egress.ParseMappings(nc.Resolve)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("--egress-resolve: %w", err)
 	}
 	var roots *x509.CertPool
 	if nc.UpstreamCAFile != "" {
@@ -106,15 +114,17 @@ func newNetwork(c Config, log *slog.Logger, al *audit.Log, sm *secrets.Manager, 
 		}
 	}
 	proxy := egress.New(egress.Config{
-		Resolver:        resolve,
+		Mappings:        mappings,
+		Resolver:        resolveIPv4,
 		HardDeny:        hardDeny,
 		UpstreamRootCAs: roots,
 		CA:              ca,
 		Secrets:         sm.Get,
 		OperatorHint:    "cella serve --egress-allow <host> (the daemon's ceiling), then the sandbox's network.allowOut or PUT /sandboxes/{id}/network",
-		PermitLoopback:  loopback,
 		DenyUpstream:    denyUpstream,
+		Limits:          egressLimits(nc.MaxConnsPerSandbox, log), // fdlimit.go
 	})
+	blocks := newBlockLog(log) // blocklog.go
 	events := func(e egress.Event) {
 		entry := audit.Entry{
 			Time: e.Time, SandboxID: e.SandboxID, Kind: e.Kind, Source: audit.SourceProxy, Proto: e.Proto,
@@ -127,11 +137,12 @@ func newNetwork(c Config, log *slog.Logger, al *audit.Log, sm *secrets.Manager, 
 			return
 		}
 		counts.Blocked.Add(1)
-		log.Info("egress blocked", "id", e.SandboxID, "proto", e.Proto, "dst", e.Dst, "host", e.Host, "rule", e.Rule, "reason", e.Reason)
+		blocks.record(e)
 	}
 	closeAll := func() {
 		proxy.Close()
 		slots.Close()
+		blocks.flush() // what the daemon log held back is summed up before it stops
 	}
 	log.Info("sandbox networking ready", "ceiling", ceilingText(nc), "slot_pool", cfg.PoolSize, "run_dir", cfg.RunDir)
 	return &sandbox.Network{Slots: slots, Proxy: proxy, CAPEM: ca.CertPEM(), Events: events, Nameserver: cfg.HostIP()}, closeAll, nil
@@ -148,51 +159,8 @@ func ceilingText(nc NetworkConfig) string {
 	return s
 }
 
-// parseResolve turns name=addr mappings into a resolver that answers them
-// first and asks DNS for the rest; loopback reports whether any mapping
-// points at the host's loopback.
-func parseResolve(entries []string) (func(context.Context, string) ([]netip.Addr, error), bool, error) {
-	exact := map[string][]netip.Addr{}
-	var wild []struct {
-		suffix string
-		addrs  []netip.Addr
-	}
-	loopback := false
-	for _, e := range entries {
-		name, addrText, ok := strings.Cut(e, "=")
-		name = strings.ToLower(strings.TrimSuffix(strings.TrimSpace(name), "."))
-		if !ok || name == "" {
-			return nil, false, fmt.Errorf("--egress-resolve %q: want NAME=ADDRESS[,ADDRESS]", e)
-		}
-		var addrs []netip.Addr
-		for _, a := range strings.Split(addrText, ",") {
-			ip, err := netip.ParseAddr(strings.TrimSpace(a))
-			if err != nil {
-				return nil, false, fmt.Errorf("--egress-resolve %q: %w", e, err)
-			}
-			loopback = loopback || ip.IsLoopback()
-			addrs = append(addrs, ip)
-		}
-		if suffix, ok := strings.CutPrefix(name, "*."); ok {
-			wild = append(wild, struct {
-				suffix string
-				addrs  []netip.Addr
-			}{"." + suffix, addrs})
-			continue
-		}
-		exact[name] = addrs
-	}
-	resolve := func(ctx context.Context, host string) ([]netip.Addr, error) {
-		h := strings.ToLower(strings.TrimSuffix(host, "."))
-		if a, ok := exact[h]; ok {
-			return a, nil
-		}
-		for _, w := range wild {
-			if strings.HasSuffix(h, w.suffix) {
-				return w.addrs, nil
-			}
-		}
-		return net.DefaultResolver.LookupNetIP(ctx, "ip4", host)
-	}
-	return resolve, loopback, nil
+// resolveIPv4 asks DNS for the names no --egress-resolve mapping answers:
+// sandboxes are IPv4-only.
+func resolveIPv4(ctx context.Context, host string) ([]netip.Addr, error) {
+	return net.DefaultResolver.LookupNetIP(ctx, "ip4", host)
 }

@@ -22,18 +22,47 @@ import (
 
 var loopback = netip.MustParseAddr("127.0.0.1")
 
-// testNames is what the tests' resolver knows; everything resolves to
-// loopback except meta.test, which plays a name pointing at the metadata
-// service and is never dialed.
+// testNames are the tests' mappings (--egress-resolve): everything maps
+// to loopback except meta.test, which plays a name pointing at the
+// metadata service and is never dialed.
 var testNames = map[string][]netip.Addr{
-	"pkg.test":     {loopback},
-	"a.pkg.test":   {loopback},
-	"b.pkg.test":   {loopback},
-	"api.test":     {loopback},
-	"other.test":   {loopback},
-	"meta.test":    {netip.MustParseAddr("169.254.1.1")},
-	"mixed.test":   {netip.MustParseAddr("169.254.1.1"), loopback},
-	"nowhere.test": nil,
+	"pkg.test":   {loopback},
+	"a.pkg.test": {loopback},
+	"b.pkg.test": {loopback},
+	"api.test":   {loopback},
+	"other.test": {loopback},
+	"meta.test":  {netip.MustParseAddr("169.254.1.1")},
+	"mixed.test": {netip.MustParseAddr("169.254.1.1"), loopback},
+}
+
+// publicStandIn is where tests put raw upstream addresses the proxy may
+// dial (it never dials loopback by address): the harness's dialer reaches
+// the same port on loopback instead.
+var publicStandIn = netip.MustParsePrefix("192.0.2.0/24")
+
+// public is the stand-in of a loopback server's address.
+func public(t *testing.T, loopbackAddr string) netip.AddrPort {
+	t.Helper()
+	ap := netip.MustParseAddrPort(loopbackAddr)
+	return netip.AddrPortFrom(netip.MustParseAddr("192.0.2.1"), ap.Port())
+}
+
+// dnsNames are what the tests' resolver (DNS) knows: dnsloop.test plays a
+// public name that points at 127.0.0.1. Any other name does not resolve.
+var dnsNames = map[string][]netip.Addr{
+	"dnsloop.test": {loopback},
+}
+
+func testMappings() []Mapping {
+	var ms []Mapping
+	for name, addrs := range testNames {
+		m := Mapping{Name: name}
+		for _, a := range addrs {
+			m.Addrs = append(m.Addrs, netip.AddrPortFrom(a, 0))
+		}
+		ms = append(ms, m)
+	}
+	return ms
 }
 
 // harness runs a proxy for one sandbox the way the daemon would: a TCP
@@ -49,6 +78,15 @@ type harness struct {
 	cfg Config
 
 	dsts sync.Map // client local address -> netip.AddrPort it "dialed"
+	// ports redirects upstream dials by port (uint16 -> loopback address),
+	// so that a test server plays port 443 or 80.
+	ports sync.Map
+
+	// roots trust cella's CA (what a sandbox trusts); upCA plays the public
+	// PKI of TLS upstreams, which the proxy trusts.
+	roots   *x509.CertPool
+	upCA    *CA
+	upRoots *x509.CertPool
 
 	mu     sync.Mutex
 	events []Event
@@ -59,9 +97,15 @@ type harness struct {
 func newHarness(t *testing.T, pol Policy, tweak func(*Config)) *harness {
 	t.Helper()
 	h := &harness{t: t, serveDone: make(chan struct{}), dnsDone: make(chan struct{})}
+	var ca *CA
+	ca, h.roots = cellaCA(t)
+	h.upCA, h.upRoots = upstreamCA(t)
 	h.cfg = Config{
+		CA:              ca,
+		UpstreamRootCAs: h.upRoots,
+		Mappings:        testMappings(),
 		Resolver: func(ctx context.Context, host string) ([]netip.Addr, error) {
-			addrs, ok := testNames[host]
+			addrs, ok := dnsNames[host]
 			if !ok || len(addrs) == 0 {
 				return nil, fmt.Errorf("lookup %s: no such host", host)
 			}
@@ -69,6 +113,16 @@ func newHarness(t *testing.T, pol Policy, tweak func(*Config)) *harness {
 		},
 		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			ap, err := netip.ParseAddrPort(addr)
+			if to, ok := h.ports.Load(ap.Port()); ok && err == nil {
+				addr = to.(string)
+				ap = netip.MustParseAddrPort(addr)
+			}
+			if err == nil && publicStandIn.Contains(ap.Addr()) {
+				// A raw address the proxy may dial: the test's server on
+				// loopback plays it.
+				addr = netip.AddrPortFrom(loopback, ap.Port()).String()
+				ap = netip.AddrPortFrom(loopback, ap.Port())
+			}
 			if err != nil || !ap.Addr().IsLoopback() {
 				t.Errorf("the proxy dialed %s: tests must only reach loopback", addr)
 				return nil, errors.New("test: non-loopback dial refused")
@@ -76,8 +130,7 @@ func newHarness(t *testing.T, pol Policy, tweak func(*Config)) *harness {
 			var d net.Dialer
 			return d.DialContext(ctx, network, addr)
 		},
-		PermitLoopback: true,
-		OperatorHint:   "cella serve --egress-allow HOST",
+		OperatorHint: "cella serve --egress-allow HOST",
 		// Long enough that a client stalled by a loaded machine is not
 		// mistaken for raw TCP; tests that need the peek to run out (a
 		// silent client of a server that speaks first) set a short one.
@@ -124,6 +177,9 @@ func (h *harness) close() {
 		}
 	}
 }
+
+// serveOn has the proxy's dials to port p reach the server at addr.
+func (h *harness) serveOn(p uint16, addr string) { h.ports.Store(p, addr) }
 
 // origDst plays SO_ORIGINAL_DST. The client registers its destination
 // right after connecting, so the proxy may ask a moment before.

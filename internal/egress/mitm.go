@@ -2,7 +2,6 @@ package egress
 
 import (
 	"bytes"
-	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -14,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -247,31 +245,7 @@ func (c *CA) prune(now time.Time) {
 	}
 }
 
-// intercept terminates the sandbox's TLS for a host with header rules and
-// proxies its requests over the proxy's own verified TLS.
-func (p *Proxy) intercept(ctx context.Context, s *session, t target, client net.Conn) {
-	if p.cfg.CA == nil {
-		s.refuse(policyRefusal("no-ca", fmt.Sprintf(
-			"%s has a header rule, which needs TLS interception, but this cella has no interception CA", t.name)), t)
-		return
-	}
-	s.allow(t)
-	tc := tls.Server(client, &tls.Config{
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return p.cfg.CA.leafFor(t.name) },
-		NextProtos:     []string{"http/1.1"},
-		MinVersion:     tls.VersionTLS12,
-	})
-	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
-	err := tc.HandshakeContext(hctx)
-	cancel()
-	if err != nil {
-		s.setReason(fmt.Sprintf("TLS interception of %s failed, the sandbox must trust cella's CA: %v", t.name, err))
-		return
-	}
-	p.serveHTTP(ctx, s, tc, &t, "https")
-}
-
-// inject sets a rule's headers (as headersFor returns them) on a request,
+// inject sets a rule's headers (as injectionFor returns them) on a request,
 // replacing what the sandbox sent for them.
 func (p *Proxy) inject(s *session, host string, h http.Header, names []string, headers map[string]string) *refusal {
 	for _, name := range names {

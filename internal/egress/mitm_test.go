@@ -94,10 +94,11 @@ func TestHeaderInjectionOverHTTPS(t *testing.T) {
 	h := newHarness(t, pol, func(c *Config) {
 		c.CA, c.UpstreamRootCAs, c.Secrets = ca, upRoots, testSecrets
 	})
+	h.serveOn(443, up.Listener.Addr().String()) // the rule's default port
 
 	// Two requests on one kept-alive connection; the sandbox trusts only
 	// cella's CA, and its own Authorization is replaced.
-	raw := h.dial(netip.AddrPortFrom(h.fake("api.test"), port(t, up.URL)))
+	raw := h.dial(netip.AddrPortFrom(h.fake("api.test"), 443))
 	tc := tls.Client(raw, &tls.Config{ServerName: "api.test", RootCAs: cellaRoots})
 	if err := tc.Handshake(); err != nil {
 		t.Fatalf("handshake with the interceptor: %v", err)
@@ -142,7 +143,7 @@ func TestHeaderInjectionOverHTTPS(t *testing.T) {
 	assertNoSecret(t, h, bodies...)
 
 	// A client that does not trust cella's CA fails, and the event says why.
-	raw = h.dial(netip.AddrPortFrom(h.fake("api.test"), port(t, up.URL)))
+	raw = h.dial(netip.AddrPortFrom(h.fake("api.test"), 443))
 	if err := tls.Client(raw, &tls.Config{ServerName: "api.test", RootCAs: upRoots}).Handshake(); err == nil {
 		t.Error("a client not trusting cella's CA completed the handshake")
 	}
@@ -152,20 +153,80 @@ func TestHeaderInjectionOverHTTPS(t *testing.T) {
 	})
 }
 
-func TestHTTPSWithoutRuleIsNotIntercepted(t *testing.T) {
+// TestHeaderRuleBinding: a rule's headers go only where the rule is bound
+// (https on 443 by default). A sandbox that asks for the same host in the
+// clear, or on another port, is refused with the rule named, and the
+// secret reaches no upstream; a rule bound to plain HTTP on a port of its
+// own injects there and only there.
+func TestHeaderRuleBinding(t *testing.T) {
+	upCA, upRoots := upstreamCA(t)
+	tlsRec, plainRec := &recorder{}, &recorder{}
+	tlsUp := tlsUpstream(t, upCA, tlsRec)
+	plainUp := httptest.NewServer(plainRec)
+	defer plainUp.Close()
+	ca, cellaRoots := cellaCA(t)
+	h := newHarness(t, Policy{
+		AllowOut: []string{"api.test", "pkg.test"},
+		Rules: map[string][]Rule{
+			"api.test": {{Transform: &Transform{Headers: map[string]string{"Authorization": "Bearer ${secret:TOKEN}"}}}},
+			"pkg.test": {{Transform: &Transform{Headers: map[string]string{"Authorization": "Bearer ${secret:TOKEN}"}}, Scheme: "http", Port: 8080}},
+		},
+	}, func(c *Config) { c.CA, c.UpstreamRootCAs, c.Secrets = ca, upRoots, testSecrets })
+	// Port 443 and 8443 reach the TLS upstream, 80 and 8080 the plain one:
+	// only the port the sandbox asked for differs.
+	h.serveOn(443, tlsUp.Listener.Addr().String())
+	h.serveOn(8443, tlsUp.Listener.Addr().String())
+	h.serveOn(80, plainUp.Listener.Addr().String())
+	h.serveOn(8080, plainUp.Listener.Addr().String())
+	get := func(url string) (int, string) {
+		t.Helper()
+		resp, err := h.client(cellaRoots).Get(url)
+		if err != nil {
+			t.Fatalf("GET %s: %v", url, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(b)
+	}
+	for _, url := range []string{"http://api.test/", "https://api.test:8443/", "http://api.test:443/", "https://pkg.test/", "http://pkg.test/"} {
+		st, body := get(url)
+		if st != 403 || !strings.Contains(body, "apply to") || !strings.Contains(body, "(rules key ") {
+			t.Errorf("%s: %d %q", url, st, body)
+		}
+	}
+	h.waitEvent("http to api.test", blockedFor("api.test", "rule-binding"))
+	if got := append(tlsRec.seen(), plainRec.seen()...); len(got) != 0 {
+		t.Fatalf("upstreams got requests outside the rules' bindings: %q", got)
+	}
+	if st, body := get("https://api.test/"); st != 200 || body != "upstream saw host=api.test" {
+		t.Errorf("https://api.test/: %d %q", st, body)
+	}
+	if st, body := get("http://pkg.test:8080/"); st != 200 || body != "upstream saw host=pkg.test:8080" {
+		t.Errorf("http://pkg.test:8080/: %d %q", st, body)
+	}
+	if got := tlsRec.seen(); len(got) != 1 || got[0] != "Bearer "+secretValue {
+		t.Errorf("TLS upstream saw %q", got)
+	}
+	if got := plainRec.seen(); len(got) != 1 || got[0] != "Bearer "+secretValue {
+		t.Errorf("plain upstream saw %q", got)
+	}
+	assertNoSecret(t, h)
+}
+
+// TestHTTPSWithoutRuleKeepsItsHeaders: TLS to a host without a rule is
+// terminated too, and the sandbox's own headers go through untouched.
+func TestHTTPSWithoutRuleKeepsItsHeaders(t *testing.T) {
 	upCA, upRoots := upstreamCA(t)
 	rec := &recorder{}
 	up := tlsUpstream(t, upCA, rec)
-	ca, _ := cellaCA(t)
+	ca, cellaRoots := cellaCA(t)
 	h := newHarness(t, Policy{
 		AllowOut: []string{"api.test", "other.test"},
 		Rules:    headerRule("api.test", map[string]string{"Authorization": "Bearer ${secret:TOKEN}"}),
 	}, func(c *Config) { c.CA, c.UpstreamRootCAs, c.Secrets = ca, upRoots, testSecrets })
-	// other.test has no rule: the sandbox talks TLS with the upstream
-	// itself and its header goes through untouched.
 	req, _ := http.NewRequest("GET", fmt.Sprintf("https://other.test:%d/", port(t, up.URL)), nil)
 	req.Header.Set("Authorization", "Bearer sandbox-own")
-	resp, err := h.client(upRoots).Do(req)
+	resp, err := h.client(cellaRoots).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +245,8 @@ func TestHeaderInjectionWildcardRule(t *testing.T) {
 		AllowOut: []string{"*.pkg.test"},
 		Rules:    headerRule("*.pkg.test", map[string]string{"Authorization": "Token ${secret:TOKEN}"}),
 	}, func(c *Config) { c.CA, c.UpstreamRootCAs, c.Secrets = ca, upRoots, testSecrets })
-	resp, err := h.client(cellaRoots).Get(fmt.Sprintf("https://b.pkg.test:%d/", port(t, up.URL)))
+	h.serveOn(443, up.Listener.Addr().String())
+	resp, err := h.client(cellaRoots).Get("https://b.pkg.test/")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +262,10 @@ func TestHeaderInjectionOverPlainHTTP(t *testing.T) {
 	defer up.Close()
 	h := newHarness(t, Policy{
 		AllowOut: []string{"pkg.test"},
-		Rules:    headerRule("pkg.test", map[string]string{"Authorization": "Bearer ${secret:TOKEN}"}),
+		Rules: map[string][]Rule{"pkg.test": {{
+			Transform: &Transform{Headers: map[string]string{"Authorization": "Bearer ${secret:TOKEN}"}},
+			Scheme:    "http", Port: int(port(t, up.URL)),
+		}}},
 	}, func(c *Config) { c.Secrets = testSecrets })
 	resp, err := h.client(nil).Get(fmt.Sprintf("http://pkg.test:%d/", port(t, up.URL)))
 	if err != nil {
@@ -227,8 +292,9 @@ func TestMissingSecret(t *testing.T) {
 			"pkg.test": {{Transform: &Transform{Headers: map[string]string{"Authorization": "Bearer ${secret:NOPE}"}}}},
 		},
 	}, func(c *Config) { c.CA, c.UpstreamRootCAs, c.Secrets = ca, upRoots, testSecrets })
+	h.serveOn(443, up.Listener.Addr().String())
 
-	resp, err := h.client(cellaRoots).Get(fmt.Sprintf("https://pkg.test:%d/", port(t, up.URL)))
+	resp, err := h.client(cellaRoots).Get("https://pkg.test/")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +308,7 @@ func TestMissingSecret(t *testing.T) {
 
 	// The store's error quotes TOKEN's value, resolved just before on the
 	// same request: it is shown as [secret:TOKEN].
-	resp, err = h.client(cellaRoots).Get(fmt.Sprintf("https://api.test:%d/", port(t, up.URL)))
+	resp, err = h.client(cellaRoots).Get("https://api.test/")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,16 +327,20 @@ func TestMissingSecret(t *testing.T) {
 	assertNoSecret(t, h, string(b))
 }
 
-func TestRuleWithoutCAIsRefused(t *testing.T) {
+// TestTLSWithoutCAIsRefused: without its CA the proxy cannot look inside
+// TLS, so it carries none to a name.
+func TestTLSWithoutCAIsRefused(t *testing.T) {
 	h := newHarness(t, Policy{
-		AllowOut: []string{"api.test"},
+		AllowOut: []string{"api.test", "other.test"},
 		Rules:    headerRule("api.test", map[string]string{"Authorization": "Bearer ${secret:TOKEN}"}),
-	}, func(c *Config) { c.Secrets = testSecrets })
-	c := h.dial(netip.AddrPortFrom(h.fake("api.test"), 443))
-	if err := tls.Client(c, &tls.Config{ServerName: "api.test"}).Handshake(); err == nil {
-		t.Error("handshake succeeded without a CA")
+	}, func(c *Config) { c.CA, c.Secrets = nil, testSecrets })
+	for _, name := range []string{"api.test", "other.test"} {
+		c := h.dial(netip.AddrPortFrom(h.fake(name), 443))
+		if err := tls.Client(c, &tls.Config{ServerName: name}).Handshake(); err == nil {
+			t.Errorf("%s: handshake succeeded without a CA", name)
+		}
+		h.waitEvent("no CA", blockedFor(name, "no-ca"))
 	}
-	h.waitEvent("no CA", blockedFor("api.test", "no-ca"))
 }
 
 func TestLoadOrCreateCA(t *testing.T) {

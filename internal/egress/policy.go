@@ -36,9 +36,50 @@ type Policy struct {
 	AllowInternet bool `json:"allowInternetAccess,omitempty"`
 }
 
-// Rule is applied to the requests to the host it is keyed by.
+// Rule is applied to the requests to the host it is keyed by, on one
+// scheme and port.
 type Rule struct {
 	Transform *Transform `json:"transform,omitempty"`
+	// Scheme and Port bind the rule (cella's fields; E2B's rules have
+	// neither): its headers go only on requests over that scheme to that
+	// port. The default is "https" on 443 (80 for "http"), so a secret
+	// never travels in the clear, nor to another port of the host, unless
+	// a rule says so. A request to a host with header rules on a scheme
+	// and port none of them binds is refused, not sent without them.
+	Scheme string `json:"scheme,omitempty"`
+	Port   int    `json:"port,omitempty"`
+}
+
+// binding is where a rule applies: a scheme and a port.
+type binding struct {
+	scheme string
+	port   uint16
+}
+
+func (b binding) String() string { return fmt.Sprintf("%s on port %d", b.scheme, b.port) }
+
+// bindingOf is the rule's binding with the defaults filled in; a rule
+// that does not validate has none.
+func bindingOf(r Rule) (binding, error) {
+	b := binding{scheme: strings.ToLower(strings.TrimSpace(r.Scheme))}
+	switch b.scheme {
+	case "":
+		b.scheme = "https"
+	case "https", "http":
+	default:
+		return binding{}, fmt.Errorf("scheme %q: want https or http", r.Scheme)
+	}
+	switch {
+	case r.Port < 0 || r.Port > 65535:
+		return binding{}, fmt.Errorf("port %d: want 1-65535", r.Port)
+	case r.Port != 0:
+		b.port = uint16(r.Port)
+	case b.scheme == "https":
+		b.port = 443
+	default:
+		b.port = 80
+	}
+	return b, nil
 }
 
 // Transform sets request headers. A value may contain ${secret:NAME},
@@ -345,10 +386,17 @@ func builtinHardDeny(a netip.Addr) (netip.Prefix, string, bool) {
 }
 
 // ruleSet is the rules for one key of Policy.Rules, with the headers they
-// set worked out once: a compiled policy never changes.
+// set worked out once per binding: a compiled policy never changes.
 type ruleSet struct {
 	key   entry
-	rules []Rule            // as given, for Narrow
+	rules []Rule // as given, for Narrow
+	// headers are the headers set on each binding that has any.
+	headers map[binding]headerSet
+	bound   []binding // the keys of headers, sorted, for refusals
+}
+
+// headerSet is the headers one binding sets.
+type headerSet struct {
 	hdrs  map[string]string // canonical header name -> value template
 	names []string          // the keys of hdrs, sorted
 }
@@ -428,6 +476,9 @@ func compileRules(key string, rules []Rule) (ruleSet, error) {
 	}
 	var errs []error
 	for i, r := range rules {
+		if _, err := bindingOf(r); err != nil {
+			errs = append(errs, fmt.Errorf("egress: rules[%q][%d] %w", key, i, err))
+		}
 		if r.Transform == nil {
 			continue
 		}
@@ -440,9 +491,25 @@ func compileRules(key string, rules []Rule) (ruleSet, error) {
 	if len(errs) > 0 {
 		return ruleSet{}, errors.Join(errs...)
 	}
-	hdrs := headerRules(rules)
-	names := slices.Sorted(maps.Keys(hdrs))
-	return ruleSet{key: e, rules: rules, hdrs: hdrs, names: names}, nil
+	rs := ruleSet{key: e, rules: rules, headers: map[binding]headerSet{}}
+	byBinding := map[binding][]Rule{}
+	for _, r := range rules {
+		b, _ := bindingOf(r) // validated above
+		byBinding[b] = append(byBinding[b], r)
+	}
+	for b, group := range byBinding {
+		if hdrs := headerRules(group); len(hdrs) > 0 {
+			rs.headers[b] = headerSet{hdrs: hdrs, names: slices.Sorted(maps.Keys(hdrs))}
+			rs.bound = append(rs.bound, b)
+		}
+	}
+	slices.SortFunc(rs.bound, func(a, b binding) int {
+		if c := strings.Compare(a.scheme, b.scheme); c != 0 {
+			return -c // https first
+		}
+		return int(a.port) - int(b.port)
+	})
+	return rs, nil
 }
 
 // framingHeaders describe the connection or the message framing; setting
@@ -571,12 +638,26 @@ func (c *compiledPolicy) covers(e entry) bool {
 	return false
 }
 
-// headersFor returns the headers set on requests to host by the rules of
-// the most specific key matching it (the exact name, else the longest
-// wildcard, else "*"): their canonical names, sorted, and the value
-// template of each. Both are shared by every caller and must not be
-// modified.
-func (c *compiledPolicy) headersFor(host string) (names []string, h map[string]string) {
+// injection is what the header rules do to one request.
+type injection struct {
+	key   string // the rules key that matched the host, "" for none
+	names []string
+	hdrs  map[string]string
+	// bound lists where the key's header rules apply when none applies to
+	// this request's scheme and port: the request is refused.
+	bound []binding
+}
+
+// refused says whether the host has header rules, none for this request.
+func (in injection) refused() bool { return len(in.names) == 0 && len(in.bound) > 0 }
+
+// injectionFor returns the headers set on a request to host over scheme
+// to port, by the rules of the most specific key matching host (the exact
+// name, else the longest wildcard, else "*"): their canonical names,
+// sorted, and the value template of each, shared by every caller and not
+// to be modified. When that key has header rules but none bound to this
+// scheme and port, it lists where they are bound instead.
+func (c *compiledPolicy) injectionFor(host, scheme string, port uint16) injection {
 	best := -1
 	for i, rs := range c.rules {
 		if rs.key.matchesName(host) && (best < 0 || rs.key.specificity() > c.rules[best].key.specificity()) {
@@ -584,9 +665,13 @@ func (c *compiledPolicy) headersFor(host string) (names []string, h map[string]s
 		}
 	}
 	if best < 0 {
-		return nil, nil
+		return injection{}
 	}
-	return c.rules[best].names, c.rules[best].hdrs
+	rs := &c.rules[best]
+	if hs, ok := rs.headers[binding{scheme: scheme, port: port}]; ok {
+		return injection{key: rs.key.text, names: hs.names, hdrs: hs.hdrs}
+	}
+	return injection{key: rs.key.text, bound: rs.bound}
 }
 
 // headerRules flattens rules into the headers they set, by canonical name,

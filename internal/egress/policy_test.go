@@ -2,6 +2,7 @@ package egress
 
 import (
 	"errors"
+	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
@@ -236,11 +237,12 @@ func TestInvalidPolicyAllowsNothing(t *testing.T) {
 	}
 }
 
-// TestHeadersFor: the headers of the most specific matching key, by
+// TestInjectionFor: the headers of the most specific matching key, by
 // canonical name, sorted, computed once at compile time; later rules win,
 // and names of one transform differing only in case resolve the same way
-// every time (byte order, the last wins).
-func TestHeadersFor(t *testing.T) {
+// every time (byte order, the last wins). A rule applies to https on 443
+// unless it says otherwise, and only there.
+func TestInjectionFor(t *testing.T) {
 	c, err := compileStrict(Policy{Rules: map[string][]Rule{
 		"*":          {{Transform: &Transform{Headers: map[string]string{"x-any": "1"}}}},
 		"*.api.test": {{Transform: &Transform{Headers: map[string]string{"X-Wild": "2"}}}},
@@ -248,35 +250,58 @@ func TestHeadersFor(t *testing.T) {
 			{Transform: &Transform{Headers: map[string]string{"authorization": "first", "x-b": "b"}}},
 			{},
 			{Transform: &Transform{Headers: map[string]string{"Authorization": "second", "x-api-key": "lower", "X-API-KEY": "upper", "X-Api-Key": "canonical"}}},
+			{Transform: &Transform{Headers: map[string]string{"X-Plain": "p"}}, Scheme: "http", Port: 8080},
+			{Transform: &Transform{Headers: map[string]string{"X-Alt": "a"}}, Port: 8443},
 		},
 	}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range 20 {
-		names, h := c.headersFor("a.api.test")
-		if !slices.Equal(names, []string{"Authorization", "X-Api-Key", "X-B"}) ||
-			!maps.Equal(h, map[string]string{"Authorization": "second", "X-Api-Key": "lower", "X-B": "b"}) {
-			t.Fatalf("round %d: headersFor(a.api.test) = %q, %q", i, names, h)
+		in := c.injectionFor("a.api.test", "https", 443)
+		if !slices.Equal(in.names, []string{"Authorization", "X-Api-Key", "X-B"}) ||
+			!maps.Equal(in.hdrs, map[string]string{"Authorization": "second", "X-Api-Key": "lower", "X-B": "b"}) || in.refused() {
+			t.Fatalf("round %d: injectionFor(a.api.test) = %+v", i, in)
 		}
 	}
-	n1, _ := c.headersFor("a.api.test")
-	n2, _ := c.headersFor("a.api.test")
+	n1 := c.injectionFor("a.api.test", "https", 443).names
+	n2 := c.injectionFor("a.api.test", "https", 443).names
 	if &n1[0] != &n2[0] {
-		t.Error("headersFor builds its answer per call")
+		t.Error("injectionFor builds its answer per call")
 	}
-	if names, h := c.headersFor("b.api.test"); !slices.Equal(names, []string{"X-Wild"}) || h["X-Wild"] != "2" {
-		t.Errorf("headersFor(b.api.test) = %q, %q", names, h)
+	if in := c.injectionFor("a.api.test", "http", 8080); !slices.Equal(in.names, []string{"X-Plain"}) {
+		t.Errorf("http:8080 = %+v", in)
 	}
-	if names, h := c.headersFor("other.test"); !slices.Equal(names, []string{"X-Any"}) || h["X-Any"] != "1" {
-		t.Errorf("headersFor(other.test) = %q, %q", names, h)
+	if in := c.injectionFor("a.api.test", "https", 8443); !slices.Equal(in.names, []string{"X-Alt"}) {
+		t.Errorf("https:8443 = %+v", in)
+	}
+	// Where no rule of the key is bound: refused, naming where they are.
+	for _, b := range []binding{{"http", 80}, {"http", 443}, {"https", 80}, {"https", 8080}} {
+		in := c.injectionFor("a.api.test", b.scheme, b.port)
+		if !in.refused() || in.key != "a.api.test" || fmt.Sprint(in.bound) != "[https on port 443 https on port 8443 http on port 8080]" {
+			t.Errorf("%v: %+v", b, in)
+		}
+	}
+	if in := c.injectionFor("b.api.test", "https", 443); !slices.Equal(in.names, []string{"X-Wild"}) || in.hdrs["X-Wild"] != "2" {
+		t.Errorf("injectionFor(b.api.test) = %+v", in)
+	}
+	if in := c.injectionFor("other.test", "https", 443); !slices.Equal(in.names, []string{"X-Any"}) || in.hdrs["X-Any"] != "1" {
+		t.Errorf("injectionFor(other.test) = %+v", in)
+	}
+	if in := c.injectionFor("other.test", "http", 80); !in.refused() || in.key != "*" {
+		t.Errorf("injectionFor(other.test, http) = %+v", in)
 	}
 	c, _ = compileStrict(Policy{Rules: map[string][]Rule{"api.test": {{}}}})
-	if names, h := c.headersFor("api.test"); names != nil || h != nil {
-		t.Errorf("a rule without transform: %q, %q", names, h)
+	if in := c.injectionFor("api.test", "http", 80); in.names != nil || in.refused() {
+		t.Errorf("a rule without transform: %+v", in)
 	}
-	if names, h := c.headersFor("other.test"); names != nil || h != nil {
-		t.Errorf("no matching key: %q, %q", names, h)
+	if in := c.injectionFor("other.test", "https", 443); in.names != nil || in.refused() {
+		t.Errorf("no matching key: %+v", in)
+	}
+	for _, r := range []Rule{{Scheme: "ftp"}, {Port: -1}, {Port: 65536}} {
+		if _, err := compileStrict(Policy{Rules: map[string][]Rule{"api.test": {r}}}); err == nil {
+			t.Errorf("rule %+v accepted", r)
+		}
 	}
 }
 

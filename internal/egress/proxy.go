@@ -36,8 +36,11 @@ const (
 
 // Config is shared by all the sandboxes a Proxy serves.
 type Config struct {
-	// Resolver resolves allowed names to the addresses the proxy dials;
-	// nil is net.DefaultResolver.
+	// Mappings answer for their names before Resolver does
+	// (--egress-resolve); they are the only way to an upstream on loopback.
+	Mappings []Mapping
+	// Resolver resolves allowed names no mapping answers to the addresses
+	// the proxy dials; nil is net.DefaultResolver.
 	Resolver func(ctx context.Context, host string) ([]netip.Addr, error)
 	// Dial opens upstream connections; nil is a net.Dialer.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -58,14 +61,12 @@ type Config struct {
 	// PeekTimeout is how long a connection may stay silent before it is
 	// taken for a server-speaks-first protocol (raw TCP); 0 is 5s.
 	PeekTimeout time.Duration
-	// PermitLoopback lets upstreams be on 127.0.0.0/8 and ::1, for tests.
-	// Otherwise loopback is hard-denied: a name resolving to it would reach
-	// the daemon host's own services.
-	PermitLoopback bool
 	// DenyUpstream reports upstreams never dialed whatever the policy, with
 	// why: the daemon's own API, which a name mapped to loopback would
 	// otherwise reach (and through it other sandboxes).
 	DenyUpstream func(netip.AddrPort) (string, bool)
+	// Limits bound the connections held open (limits.go).
+	Limits Limits
 }
 
 // Event is one decision. A blocked connection, HTTP request or DNS query
@@ -103,6 +104,7 @@ type Sandbox struct {
 
 	policy atomic.Pointer[compiledPolicy]
 	fakes  fakeTable
+	conns  atomic.Int64 // connections open through the proxy
 }
 
 // SetPolicy replaces the policy for the connections and queries that
@@ -152,6 +154,7 @@ func clonePolicy(p Policy) Policy {
 	for k, rs := range p.Rules {
 		cp := make([]Rule, len(rs))
 		for i, r := range rs {
+			cp[i].Scheme, cp[i].Port = r.Scheme, r.Port
 			if r.Transform != nil {
 				cp[i].Transform = &Transform{Headers: maps.Clone(r.Transform.Headers)}
 			}
@@ -164,8 +167,10 @@ func clonePolicy(p Policy) Policy {
 // Proxy serves the sandbox-side listeners and DNS sockets of any number of
 // sandboxes.
 type Proxy struct {
-	cfg Config
-	wg  sync.WaitGroup // Serve and ServeDNS calls in progress
+	cfg   Config
+	maps  mappings
+	wg    sync.WaitGroup // Serve and ServeDNS calls in progress
+	conns atomic.Int64   // connections open, all sandboxes
 
 	mu      sync.Mutex
 	closed  bool
@@ -189,12 +194,18 @@ func New(cfg Config) *Proxy {
 	if cfg.OperatorHint == "" {
 		cfg.OperatorHint = defaultHint
 	}
+	if cfg.Limits.PerSandboxHint == "" {
+		cfg.Limits.PerSandboxHint = "a higher per-sandbox connection limit"
+	}
+	if cfg.Limits.TotalHint == "" {
+		cfg.Limits.TotalHint = "an operator can raise the daemon's open-file limit"
+	}
 	hd := make([]netip.Prefix, 0, len(cfg.HardDeny))
 	for _, p := range cfg.HardDeny {
 		hd = append(hd, unmapPrefix(p))
 	}
 	cfg.HardDeny = hd
-	return &Proxy{cfg: cfg, serving: map[io.Closer]struct{}{}}
+	return &Proxy{cfg: cfg, maps: newMappings(cfg.Mappings), serving: map[io.Closer]struct{}{}}
 }
 
 // track registers a listener or socket so that Close can end its loop; it
@@ -265,9 +276,14 @@ func (p *Proxy) Serve(ln net.Listener, sb *Sandbox, origDst func(net.Conn) (neti
 			continue
 		}
 		backoff = 0
+		if ref := p.admit(sb, c); ref != nil {
+			p.refuseConn(c, sb, origDst, ref)
+			continue
+		}
 		conns.Add(1)
 		go func() {
 			defer conns.Done()
+			defer p.release(sb)
 			p.handle(ctx, c, sb, origDst)
 		}()
 	}
@@ -413,46 +429,122 @@ func (p *Proxy) handle(ctx context.Context, raw net.Conn, sb *Sandbox, origDst f
 		s.fakeName = name
 	}
 
-	br := bufio.NewReaderSize(s.client, 16<<10)
-	kind := sniffRaw
-	if !serverFirstPorts[s.dst.Port()] {
-		_ = raw.SetReadDeadline(time.Now().Add(p.cfg.PeekTimeout))
-		kind = sniff(br)
-	}
-	switch kind {
-	case sniffGone:
+	br := bufio.NewReaderSize(s.client, peekBufSize)
+	if serverFirstPorts[s.dst.Port()] {
+		p.handleSilent(ctx, s, br)
 		return
-	case sniffTLS:
-		name, hello, err := readClientHello(br)
+	}
+	// Only silence is timed: a client that said nothing by then waits for
+	// a server that speaks first. Once it has said something, what it says
+	// decides, however slowly it comes (bounded by the handshake timeout,
+	// after which it is closed, not waved through).
+	_ = raw.SetReadDeadline(time.Now().Add(p.cfg.PeekTimeout))
+	_, err = br.Peek(1)
+	switch {
+	case err == nil:
+		p.dispatch(ctx, s, br, nil)
+	case isTimeout(err):
 		_ = raw.SetReadDeadline(time.Time{})
-		clientR := io.MultiReader(bytes.NewReader(hello), br)
-		if err != nil {
-			// Not TLS after all: its bytes go through as they came.
-			p.handleTCP(ctx, s, clientR)
-			return
-		}
-		p.handleTLS(ctx, s, name, clientR)
-	case sniffHTTP:
+		p.handleSilent(ctx, s, br)
+	case errors.Is(err, io.EOF):
 		_ = raw.SetReadDeadline(time.Time{})
-		s.setProto("http")
-		p.serveHTTP(ctx, s, &replayConn{Conn: s.client, r: br}, nil, "http")
-	default:
-		_ = raw.SetReadDeadline(time.Time{})
-		p.handleTCP(ctx, s, br)
+		p.handleTCP(ctx, s, br, nil)
 	}
 }
 
-func (p *Proxy) handleTCP(ctx context.Context, s *session, clientR io.Reader) {
+// dispatch handles a connection whose first bytes have come, by what they
+// are; pre is an upstream connection already made for its raw decision.
+func (p *Proxy) dispatch(ctx context.Context, s *session, br *bufio.Reader, pre net.Conn) {
+	_ = s.client.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	kind, err := sniff(br)
+	if err != nil {
+		p.refuseStalled(s, err)
+		return
+	}
+	if kind != sniffRaw && pre != nil {
+		_ = pre.Close()
+		pre = nil
+	}
+	switch kind {
+	case sniffTLS:
+		name, hello, err := readClientHello(br)
+		_ = s.client.SetReadDeadline(time.Time{})
+		if err != nil {
+			// Whatever a server might make of these bytes, they are no
+			// TLS cella can read, so it cannot check what is inside.
+			s.setProto("tls")
+			s.refuse(policyRefusal("not-tls", fmt.Sprintf("the connection starts like TLS but sends no ClientHello cella can read (%v)", err)), target{name: s.fakeName})
+			return
+		}
+		p.handleTLS(ctx, s, name, &replayConn{Conn: s.client, r: io.MultiReader(bytes.NewReader(hello), br)})
+	case sniffHTTP:
+		_ = s.client.SetReadDeadline(time.Time{})
+		s.setProto("http")
+		p.serveHTTP(ctx, s, &replayConn{Conn: s.client, r: br}, nil, &upstreamConns{p: p, s: s})
+	default:
+		_ = s.client.SetReadDeadline(time.Time{})
+		p.handleTCP(ctx, s, br, pre)
+	}
+}
+
+// refuseStalled refuses a connection whose first bytes could start an
+// HTTP request or a TLS handshake and then stopped coming.
+func (p *Proxy) refuseStalled(s *session, err error) {
+	why := fmt.Sprintf("the connection sent the start of what could be an HTTP request or a TLS handshake and then nothing for %v (%v): closed, since cella cannot check it", handshakeTimeout, err)
+	s.refuse(policyRefusal("incomplete-request", why), target{name: s.fakeName})
+}
+
+// handleTCP carries a connection the proxy does not look into, decided by
+// its destination; pre is the upstream connection if one was made.
+func (p *Proxy) handleTCP(ctx context.Context, s *session, clientR io.Reader, pre net.Conn) {
 	t, ref := p.decide(ctx, s, "", "")
 	if ref != nil {
 		s.refuse(ref, t)
 		return
 	}
 	s.allow(t)
-	p.pipe(ctx, s, t, clientR)
+	p.pipe(ctx, s, t, clientR, pre)
 }
 
-func (p *Proxy) handleTLS(ctx context.Context, s *session, serverName string, clientR io.Reader) {
+// handleSilent handles a connection whose sandbox has said nothing: it is
+// decided by its destination and the upstream is dialed, and then whoever
+// speaks first decides. The sandbox: its bytes are handled as if they had
+// come at once (so an HTTP request or a TLS hello sent after a pause is
+// checked like any other). The upstream (a server that speaks first):
+// the bytes go through, but a request line or TLS hello from the sandbox
+// after it is refused, since it would go unchecked.
+func (p *Proxy) handleSilent(ctx context.Context, s *session, br *bufio.Reader) {
+	t, ref := p.decide(ctx, s, "", "")
+	if ref != nil {
+		s.refuse(ref, t)
+		return
+	}
+	up, err := p.dial(ctx, t.addrs)
+	if err != nil {
+		s.allow(t)
+		s.setReason(err.Error())
+		return
+	}
+	cp, upc := newPeekConn(s.client, br), newPeekConn(up, nil)
+	select {
+	case <-cp.ready:
+		if _, err := br.Peek(1); err == nil {
+			p.dispatch(ctx, s, br, upc)
+			return
+		}
+	case <-upc.ready:
+	case <-ctx.Done():
+		_ = up.Close()
+		return
+	}
+	s.allow(t)
+	p.pipe(ctx, s, t, &gatedReader{c: cp, s: s}, upc)
+}
+
+// handleTLS decides a TLS connection by its server name. One to a name is
+// terminated (terminate.go); one without a name, decided by an allowed
+// address, is spliced: there is no name to hold its requests to.
+func (p *Proxy) handleTLS(ctx context.Context, s *session, serverName string, client net.Conn) {
 	s.setProto("tls")
 	t, ref := p.decide(ctx, s, serverName, "the TLS server name")
 	if ref != nil {
@@ -460,21 +552,23 @@ func (p *Proxy) handleTLS(ctx context.Context, s *session, serverName string, cl
 		return
 	}
 	if t.name != "" {
-		if names, _ := s.pol.headersFor(t.name); len(names) > 0 {
-			p.intercept(ctx, s, t, &replayConn{Conn: s.client, r: clientR})
-			return
-		}
+		p.terminate(ctx, s, t, client)
+		return
 	}
 	s.allow(t)
-	p.pipe(ctx, s, t, clientR)
+	p.pipe(ctx, s, t, client, nil)
 }
 
-// pipe dials t and copies both ways until both sides are done.
-func (p *Proxy) pipe(ctx context.Context, s *session, t target, clientR io.Reader) {
-	up, err := p.dial(ctx, t.addrs)
-	if err != nil {
-		s.setReason(err.Error())
-		return
+// pipe dials t, unless pre is a connection to it already, and copies both
+// ways until both sides are done.
+func (p *Proxy) pipe(ctx context.Context, s *session, t target, clientR io.Reader, pre net.Conn) {
+	up := pre
+	if up == nil {
+		var err error
+		if up, err = p.dial(ctx, t.addrs); err != nil {
+			s.setReason(err.Error())
+			return
+		}
 	}
 	defer up.Close()
 	stop := context.AfterFunc(ctx, func() { _ = up.Close() })
@@ -553,7 +647,7 @@ func (p *Proxy) decideName(ctx context.Context, s *session, name, via string) (t
 		return target{name: name}, p.notAllowed(s.pol, name, rule)
 	}
 	rctx, cancel := context.WithTimeout(ctx, resolveTimeout)
-	addrs, err := p.resolve(rctx, name)
+	addrs, mapping, err := p.resolve(rctx, name)
 	cancel()
 	if err != nil {
 		return target{name: name, rule: rule}, &refusal{status: http.StatusBadGateway, code: "resolve-failed", msg: fmt.Sprintf("%s could not be resolved: %v", name, err)}
@@ -564,7 +658,7 @@ func (p *Proxy) decideName(ctx context.Context, s *session, name, via string) (t
 				"%s is allowed, but the connection was opened to %s, which is not an address of %s: a sandbox cannot pin an allowed name to another address (look the name up through the sandbox's resolver)",
 				name, s.dst.Addr(), name))
 		}
-		if why, denied := p.deniedUpstream(s.dst); denied {
+		if why, denied := p.deniedUpstream(s.dst, name, mapping); denied {
 			return target{name: name}, policyRefusal("hard-deny", fmt.Sprintf("%s resolves to %s, which is %s: cella never connects there", name, s.dst.Addr(), why))
 		}
 		return target{name: name, rule: rule, addrs: []netip.AddrPort{s.dst}}, nil
@@ -573,7 +667,7 @@ func (p *Proxy) decideName(ctx context.Context, s *session, name, via string) (t
 	denied := ""
 	for _, a := range addrs {
 		ap := netip.AddrPortFrom(a, s.dst.Port())
-		if why, bad := p.deniedUpstream(ap); bad {
+		if why, bad := p.deniedUpstream(ap, name, mapping); bad {
 			if denied == "" {
 				denied = fmt.Sprintf("%s is %s", ap.Addr(), why)
 			}
@@ -589,7 +683,7 @@ func (p *Proxy) decideName(ctx context.Context, s *session, name, via string) (t
 
 func (p *Proxy) decideAddr(s *session) (target, *refusal) {
 	a := s.dst.Addr()
-	if why, denied := p.deniedUpstream(s.dst); denied {
+	if why, denied := p.deniedUpstream(s.dst, "", nil); denied {
 		return target{}, policyRefusal("hard-deny", fmt.Sprintf("%s is %s: cella never connects there", a, why))
 	}
 	ok, rule := s.pol.allowsAddr(a)
@@ -605,47 +699,60 @@ func (p *Proxy) notAllowed(pol *compiledPolicy, host, rule string) *refusal {
 	return policyRefusal(rule, fmt.Sprintf("%s is not allowed for this sandbox (%s); an operator can allow it with %s", host, pol.summary, p.cfg.OperatorHint))
 }
 
-// deniedUpstream describes why ap is never dialed, if it is not.
-func (p *Proxy) deniedUpstream(ap netip.AddrPort) (string, bool) {
-	if why, bad := p.hardDenied(ap.Addr()); bad {
-		return why, true
-	}
-	if p.cfg.DenyUpstream != nil {
-		return p.cfg.DenyUpstream(netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()))
-	}
-	return "", false
-}
-
-// hardDenied describes why a is never dialed, if it is not.
-func (p *Proxy) hardDenied(a netip.Addr) (string, bool) {
-	a = a.Unmap()
+// deniedUpstream describes why ap is never dialed for name, if it is not;
+// m is the mapping name was resolved by (nil: DNS, or no name). Loopback
+// is dialed only where m permits it.
+func (p *Proxy) deniedUpstream(ap netip.AddrPort, name string, m *Mapping) (string, bool) {
+	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	a := ap.Addr()
 	if h, why, ok := builtinHardDeny(a); ok {
 		return fmt.Sprintf("in %s (%s)", h, why), true
-	}
-	if a.IsLoopback() && !p.cfg.PermitLoopback {
-		return "loopback (the daemon's host itself)", true
 	}
 	for _, h := range p.cfg.HardDeny {
 		if h.Contains(a) {
 			return fmt.Sprintf("in %s, which this cella never lets sandboxes reach", h), true
 		}
 	}
+	if p.cfg.DenyUpstream != nil {
+		if why, bad := p.cfg.DenyUpstream(ap); bad {
+			return why, true
+		}
+	}
+	if a.IsLoopback() && (m == nil || !m.permits(ap)) {
+		return loopbackRefusal(a, name, m), true
+	}
 	return "", false
 }
 
+// loopbackRefusal says why a loopback address is not dialed for name.
+func loopbackRefusal(a netip.Addr, name string, m *Mapping) string {
+	const why = "loopback (the daemon's host itself)"
+	switch {
+	case m != nil && m.ports(a) != "":
+		return fmt.Sprintf("%s, which %s may reach only on port %s (cella serve --egress-resolve %s)", why, name, m.ports(a), m)
+	case name != "":
+		return fmt.Sprintf("%s, which cella dials only for names an operator maps there (cella serve --egress-resolve %s=%s[:PORT])", why, name, a)
+	}
+	return why
+}
+
 // resolve returns name's addresses, IPv4 first since sandboxes and many
-// hosts have no IPv6 route.
-func (p *Proxy) resolve(ctx context.Context, name string) ([]netip.Addr, error) {
+// hosts have no IPv6 route, and the mapping that gave them (nil: the
+// resolver did).
+func (p *Proxy) resolve(ctx context.Context, name string) ([]netip.Addr, *Mapping, error) {
+	if m := p.maps.lookup(name); m != nil {
+		return m.addrs(), m, nil
+	}
 	addrs, err := p.cfg.Resolver(ctx, name)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	out := make([]netip.Addr, 0, len(addrs))
 	for _, a := range addrs {
 		out = append(out, a.Unmap())
 	}
 	if len(out) == 0 {
-		return nil, errors.New("no addresses")
+		return nil, nil, errors.New("no addresses")
 	}
 	slices.SortStableFunc(out, func(a, b netip.Addr) int {
 		switch {
@@ -656,7 +763,7 @@ func (p *Proxy) resolve(ctx context.Context, name string) ([]netip.Addr, error) 
 		}
 		return 1
 	})
-	return out, nil
+	return out, nil, nil
 }
 
 func (p *Proxy) dial(ctx context.Context, addrs []netip.AddrPort) (net.Conn, error) {

@@ -163,15 +163,15 @@ func TestFirstRequestByAddressThenByName(t *testing.T) {
 	}
 }
 
-func TestAllowedHTTPSIsSpliced(t *testing.T) {
-	ca, roots := upstreamCA(t)
-	up := tlsUpstream(t, ca, http.HandlerFunc(hello))
+// TestAllowedHTTPSIsTerminated: allowed TLS to a name is terminated with
+// cella's CA (what the sandbox sees) and carried over the proxy's own
+// verified TLS to the upstream.
+func TestAllowedHTTPSIsTerminated(t *testing.T) {
 	h := newHarness(t, Policy{AllowOut: []string{"*.pkg.test"}}, nil)
+	up := tlsUpstream(t, h.upCA, http.HandlerFunc(hello))
 	p := port(t, up.URL)
 
-	// The sandbox's client verifies the upstream's own certificate: the
-	// bytes went through untouched.
-	resp, err := h.client(roots).Get(fmt.Sprintf("https://a.pkg.test:%d/", p))
+	resp, err := h.client(h.roots).Get(fmt.Sprintf("https://a.pkg.test:%d/", p))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,12 +180,17 @@ func TestAllowedHTTPSIsSpliced(t *testing.T) {
 	if !strings.HasPrefix(string(body), "hello from upstream, host=a.pkg.test") {
 		t.Fatalf("body = %q", body)
 	}
-	if resp.TLS.PeerCertificates[0].CheckSignatureFrom(ca.cert) != nil {
-		t.Error("the sandbox did not see the upstream's certificate")
+	if resp.TLS.PeerCertificates[0].CheckSignatureFrom(h.cfg.CA.cert) != nil {
+		t.Error("the sandbox did not see cella's certificate")
 	}
 	e := h.waitEvent("allowed tls", allowedFor("a.pkg.test"))
-	if e.Proto != "tls" || e.Rule != "*.pkg.test" || e.BytesIn == 0 || e.BytesOut == 0 {
+	if e.Proto != "tls" || e.Rule != "*.pkg.test" || e.BytesIn == 0 || e.BytesOut == 0 || e.Upstream != up.Listener.Addr().String() {
 		t.Errorf("event = %+v", e)
+	}
+
+	// A sandbox that trusts only the upstream's CA, not cella's, fails.
+	if _, err := h.client(h.upRoots).Get(fmt.Sprintf("https://a.pkg.test:%d/", p)); err == nil {
+		t.Error("a client that does not trust cella's CA got through")
 	}
 
 	// The wildcard does not allow its apex, neither by DNS nor by SNI.
@@ -193,7 +198,7 @@ func TestAllowedHTTPSIsSpliced(t *testing.T) {
 		t.Errorf("DNS pkg.test rcode = %d, want NXDOMAIN", r.Rcode)
 	}
 	c := h.dial(netip.AddrPortFrom(loopback, p))
-	if err := tls.Client(c, &tls.Config{ServerName: "pkg.test", RootCAs: roots}).Handshake(); err == nil {
+	if err := tls.Client(c, &tls.Config{ServerName: "pkg.test", RootCAs: h.roots}).Handshake(); err == nil {
 		t.Error("TLS to the wildcard's apex succeeded")
 	}
 	h.waitEvent("apex blocked", blockedFor("pkg.test", "no-match"))
@@ -275,8 +280,8 @@ func TestRawTCP(t *testing.T) {
 	echo := echoServer(t, "")
 	// The banner case below waits out the peek of a client that sends
 	// nothing: keep it short (well inside that case's 5 s read deadline).
-	h := newHarness(t, Policy{AllowOut: []string{"127.0.0.1/32"}}, func(c *Config) { c.PeekTimeout = 300 * time.Millisecond })
-	c := h.dial(netip.MustParseAddrPort(echo))
+	h := newHarness(t, Policy{AllowOut: []string{"192.0.2.1/32"}}, func(c *Config) { c.PeekTimeout = 300 * time.Millisecond })
+	c := h.dial(public(t, echo))
 	fmt.Fprint(c, "ping\n")
 	// Half-close: the echo server answers after our EOF, then closes.
 	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
@@ -286,13 +291,13 @@ func TestRawTCP(t *testing.T) {
 		t.Errorf("got %q", got)
 	}
 	e := h.waitEvent("allowed tcp", func(e Event) bool { return e.Decision == "allowed" && e.Proto == "tcp" })
-	if e.BytesOut != 5 || e.BytesIn != 11 || e.Rule != "127.0.0.1/32" || e.Upstream != echo || e.Host != "" {
+	if e.BytesOut != 5 || e.BytesIn != 11 || e.Rule != "192.0.2.1/32" || e.Upstream != echo || e.Host != "" {
 		t.Errorf("event = %+v", e)
 	}
 
 	// A server that speaks first: the sandbox sends nothing.
 	banner := echoServer(t, "SSH-2.0-upstream\r\n")
-	c = h.dial(netip.MustParseAddrPort(banner))
+	c = h.dial(public(t, banner))
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	line, err := bufio.NewReader(c).ReadString('\n')
 	if err != nil || line != "SSH-2.0-upstream\r\n" {
@@ -303,7 +308,7 @@ func TestRawTCP(t *testing.T) {
 	if err := h.sb.SetPolicy(&Policy{AllowOut: []string{"*"}}); err != nil {
 		t.Fatal(err)
 	}
-	c = h.dial(netip.MustParseAddrPort(echo))
+	c = h.dial(public(t, echo))
 	fmt.Fprint(c, "ping\n")
 	if got := readAll(t, c); got != "" {
 		t.Errorf("raw TCP under a name-only policy got %q", got)
@@ -427,24 +432,115 @@ func TestUpgradeIsCarried(t *testing.T) {
 	}
 }
 
-func TestLoopbackIsHardDeniedByDefault(t *testing.T) {
-	h := newHarness(t, Policy{AllowOut: []string{"pkg.test", "127.0.0.0/8"}}, func(c *Config) { c.PermitLoopback = false })
-	c := h.dial(netip.AddrPortFrom(h.fake("pkg.test"), 80))
-	fmt.Fprint(c, "GET / HTTP/1.1\r\nHost: pkg.test\r\n\r\n")
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatal(err)
+// TestLoopbackOnlyThroughItsMapping: loopback is dialed only for a name an
+// operator mapped there, and with a port in the mapping only on that port.
+// A name that resolves to 127.0.0.1 through DNS, a mapped name on another
+// mapping's port, and a raw loopback address are all refused.
+func TestLoopbackOnlyThroughItsMapping(t *testing.T) {
+	upA := httptest.NewServer(http.HandlerFunc(hello))
+	defer upA.Close()
+	upB := httptest.NewServer(http.HandlerFunc(hello))
+	defer upB.Close()
+	pa, pb := port(t, upA.URL), port(t, upB.URL)
+	h := newHarness(t, Policy{AllowOut: []string{"*", "127.0.0.0/8"}}, func(c *Config) {
+		c.Mappings = []Mapping{
+			{Name: "a.test", Addrs: []netip.AddrPort{netip.AddrPortFrom(loopback, pa)}},
+			{Name: "b.test", Addrs: []netip.AddrPort{netip.AddrPortFrom(loopback, pb)}},
+		}
+	})
+	get := func(name string, p uint16) (int, string) {
+		t.Helper()
+		c := h.dial(netip.AddrPortFrom(h.fake(name), p))
+		fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", name)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("%s:%d: %v", name, p, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 403 || !strings.Contains(string(body), "loopback") {
-		t.Errorf("got %d %q", resp.StatusCode, body)
+	// Each mapped name reaches its own port.
+	if st, body := get("a.test", pa); st != 200 || !strings.HasPrefix(body, "hello from upstream") {
+		t.Errorf("a.test on its port: %d %q", st, body)
 	}
-	c = h.dial(netip.MustParseAddrPort("127.0.0.1:9"))
-	fmt.Fprint(c, "x")
+	if st, body := get("b.test", pb); st != 200 {
+		t.Errorf("b.test on its port: %d %q", st, body)
+	}
+	// A mapped name on the other mapping's port.
+	if st, body := get("a.test", pb); st != 403 || !strings.Contains(body, fmt.Sprintf("which a.test may reach only on port %d", pa)) {
+		t.Errorf("a.test on b.test's port: %d %q", st, body)
+	}
+	h.waitEvent("a.test on the wrong port", blockedFor("a.test", "hard-deny"))
+	// A name DNS resolves to 127.0.0.1, on either mapped port.
+	for _, p := range []uint16{pa, pb} {
+		st, body := get("dnsloop.test", p)
+		if st != 403 || !strings.Contains(body, "loopback (the daemon's host itself), which cella dials only for names an operator maps there") {
+			t.Errorf("dnsloop.test:%d: %d %q", p, st, body)
+		}
+	}
+	h.waitEvent("dnsloop.test", blockedFor("dnsloop.test", "hard-deny"))
+	// A raw loopback address, even one the policy names.
+	c := h.dial(netip.AddrPortFrom(loopback, pa))
+	fmt.Fprint(c, "x\n")
 	if got := readAll(t, c); got != "" {
 		t.Errorf("raw loopback got %q", got)
 	}
 	h.waitEvent("raw loopback", func(e Event) bool { return e.Rule == "hard-deny" && e.Proto == "tcp" })
+}
+
+func TestParseMapping(t *testing.T) {
+	for in, want := range map[string]string{
+		"pkg.test=127.0.0.1":                      "pkg.test=127.0.0.1",
+		" PKG.test. = 127.0.0.1:8080 ":            "pkg.test=127.0.0.1:8080",
+		"*.test=127.0.0.1:80,127.0.0.2,[::1]:443": "*.test=127.0.0.1:80,127.0.0.2,[::1]:443",
+		"mirror.test=10.0.0.5,10.0.0.6":           "mirror.test=10.0.0.5,10.0.0.6",
+	} {
+		m, err := ParseMapping(in)
+		if err != nil || m.String() != want {
+			t.Errorf("ParseMapping(%q) = %v, %v; want %s", in, m, err, want)
+		}
+	}
+	for in, want := range map[string]string{
+		"pkg.test":              "want NAME=ADDRESS",
+		"=127.0.0.1":            "want NAME=ADDRESS",
+		"pkg.test=":             "want NAME=ADDRESS",
+		"pkg.test=nope":         "is not an address",
+		"pkg.test=10.0.0.5:80":  "a port only scopes a loopback address",
+		"pkg.test=127.0.0.1:0":  "port 0",
+		"bad name=127.0.0.1":    "name:",
+		"pkg.test=fe80::1%eth0": "zone",
+	} {
+		if _, err := ParseMapping(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParseMapping(%q) = %v, want an error with %q", in, err, want)
+		}
+	}
+	if _, err := ParseMappings([]string{"a.test=127.0.0.1", "A.test=127.0.0.2"}); err == nil || !strings.Contains(err.Error(), "mapped twice") {
+		t.Errorf("a name mapped twice: %v", err)
+	}
+	// What a comma-split flag list makes of two mappings with two
+	// addresses each.
+	ms, err := ParseMappings([]string{"a.test=127.0.0.1:80", "127.0.0.1:81", "b.test=10.0.0.1", "10.0.0.2"})
+	if err != nil || len(ms) != 2 || ms[0].String() != "a.test=127.0.0.1:80,127.0.0.1:81" || ms[1].String() != "b.test=10.0.0.1,10.0.0.2" {
+		t.Errorf("split lists: %v, %v", ms, err)
+	}
+	if _, err := ParseMappings([]string{"127.0.0.1"}); err == nil {
+		t.Error("an address without a name was accepted")
+	}
+	// The most specific mapping answers.
+	ml := newMappings([]Mapping{
+		{Name: "*.test", Addrs: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:1")}},
+		{Name: "*.a.test", Addrs: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:2")}},
+		{Name: "x.a.test", Addrs: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:3")}},
+	})
+	for name, want := range map[string]string{"x.a.test": "x.a.test", "y.a.test": "*.a.test", "b.test": "*.test", "a.test": "*.test", "test": ""} {
+		got := ""
+		if m := ml.lookup(name); m != nil {
+			got = m.Name
+		}
+		if got != want {
+			t.Errorf("lookup(%s) = %q, want %q", name, got, want)
+		}
+	}
 }
 
 func TestConfigHardDeny(t *testing.T) {
@@ -509,10 +605,10 @@ func TestServeEndsEverythingWhenListenerCloses(t *testing.T) {
 	runtime.GC()
 	before := runtime.NumGoroutine()
 
-	h := newHarness(t, Policy{AllowOut: []string{"127.0.0.1", "pkg.test"}}, nil)
+	h := newHarness(t, Policy{AllowOut: []string{"192.0.2.1", "pkg.test"}}, nil)
 	// An open spliced connection, an open keep-alive HTTP connection and
 	// one that never sends anything.
-	raw := h.dial(netip.MustParseAddrPort(echo))
+	raw := h.dial(public(t, echo))
 	fmt.Fprint(raw, "x\n")
 	_ = raw.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if line, err := bufio.NewReader(raw).ReadString('\n'); line != "ready\n" {
@@ -525,7 +621,7 @@ func TestServeEndsEverythingWhenListenerCloses(t *testing.T) {
 		t.Fatal(err)
 	}
 	io.Copy(io.Discard, resp.Body)
-	silent := h.dial(netip.MustParseAddrPort(echo))
+	silent := h.dial(public(t, echo))
 	_ = silent
 
 	h.ln.Close()
@@ -593,10 +689,21 @@ func echoServer(t *testing.T, banner string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { l.Close() })
+	return serveConns(t, l, banner, func(c net.Conn) {
+		b, _ := io.ReadAll(c)
+		if len(b) > 0 {
+			io.WriteString(c, "echo: "+string(b))
+		}
+	})
+}
+
+// serveConns serves each connection ln accepts until the test ends: the
+// banner first, then serve; the connection is closed after.
+func serveConns(t *testing.T, ln net.Listener, banner string, serve func(net.Conn)) string {
+	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
-			c, err := l.Accept()
+			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
@@ -605,14 +712,11 @@ func echoServer(t *testing.T, banner string) string {
 				if banner != "" {
 					io.WriteString(c, banner)
 				}
-				b, _ := io.ReadAll(c)
-				if len(b) > 0 {
-					io.WriteString(c, "echo: "+string(b))
-				}
+				serve(c)
 			}()
 		}
 	}()
-	return l.Addr().String()
+	return ln.Addr().String()
 }
 
 // TestFakeAddressOfAnIPv4LiteralName: "1.2.3.4" is a valid DNS name, so "*"
@@ -626,4 +730,93 @@ func TestFakeAddressOfAnIPv4LiteralName(t *testing.T) {
 		t.Errorf("got %q", got)
 	}
 	h.waitEvent("blocked 1.2.3.4", blockedFor("1.2.3.4", "no-match"))
+}
+
+// TestConnectionLimits: past its limit a sandbox's connection is closed at
+// once and reported with the limit and how to raise it; the other
+// sandboxes' share is untouched, and a closed connection frees its place.
+func TestConnectionLimits(t *testing.T) {
+	h := newHarness(t, Policy{AllowOut: []string{"pkg.test"}}, func(c *Config) {
+		c.PeekTimeout = time.Minute // the held connections stay silent
+		c.Limits = Limits{PerSandbox: 3, PerSandboxHint: "cella serve --egress-max-conns N", Total: 5, TotalHint: "raise the daemon's open-file limit"}
+	})
+	fake := netip.AddrPortFrom(h.fake("pkg.test"), 9)
+	waitConns := func(sb *Sandbox, n int64) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for sb.Conns() != n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s holds %d connections, want %d", sb.ID, sb.Conns(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	var held []net.Conn
+	for range 3 {
+		held = append(held, h.dial(fake))
+	}
+	waitConns(h.sb, 3)
+	over := h.dial(fake)
+	if got := readAll(t, over); got != "" {
+		t.Errorf("a connection past the limit got %q", got)
+	}
+	e := h.waitEvent("limit", func(e Event) bool { return e.Rule == "connection-limit" })
+	if e.Decision != "blocked" || e.Host != "pkg.test" || e.Dst != fake.String() ||
+		!strings.Contains(e.Reason, "3 connections open through cella's egress proxy, its limit") || !strings.Contains(e.Reason, "cella serve --egress-max-conns N") {
+		t.Errorf("event = %+v", e)
+	}
+	held[0].Close()
+	waitConns(h.sb, 2)
+	held[0] = h.dial(fake)
+	waitConns(h.sb, 3)
+
+	// A second sandbox on the same proxy has its own share, up to the
+	// total.
+	other := &Sandbox{ID: "sb-other", Events: h.sb.Events}
+	if err := other.SetPolicy(&Policy{AllowOut: []string{"pkg.test"}}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go h.p.Serve(ln, other, h.origDst)
+	dialOther := func() net.Conn {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.dsts.Store(c.LocalAddr().String(), netip.MustParseAddrPort("203.0.113.7:9"))
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	dialOther()
+	dialOther()
+	waitConns(other, 2)
+	if got := readAll(t, dialOther()); got != "" {
+		t.Errorf("a connection past the total got %q", got)
+	}
+	e = h.waitEvent("total", func(e Event) bool { return e.Rule == "daemon-connection-limit" })
+	if e.SandboxID != "sb-other" || !strings.Contains(e.Reason, "holds 5 connections for all sandboxes") {
+		t.Errorf("event = %+v", e)
+	}
+	if n := h.p.Conns(); n != 5 {
+		t.Errorf("the proxy holds %d connections, want 5", n)
+	}
+}
+
+// TestDescriptorReserve: a connection whose descriptor number reaches
+// MaxFD is refused, whoever used up the descriptors below it.
+func TestDescriptorReserve(t *testing.T) {
+	h := newHarness(t, Policy{AllowOut: []string{"pkg.test"}}, func(c *Config) {
+		c.Limits = Limits{MaxFD: 3, TotalHint: "raise the daemon's open-file limit"}
+	})
+	c := h.dial(netip.AddrPortFrom(h.fake("pkg.test"), 9))
+	if got := readAll(t, c); got != "" {
+		t.Errorf("got %q", got)
+	}
+	e := h.waitEvent("reserve", func(e Event) bool { return e.Rule == "daemon-connection-limit" })
+	if !strings.Contains(e.Reason, "running out of file descriptors") || !strings.Contains(e.Reason, "raise the daemon's open-file limit") {
+		t.Errorf("event = %+v", e)
+	}
 }

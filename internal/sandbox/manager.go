@@ -736,7 +736,7 @@ func (m *Manager) releaseHost(ctx context.Context, sb *Sandbox) {
 	}
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	if err := m.cfg.Runtime.Destroy(dctx, sb.ID); err != nil {
+	if err := retryShortOfFDs(func() error { return m.cfg.Runtime.Destroy(dctx, sb.ID) }); err != nil { // fdretry.go
 		m.log.Error("destroy container", "id", sb.ID, "err", err)
 	}
 	if ln != nil {
@@ -744,16 +744,16 @@ func (m *Manager) releaseHost(ctx context.Context, sb *Sandbox) {
 	}
 	m.detachNetwork(sb) // after the container: it still sits in the slot
 	if sb.layer != nil {
-		if err := sb.layer.Unmount(); err != nil {
+		if err := retryShortOfFDs(sb.layer.Unmount); err != nil {
 			m.log.Error("unmount rootfs", "id", sb.ID, "err", err)
 		}
 	} else if sb.Dir != "" {
-		if err := rootfs.UnmountAll(sb.Dir); err != nil {
+		if err := retryShortOfFDs(func() error { return rootfs.UnmountAll(sb.Dir) }); err != nil {
 			m.log.Error("unmount rootfs", "id", sb.ID, "err", err)
 		}
 	}
 	if sb.Dir != "" {
-		if err := os.RemoveAll(sb.Dir); err != nil {
+		if err := retryShortOfFDs(func() error { return os.RemoveAll(sb.Dir) }); err != nil {
 			m.log.Error("remove sandbox dir", "id", sb.ID, "err", err)
 		}
 	}
