@@ -40,7 +40,10 @@ var privateRunDir = "/run/cella"
 //   - user: read/execute everywhere, read/write under /home, /tmp,
 //     /var/tmp and /dev;
 //   - root: read/write everywhere;
-//   - both: no access at all to /run/cella.
+//   - both: no file under /run/cella can be read. root's rights to make
+//     and remove entries in / and /run reach into /run/cella as well
+//     (Landlock grants whole trees and cannot carve one out); what keeps
+//     root from changing it is its read-only mount (oci).
 //
 // Landlock is applied best-effort: on kernels without it the command runs
 // unrestricted. Landlock sets no_new_privs, so setuid binaries (sudo) do
@@ -71,8 +74,9 @@ func ExecHelperMain(args []string) error {
 // rule per entry of / and of /run except cella. The ancestors of the private
 // dir themselves (/ and /run) get every right but reading files, so that
 // root can still create, write and remove entries directly in them (pid
-// files in /run) while the private dir's files stay unreadable. root is a
-// parameter for tests.
+// files in /run) while the private dir's files stay unreadable; those rights
+// reach into the private dir too, whose read-only mount refuses them. root
+// is a parameter for tests.
 func landlockRules(mode, root string) ([]landlock.Rule, error) {
 	private := filepath.Join(root, privateRunDir)
 	isAncestor := func(p string) bool { return p == root || strings.HasPrefix(private, strings.TrimSuffix(p, "/")+"/") }

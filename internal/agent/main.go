@@ -28,7 +28,7 @@ var LocalAddr = "127.0.0.1:" + strconv.Itoa(channel.AgentPort)
 // wrote, reaps orphans, connects to the daemon and serves the API until
 // SIGTERM/SIGINT or ctx ends.
 func Main(ctx context.Context) error {
-	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	slog.SetDefault(slog.New(slog.NewTextHandler(&cappedWriter{w: os.Stderr, left: maxLogBytes}, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	// Before any secret is in memory: a process that is not dumpable can
 	// be neither traced nor read (/proc/1/mem, /proc/1/environ,
 	// process_vm_readv, pidfd_getfd) by the sandbox's root, which lacks
