@@ -12,6 +12,7 @@ package cgroup
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -386,4 +387,38 @@ func readKeyed(path string) (map[string]int64, error) {
 		}
 	}
 	return out, nil
+}
+
+// WaitFrozen returns once container id's v1 freezer cgroup says FROZEN.
+// Writing FROZEN to freezer.state (what `crun pause` does) only starts the
+// freeze: the state reads FREEZING until every task has stopped, which a
+// task inside a system call (disk I/O) can delay, and the kernel may need
+// the request again. Until FROZEN the container still runs, so a pause is
+// not done before it.
+func WaitFrozen(ctx context.Context, id string) error {
+	if !idRE.MatchString(id) {
+		return fmt.Errorf("invalid container id %q", id)
+	}
+	path := filepath.Join(Root, "freezer", Parent, id, "freezer.state")
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("freezer state of %s: %w", id, err)
+		}
+		switch st := string(bytes.TrimSpace(b)); st {
+		case "FROZEN":
+			return nil
+		case "FREEZING":
+			_ = os.WriteFile(path, []byte("FROZEN"), 0)
+		default:
+			return fmt.Errorf("freezer state of %s is %s, not freezing", id, st)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("freezer of %s still FREEZING: %w", id, ctx.Err())
+		case <-t.C:
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package cgroup
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -167,4 +168,48 @@ func TestReadUsageV2(t *testing.T) {
 	if want := (Usage{CPU: 2500 * time.Millisecond, Memory: 104857600, FileCache: 20000000}); u != want {
 		t.Fatalf("usage %+v, want %+v", u, want)
 	}
+}
+
+// TestWaitFrozen: a busy task in a freezer cgroup asked to freeze is
+// stopped when WaitFrozen returns (its CPU time no longer moves), and a
+// cgroup that is not freezing is an error.
+func TestWaitFrozen(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	id := fmt.Sprintf("cgfreeze-%d", os.Getpid())
+	d := filepath.Join(Root, "freezer", Parent, id)
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		t.Skipf("no v1 freezer: %v", err)
+	}
+	t.Cleanup(func() { _ = Remove(id) })
+	cmd := exec.Command("sh", "-c", "while :; do :; done")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := WaitFrozen(ctx, id); err == nil {
+		t.Fatal("a thawed cgroup counted as frozen")
+	}
+	if err := os.WriteFile(filepath.Join(d, "freezer.state"), []byte("FROZEN"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := WaitFrozen(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	cpu := func() string {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
+		return string(b)
+	}
+	before := cpu()
+	time.Sleep(200 * time.Millisecond) // a busy loop would use CPU in this time
+	if after := cpu(); after != before {
+		t.Fatalf("the task ran after WaitFrozen:\n%s\n%s", before, after)
+	}
+	_ = os.WriteFile(filepath.Join(d, "freezer.state"), []byte("THAWED"), 0)
 }

@@ -457,6 +457,13 @@ func (r *Runtime) Freeze(ctx context.Context, id string) error {
 	if _, err := r.crun(ctx, "pause", id); err != nil {
 		return fmt.Errorf("crun freeze %s: %w", id, err)
 	}
+	// crun returns once it asked; the pause is done when every task stopped.
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := cgroup.WaitFrozen(wctx, id); err != nil {
+		_, _ = r.crun(context.WithoutCancel(ctx), "resume", id)
+		return fmt.Errorf("crun freeze %s: %w", id, err)
+	}
 	return nil
 }
 
