@@ -124,8 +124,8 @@ type Image struct {
 	// Source is what the user asked for, Ref the reference it resolved to
 	// (a registry image by digest, through the mirror that served it), and
 	// ManifestDigest its manifest's digest.
-	Source string
-	Ref    string
+	Source         string
+	Ref            string
 	ManifestDigest v1.Hash
 	// Via names the mirror that served a registry image ("" = the
 	// registry itself).

@@ -304,7 +304,7 @@ func extractOne(root *os.Root, dir, name string, hdr *tar.Header, r io.Reader, s
 			}
 		}
 		*dirs = append(*dirs, dirTimes{name, hdr.ModTime})
-	case tar.TypeReg, tar.TypeRegA:
+	case tar.TypeReg:
 		if name == "." {
 			return fmt.Errorf("a file as the layer root: %w", ErrUnsafe)
 		}
