@@ -82,13 +82,9 @@ func MountStack(lowers []string, sandboxDir string, diskBytes int64) (*Layer, er
 	if err := copyOwnerMode(abs[0], l.Upper); err != nil {
 		return nil, fmt.Errorf("mount rootfs: %w", err)
 	}
-	// index=off and xino=off: the upper is thrown away with the sandbox and
-	// never reused with another lower, and the kernel has no index support.
-	// redirect_dir/metacopy stay at their (off) defaults: both would let a
-	// crafted upper point into other lower files.
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off,xino=off", strings.Join(abs, ":"), l.Upper, work)
-	if err := unix.Mount("cella-rootfs", l.Root, "overlay", unix.MS_NODEV, opts); err != nil {
-		return nil, fmt.Errorf("mount rootfs: overlay at %s: %w", l.Root, err)
+	// overlay.go: each layer by fd, so long stacks of image layers fit.
+	if err := MountOverlay(l.Root, abs, l.Upper, work, unix.MOUNT_ATTR_NODEV); err != nil {
+		return nil, fmt.Errorf("mount rootfs: %w", err)
 	}
 	ok = true
 	return l, nil
