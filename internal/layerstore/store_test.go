@@ -473,3 +473,59 @@ func TestUnpackConcurrentAndSweep(t *testing.T) {
 		t.Fatal("sweep kept the wrong layers")
 	}
 }
+
+// A layer exported again (cella template push) unpacks to the same tree:
+// whiteouts, opaque dirs, hard links, modes and kept xattrs survive.
+func TestWriteTarRoundTrip(t *testing.T) {
+	f := newFixture(t, 0)
+	layer := tarOf(t,
+		entry{name: "etc/", typ: tar.TypeDir},
+		entry{name: "etc/a", body: "a", mode: 0o4755, pax: map[string]string{"SCHILY.xattr.user.k": "v"}},
+		entry{name: "etc/b", typ: tar.TypeLink, link: "etc/a"},
+		entry{name: "etc/s", typ: tar.TypeSymlink, link: "/etc/a"},
+		entry{name: "gone/.wh.x"},
+		entry{name: "op/.wh..wh..opq"},
+		entry{name: "op/y", body: "y", uid: 1000, gid: 1000},
+	)
+	if _, _, err := f.unpack(t, layer, digest(layer)); err != nil {
+		t.Fatal(err)
+	}
+	dir, _ := f.s.Path(digest(layer))
+	var out bytes.Buffer
+	if err := WriteTar(&out, dir); err != nil {
+		t.Fatal(err)
+	}
+	var again bytes.Buffer
+	if err := WriteTar(&again, dir); err != nil || !bytes.Equal(out.Bytes(), again.Bytes()) {
+		t.Fatalf("export is not stable: %v", err)
+	}
+	exported := out.Bytes()
+	if _, _, err := f.unpack(t, exported, digest(exported)); err != nil {
+		t.Fatal(err)
+	}
+	dir2, _ := f.s.Path(digest(exported))
+	var st1, st2 unix.Stat_t
+	for _, p := range []string{"etc/a", "etc/s", "gone/x", "op", "op/y"} {
+		if err := unix.Lstat(filepath.Join(dir, p), &st1); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Lstat(filepath.Join(dir2, p), &st2); err != nil {
+			t.Fatalf("%s lost: %v", p, err)
+		}
+		if st1.Mode != st2.Mode || st1.Uid != st2.Uid || st1.Rdev != st2.Rdev {
+			t.Fatalf("%s: mode %o/%o uid %d/%d", p, st1.Mode, st2.Mode, st1.Uid, st2.Uid)
+		}
+	}
+	unix.Lstat(filepath.Join(dir2, "etc/a"), &st1)
+	unix.Lstat(filepath.Join(dir2, "etc/b"), &st2)
+	if st1.Ino != st2.Ino {
+		t.Fatal("hard link lost")
+	}
+	if !isOpaque(filepath.Join(dir2, "op")) {
+		t.Fatal("opaque dir lost")
+	}
+	b := make([]byte, 8)
+	if n, err := unix.Lgetxattr(filepath.Join(dir2, "etc/a"), "user.k", b); err != nil || string(b[:n]) != "v" {
+		t.Fatal("xattr lost")
+	}
+}
