@@ -197,7 +197,9 @@ type GCResult struct {
 func (s *Store) GC() (GCResult, error) {
 	var res GCResult
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
-	mounted := func(p string) bool { return strings.Contains(string(mounts), p+" ") || strings.Contains(string(mounts), p+",") }
+	mounted := func(p string) bool {
+		return strings.Contains(string(mounts), p+" ") || strings.Contains(string(mounts), p+",")
+	}
 
 	unlock, err := s.lock()
 	if err != nil {
