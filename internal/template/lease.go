@@ -197,9 +197,9 @@ type GCResult struct {
 func (s *Store) GC() (GCResult, error) {
 	var res GCResult
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
-	mounted := func(p string) bool {
-		return strings.Contains(string(mounts), p+" ") || strings.Contains(string(mounts), p+",")
-	}
+	// A path in any mount's options (an overlay's lowerdir): image dirs
+	// are followed by /rootfs or /finalize, layer dirs end in /fs.
+	mounted := func(p string) bool { return strings.Contains(string(mounts), p) }
 
 	unlock, err := s.lock()
 	if err != nil {
@@ -226,7 +226,7 @@ func (s *Store) GC() (GCResult, error) {
 		imgs, err = os.ReadDir(s.imagesDir())
 		for _, e := range imgs {
 			key := e.Name()
-			if !e.IsDir() || strings.HasPrefix(key, ".") || keep[key] || mounted(s.imageDir(key)) {
+			if !e.IsDir() || strings.HasPrefix(key, ".") || keep[key] || mounted(s.imageDir(key)+"/") {
 				continue
 			}
 			t := filepath.Join(s.imagesDir(), ".trash-"+key+"-"+randomHex(4))
