@@ -320,7 +320,7 @@ func (m *Manager) unarchive(ctx context.Context, sb *Sandbox) error {
 		return nil
 	}
 	start := time.Now()
-	tpl, err := m.template(ctx, sb.TemplateID)
+	tpl, err := m.templateOf(ctx, sb.Dir, sb.TemplateID)
 	if err != nil {
 		return fmt.Errorf("unarchive sandbox %s: %w", sb.ID, err)
 	}
@@ -331,7 +331,7 @@ func (m *Manager) unarchive(ctx context.Context, sb *Sandbox) error {
 	}
 	defer f.Close()
 	_ = rootfs.UnmountAll(sb.Dir)
-	layer, err := rootfs.Mount(tpl.RootFS, sb.Dir, mib(sb.Options.DiskMB))
+	layer, err := rootfs.MountStack(tpl.Lowers(), sb.Dir, mib(sb.Options.DiskMB))
 	if err != nil {
 		return fmt.Errorf("unarchive sandbox %s: %w", sb.ID, err)
 	}

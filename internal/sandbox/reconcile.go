@@ -159,6 +159,7 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 			m.log.Error("remove leftover dir", "dir", dir, "err", err)
 			continue
 		}
+		m.releaseTemplate(dir)
 		rep.RemovedDirs = append(rep.RemovedDirs, dir)
 	}
 	cgs, err := cgroup.List()

@@ -118,19 +118,27 @@ func (s *Store) Leased(holder string) (*Template, error) {
 	return t, nil
 }
 
-// Release drops holder's lease (its sandbox or snapshot is gone) and
-// collects what nothing uses any more.
+// Release drops holder's lease (its sandbox or snapshot is gone) and, if
+// no name points at its image any more, collects what nothing uses.
 func (s *Store) Release(holder string) error {
 	holder, err := filepath.Abs(holder)
 	if err != nil {
 		return err
 	}
-	err = os.Remove(s.leasePath(holder))
+	p := s.leasePath(holder)
+	var l lease
+	if b, err := os.ReadFile(p); err == nil {
+		_ = json.Unmarshal(b, &l)
+	}
+	err = os.Remove(p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
 		return err
+	}
+	if rec, err := readNameRecord(filepath.Join(s.namesDir(), l.Name+".json")); err == nil && rec.Image == l.Image {
+		return nil // still named: nothing to collect
 	}
 	_, err = s.GC()
 	return err
