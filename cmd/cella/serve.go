@@ -26,13 +26,16 @@ type serveConfig struct {
 	daemon.Config
 	Listen   string
 	LogLevel string
+	registry registryFlags
 }
 
 func (c *serveConfig) Validate() error {
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("--listen %q: %w", c.Listen, err)
 	}
-	return nil
+	var err error
+	c.Registry, c.MaxLayerSize, err = c.registry.config()
+	return err
 }
 
 func newServeCmd() *cobra.Command {
@@ -60,7 +63,8 @@ func newServeCmd() *cobra.Command {
 	if err := registerLifecycleDefaults(f, &c.Lifecycle); err != nil { // lifecycleflags.go
 		fmt.Fprintln(os.Stderr, "cella serve:", err)
 	}
-	registerNetworkFlags(f, &c.Network) // netflags.go
+	registerNetworkFlags(f, &c.Network)   // netflags.go
+	registerRegistryFlags(f, &c.registry) // registryflags.go: image pulls
 	// --pool TEMPLATE=N: warm pools (pool.go)
 	if err := registerPoolFlag(f, &c.Pools); err != nil {
 		fmt.Fprintln(os.Stderr, "cella serve:", err)
