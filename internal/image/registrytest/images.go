@@ -4,21 +4,13 @@ import (
 	"archive/tar"
 	"bytes"
 	"io"
-	"io/fs"
-	"os"
-	"path/filepath"
-	"sort"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/compression"
-	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
@@ -95,90 +87,6 @@ func Layer(t testing.TB, tarball_ []byte, c Compression) v1.Layer {
 	return l
 }
 
-// DirLayer is a gzip layer of the files under dir for which keep returns
-// true (paths relative to dir, "." for dir itself); hard links, symlinks,
-// owners and modes are kept. Use it to make an image of a template.
-func DirLayer(t testing.TB, dir string, keep func(rel string) bool) v1.Layer {
-	t.Helper()
-	opener := func() (io.ReadCloser, error) {
-		pr, pw := io.Pipe()
-		go func() { pw.CloseWithError(writeDirTar(pw, dir, keep)) }()
-		return pr, nil
-	}
-	l, err := tarball.LayerFromOpener(opener, tarball.WithCompressionLevel(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
-
-func writeDirTar(w io.Writer, dir string, keep func(string) bool) error {
-	tw := tar.NewWriter(w)
-	seen := map[uint64]string{}
-	var paths []string
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		if keep(rel) {
-			paths = append(paths, rel)
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	sort.Strings(paths)
-	for _, rel := range paths {
-		p := filepath.Join(dir, rel)
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		link := ""
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		if !fi.Mode().IsRegular() && !fi.IsDir() && link == "" {
-			continue // devices, sockets, fifos
-		}
-		hdr, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return err
-		}
-		hdr.Name, hdr.Uname, hdr.Gname, hdr.Format = rel, "", "", tar.FormatPAX
-		if fi.IsDir() {
-			hdr.Name += "/"
-		}
-		st := fi.Sys().(*syscall.Stat_t)
-		if fi.Mode().IsRegular() && st.Nlink > 1 {
-			if first, ok := seen[st.Ino]; ok {
-				hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
-			} else {
-				seen[st.Ino] = rel
-			}
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if hdr.Typeflag == tar.TypeReg {
-			f, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(tw, f)
-			f.Close()
-			if err != nil {
-				return err
-			}
-		}
-	}
-	return tw.Close()
-}
-
 // Image is an image of layers (bottom first) with cfg's settings.
 func Image(t testing.TB, cfg v1.Config, layers ...v1.Layer) v1.Image {
 	t.Helper()
@@ -197,30 +105,4 @@ func Image(t testing.TB, cfg v1.Config, layers ...v1.Layer) v1.Image {
 		t.Fatal(err)
 	}
 	return mutate.MediaType(img, types.OCIManifestSchema1)
-}
-
-// Push writes img to ref in r (with r's credentials) and returns its
-// manifest digest.
-func (r *Registry) Push(t testing.TB, repoTag string, img v1.Image) v1.Hash {
-	t.Helper()
-	ref, err := name.ParseReference(r.Ref(repoTag))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.Write(ref, img, remote.WithAuth(r.Auth())); err != nil {
-		t.Fatal(err)
-	}
-	d, err := img.Digest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d
-}
-
-// Auth is the registry's credentials (anonymous without auth).
-func (r *Registry) Auth() authn.Authenticator {
-	if r.User == "" {
-		return authn.Anonymous
-	}
-	return authn.FromConfig(authn.AuthConfig{Username: r.User, Password: r.Password})
 }
