@@ -177,8 +177,13 @@ func apiCreate(ctx context.Context, cfg Config, rt string) (Figure, error) {
 // createThenExec creates a sandbox, runs `true` in it and kills it: the
 // time until the command is done, and until the create call answered.
 func createThenExec(ctx context.Context, c *client.Client) (total, create time.Duration, err error) {
+	return createThenExecOf(ctx, c, client.CreateRequest{})
+}
+
+// createThenExecOf is createThenExec with a create request of its own.
+func createThenExecOf(ctx context.Context, c *client.Client, req client.CreateRequest) (total, create time.Duration, err error) {
 	t0 := time.Now()
-	sb, err := c.Create(ctx, client.CreateRequest{})
+	sb, err := c.Create(ctx, req)
 	if err != nil {
 		return 0, 0, err
 	}
