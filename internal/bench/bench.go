@@ -83,11 +83,7 @@ func Create(ctx context.Context, cfg Config) ([]Figure, error) {
 	if len(cfg.Runtimes) == 0 {
 		cfg.Runtimes = []string{runtime.GVisor, runtime.Namespaces}
 	}
-	tpls, err := template.NewStore(cfg.CacheDir)
-	if err != nil {
-		return nil, err
-	}
-	base, err := tpls.EnsureBase(ctx, io.Discard)
+	_, base, err := ensureBase(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -125,6 +121,16 @@ func Create(ctx context.Context, cfg Config) ([]Figure, error) {
 		}
 	}
 	return figs, nil
+}
+
+// ensureBase opens the bench's template cache and builds base if missing.
+func ensureBase(ctx context.Context, cfg Config) (*template.Store, *template.Template, error) {
+	tpls, err := template.NewStore(cfg.CacheDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	base, err := tpls.EnsureBase(ctx, io.Discard)
+	return tpls, base, err
 }
 
 func repeat(n int, f func() error) []time.Duration {

@@ -33,11 +33,7 @@ func Template(ctx context.Context, cfg Config) ([]Figure, error) {
 	if cfg.N <= 0 {
 		cfg.N = 20
 	}
-	tpls, err := template.NewStore(cfg.CacheDir)
-	if err != nil {
-		return nil, err
-	}
-	base, err := tpls.EnsureBase(ctx, io.Discard)
+	tpls, base, err := ensureBase(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}

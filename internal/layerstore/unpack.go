@@ -24,6 +24,8 @@ import (
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
+
+	"github.com/cella-sandbox/cella/internal/fslock"
 )
 
 // Blob is a layer as a registry or an archive serves it.
@@ -90,7 +92,7 @@ func (s *Store) Unpack(ctx context.Context, diffID string, b Blob, progress func
 	if b.Size > max {
 		return Info{}, false, fmt.Errorf("layer %s: blob is %d bytes, over the limit of %s: %w (raise with --max-layer-size)", diffID, b.Size, human(max), ErrTooLarge)
 	}
-	unlock, err := lockFile(ctx, filepath.Join(s.tmpDir(), h+".lock"))
+	unlock, err := fslock.Exclusive(ctx, filepath.Join(s.tmpDir(), h+".lock"))
 	if err != nil {
 		return Info{}, false, fmt.Errorf("layer %s: %w", diffID, err)
 	}
@@ -522,30 +524,6 @@ func unsafeErr(err error) error {
 		return fmt.Errorf("%w: the path leads out of the layer through a symlink: %w", err, ErrUnsafe)
 	}
 	return err
-}
-
-// lockFile takes an exclusive flock on p, waiting for it while ctx allows.
-func lockFile(ctx context.Context, p string) (func(), error) {
-	f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", p, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
 }
 
 func syncFS(dir string) error {

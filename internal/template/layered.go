@@ -146,14 +146,11 @@ func (s *Store) pull(ctx context.Context, name, src string, o PullOptions, emit 
 		}
 		return s.Get(name)
 	}
-	tmp, err := os.MkdirTemp(s.imagesDir(), ".pull-"+key+"-")
+	tmp, err := s.tempImageDir(".pull-" + key)
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(tmp)
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return nil, err
-	}
 	meta := newTemplate(key)
 	meta.Ref, meta.Digest, meta.Source = img.Ref, img.ManifestDigest.String(), src
 	meta.Entrypoint, meta.Cmd = cf.Config.Entrypoint, cf.Config.Cmd

@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/cella-sandbox/cella/internal/fslock"
 )
 
 // The cache is shared by every daemon (and CLI) on the machine, so what is
@@ -252,7 +252,7 @@ func (s *Store) GC() (GCResult, error) {
 	}
 
 	// Layers, and temp dirs of pulls and builds, only while none runs.
-	release, ok, lerr := s.tryPullLockExclusive()
+	release, ok, lerr := fslock.TryExclusive(filepath.Join(s.CacheDir, ".pull.lock"))
 	if lerr != nil {
 		return res, lerr
 	}
@@ -303,49 +303,5 @@ func (s *Store) GC() (GCResult, error) {
 // pullLock holds .pull.lock shared for a pull or build: the GC does not
 // sweep layers or temp dirs meanwhile.
 func (s *Store) pullLock(ctx context.Context) (func(), error) {
-	return flock(ctx, filepath.Join(s.CacheDir, ".pull.lock"), unix.LOCK_SH)
-}
-
-func (s *Store) tryPullLockExclusive() (release func(), ok bool, err error) {
-	f, err := os.OpenFile(filepath.Join(s.CacheDir, ".pull.lock"), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, false, err
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, false, nil
-		}
-		return nil, false, err
-	}
-	return func() { f.Close() }, true, nil
-}
-
-// lockFile takes p exclusively.
-func lockFile(ctx context.Context, p string) (func(), error) {
-	return flock(ctx, p, unix.LOCK_EX)
-}
-
-// flock takes a flock on p, waiting while ctx allows.
-func flock(ctx context.Context, p string, how int) (func(), error) {
-	f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("open lock %s: %w", p, err)
-	}
-	for {
-		err := unix.Flock(int(f.Fd()), how|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", p, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	return fslock.Shared(ctx, filepath.Join(s.CacheDir, ".pull.lock"))
 }

@@ -52,6 +52,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cella-sandbox/cella/internal/fslock"
 	"github.com/cella-sandbox/cella/internal/image"
 	"github.com/cella-sandbox/cella/internal/layerstore"
 )
@@ -549,7 +550,7 @@ func (s *Store) Build(ctx context.Context, name string, r Recipe, progress io.Wr
 		return nil, err
 	}
 	defer release()
-	unlockKey, err := lockFile(ctx, filepath.Join(s.imagesDir(), ".build-"+key+".lock"))
+	unlockKey, err := fslock.Exclusive(ctx, filepath.Join(s.imagesDir(), ".build-"+key+".lock"))
 	if err != nil {
 		return nil, err
 	}
@@ -596,10 +597,24 @@ func (s *Store) install(name, key, tmp string) error {
 	return err
 }
 
+// tempImageDir makes the directory an image is made in (images/.KIND-KEY-*,
+// which the GC removes after a crash), renamed into place by install.
+func (s *Store) tempImageDir(prefix string) (string, error) {
+	tmp, err := os.MkdirTemp(s.imagesDir(), prefix+"-")
+	if err != nil {
+		return "", err
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		os.RemoveAll(tmp)
+		return "", err
+	}
+	return tmp, nil
+}
+
 // buildImage runs debootstrap into a temp dir under images/ and returns it.
 func (s *Store) buildImage(ctx context.Context, name, key string, r Recipe, progress io.Writer) (string, error) {
 	start := time.Now()
-	tmp, err := os.MkdirTemp(s.imagesDir(), ".build-"+key+"-")
+	tmp, err := s.tempImageDir(".build-" + key)
 	if err != nil {
 		return "", err
 	}
@@ -609,9 +624,6 @@ func (s *Store) buildImage(ctx context.Context, name, key string, r Recipe, prog
 			os.RemoveAll(tmp)
 		}
 	}()
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return "", err
-	}
 	root := filepath.Join(tmp, "rootfs")
 
 	step := func(format string, args ...any) {
@@ -689,14 +701,11 @@ func (s *Store) Import(name, dir string) (*Template, error) {
 	defer release()
 
 	key := "i-" + randomHex(10)
-	tmp, err := os.MkdirTemp(s.imagesDir(), ".import-"+key+"-")
+	tmp, err := s.tempImageDir(".import-" + key)
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(tmp)
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return nil, err
-	}
 	root := filepath.Join(tmp, "rootfs")
 	// cp -a keeps owners, modes, xattrs, hard links, devices and sparse
 	// files, which a hand-written copy would have to reimplement.
