@@ -135,7 +135,18 @@ func TestCLIImageTemplates(t *testing.T) {
 			if b, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(b), "used by 1 sandbox") || !strings.Contains(string(b), id) {
 				t.Fatalf("rm while in use: %v %s", err, b)
 			}
+			// A snapshot stacks on the image's layers, and a sandbox made from
+			// it keeps that image even after the name is pointed elsewhere.
+			d.mustCella("exec", id, "--", "sh", "-c", "echo kept > /home/user/state")
+			snap := strings.TrimSpace(d.mustCella("snapshot", id))
 			d.mustCella("kill", id)
+			tpl("build", "pyarchive", "--from-image", reg.Ref("nobash:test"))
+			out = d.mustCella("run", "--template", snap, "--", "sh", "-c", "cat /home/user/state; test -e /bin/bash && python3 -c 'print(42)'")
+			if out != "kept\n42\n" {
+				t.Fatalf("sandbox from a snapshot of an image template: %q", out)
+			}
+			tpl("build", "pyarchive", "--from-image", "docker-archive:"+archive)
+			d.mustCella("snapshot", "rm", snap)
 		})
 	}
 	tpl("rm", "pyarchive", "nobash", "py")
