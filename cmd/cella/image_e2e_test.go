@@ -124,6 +124,12 @@ func TestCLIImageTemplates(t *testing.T) {
 			if out != "42\nfrom-image\nuser\n/home/user\n" {
 				t.Fatalf("py defaults: %q", out)
 			}
+			// Root in the sandbox rewrites and deletes the image's files: its
+			// own layer changes, the shared layer store does not.
+			d.mustCella("run", "--template", "py", "--user", "root", "--", "sh", "-c", "echo changed > /srv/hello.py && rm /etc/passwd")
+			if out := d.mustCella("run", "--template", "py", "--", "sh", "-c", "python3 /srv/hello.py; test -e /etc/passwd && echo intact"); out != "42\nintact\n" {
+				t.Fatalf("a sandbox changed the image for the next one: %q", out)
+			}
 			// No bash: commands run with sh, as the finalize layer's user.
 			out = d.mustCella("run", "--template", "nobash", "--", "sh", "-c", "test -e /bin/bash || echo no bash; id -un; pwd; ls -ld /home/user | cut -d' ' -f3")
 			if out != "no bash\nuser\n/home/user\nuser\n" {

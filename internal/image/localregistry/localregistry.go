@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -79,6 +80,8 @@ func Run(dir, user, password string) (*Registry, error) {
 		}
 		cmd := exec.Command(bin, "serve", cfg)
 		cmd.Stdout, cmd.Stderr = logf, logf
+		// It dies with whoever started it, even one killed before Stop.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := cmd.Start(); err != nil {
 			logf.Close()
 			return nil, err
