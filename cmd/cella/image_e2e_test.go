@@ -76,6 +76,7 @@ func TestCLIImageTemplates(t *testing.T) {
 	python, nobash := baseImages(t)
 	reg.Push(t, "python:test", python)
 	reg.Push(t, "nobash:test", nobash)
+	reg.Push(t, "library/python:test", python) // what docker.io/python:test is on a mirror
 	cache := t.TempDir()
 	bin, _ := daemontest.Binaries(t)
 	tpl := func(args ...string) (string, string) {
@@ -103,6 +104,11 @@ func TestCLIImageTemplates(t *testing.T) {
 	_, progress = tpl("build", "pyarchive", "--from-image", "docker-archive:"+archive)
 	if strings.Count(progress, "cached (") != 2 {
 		t.Fatalf("a docker-archive of the same image should find both layers cached:\n%s", progress)
+	}
+	// Docker Hub's python:test through a mirror (the flag cella serve has too).
+	_, progress = tpl("build", "hub", "--from-image", "python:test", "--registry-mirror", "docker.io=http://"+reg.Addr)
+	if !strings.Contains(progress, "via mirror http://"+reg.Addr) || strings.Count(progress, "cached (") != 2 {
+		t.Fatalf("pull through the mirror:\n%s", progress)
 	}
 	_, progress = tpl("build", "nobash", "--from-image", reg.Ref("nobash:test"))
 	if !strings.Contains(progress, "added user user") || !strings.Contains(progress, "shell /bin/sh") {
@@ -155,7 +161,7 @@ func TestCLIImageTemplates(t *testing.T) {
 			d.mustCella("snapshot", "rm", snap)
 		})
 	}
-	tpl("rm", "pyarchive", "nobash", "py")
+	tpl("rm", "pyarchive", "nobash", "py", "hub")
 	// Nothing uses the layers any more: the store is empty.
 	ents, _ := os.ReadDir(filepath.Join(cache, "layers", "sha256"))
 	imgs, _ := os.ReadDir(filepath.Join(cache, "images"))
