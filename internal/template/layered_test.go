@@ -467,3 +467,48 @@ func mustTag(t *testing.T, s string) name.Tag {
 	}
 	return tag
 }
+
+// The GC leaves layers and temp dirs alone while a pull or build runs
+// anywhere (their layers exist before their image record), and removes a
+// crashed pull's leftovers once none does.
+func TestGCWaitsForPulls(t *testing.T) {
+	s := newTestStore(t)
+	p := filepath.Join(t.TempDir(), "layout")
+	writeLayout(t, p, threeLayers(t, v1.Config{}, "root:x:0:0::/root:/bin/sh\n"))
+	ctx := context.Background()
+	if _, err := s.Pull(ctx, "a", "oci:"+p, PullOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	crashed := []string{filepath.Join(s.imagesDir(), ".pull-o-x-1"), filepath.Join(s.Layers.Dir, "tmp", "ab-1"), filepath.Join(s.tmpDir(), "oci-archive-1")}
+	for _, d := range crashed {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	release, err := s.pullLock(ctx) // a pull in progress, in another process as far as flock knows
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete("a"); err != nil {
+		t.Fatal(err)
+	}
+	if ids, _ := s.Layers.List(); len(ids) != 3 {
+		t.Fatalf("layers swept during a pull: %v", ids)
+	}
+	for _, d := range crashed {
+		if _, err := os.Stat(d); err != nil {
+			t.Fatalf("temp dir %s removed during a pull", d)
+		}
+	}
+	release()
+	res, err := s.GC()
+	if err != nil || res.LayersSkipped || len(res.Layers) != 3 {
+		t.Fatalf("gc: %+v %v", res, err)
+	}
+	for _, d := range crashed {
+		if _, err := os.Stat(d); err == nil {
+			t.Fatalf("crashed temp dir %s kept", d)
+		}
+	}
+	checkStoreClean(t, s)
+}

@@ -276,12 +276,19 @@ func (s *Store) GC() (GCResult, error) {
 			p, _ := s.Layers.Path(id)
 			return used[id] || mounted(p)
 		})
-		for _, e := range imgs {
-			if n := e.Name(); strings.HasPrefix(n, ".build-") || strings.HasPrefix(n, ".import-") || strings.HasPrefix(n, ".pull-") {
-				if e.IsDir() {
-					trash = append(trash, filepath.Join(s.imagesDir(), n))
+		// Under the cache lock too: a cella without the pull lock builds
+		// and imports while holding it.
+		if unlock, lerr := s.lock(); lerr == nil {
+			imgs, _ = os.ReadDir(s.imagesDir())
+			for _, e := range imgs {
+				if n := e.Name(); e.IsDir() && (strings.HasPrefix(n, ".build-") || strings.HasPrefix(n, ".import-") || strings.HasPrefix(n, ".pull-")) {
+					t := filepath.Join(s.imagesDir(), ".trash-"+strings.TrimPrefix(n, ".")+"-"+randomHex(4))
+					if os.Rename(filepath.Join(s.imagesDir(), n), t) == nil {
+						trash = append(trash, t)
+					}
 				}
 			}
+			unlock()
 		}
 		tmps, _ := os.ReadDir(s.tmpDir())
 		for _, e := range tmps {
