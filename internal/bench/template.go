@@ -58,7 +58,7 @@ func Template(ctx context.Context, cfg Config) ([]Figure, error) {
 
 	// Cold: a fresh cache each time (no layer present). Cached: the same
 	// cache again, under another name.
-	pulls := min(cfg.N, 3)
+	pulls := max(1, min(cfg.N/5, 3)) // --smoke (N=3): one
 	var cold, cached []time.Duration
 	for i := 0; i < pulls; i++ {
 		dir, err := os.MkdirTemp("", "cella-bench-cache-")
