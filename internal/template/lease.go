@@ -85,7 +85,7 @@ func (s *Store) Acquire(holder string, t *Template) ([]string, error) {
 		}
 	}
 	b, _ := json.Marshal(lease{Holder: holder, Image: t.Image, Name: t.Name, Services: t.Services, Created: time.Now().UTC()})
-	if err := writeFileAtomic(s.leasePath(holder), b, 0o644); err != nil {
+	if err := writeFileAtomic(s.leasePath(holder), b, 0o600); err != nil {
 		return nil, fmt.Errorf("lease template %s: %w", t.Name, err)
 	}
 	return lowers, nil

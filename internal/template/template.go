@@ -263,13 +263,19 @@ func NewStore(cacheDir string) (*Store, error) {
 		return nil, fmt.Errorf("template cache dir %q: %w", cacheDir, err)
 	}
 	s := &Store{CacheDir: abs}
-	for _, d := range []string{s.imagesDir(), s.namesDir(), s.leasesDir()} {
+	for _, d := range []string{s.imagesDir(), s.namesDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("create template cache: %w", err)
 		}
 	}
-	if err := os.MkdirAll(s.tmpDir(), 0o700); err != nil {
-		return nil, fmt.Errorf("create template cache: %w", err)
+	// Leases name sandbox directories; tmp/ holds what pulls read.
+	for _, d := range []string{s.leasesDir(), s.tmpDir()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("create template cache: %w", err)
+		}
+		if err := os.Chmod(d, 0o700); err != nil { // made by an earlier version
+			return nil, fmt.Errorf("create template cache: %w", err)
+		}
 	}
 	if s.Layers, err = layerstore.Open(filepath.Join(abs, "layers"), 0); err != nil {
 		return nil, err
