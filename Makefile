@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 BIN := bin
 GVISOR_MOD := gvisor.dev/gvisor/runsc
-APT_PACKAGES := debootstrap debian-archive-keyring crun bubblewrap hyperfine ca-certificates curl iproute2 tar chromium
+APT_PACKAGES := debootstrap debian-archive-keyring crun bubblewrap hyperfine ca-certificates curl iproute2 tar chromium docker-registry
 DATA_DIR ?= /var/lib/cella
 CACHE_DIR ?= /var/cache/cella
 LISTEN ?= 127.0.0.1:3000
@@ -15,12 +15,20 @@ export CELLA_CACHE_DIR := $(CACHE_DIR)
 all: build
 
 # Debian packages cella drives (debootstrap builds templates, crun is the
-# namespaces runtime). Installed only when missing.
+# namespaces runtime, docker-registry is the registry the image tests and
+# `cella bench template` start on loopback themselves). Installed only when
+# missing. docker-registry's package enables a system service on port 5000:
+# it is stopped and disabled right after the install, nothing of cella uses it.
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	  case " $$missing " in *" docker-registry "*) \
+	    systemctl disable --now docker-registry.service >/dev/null 2>&1 || systemctl --root=/ disable docker-registry.service >/dev/null 2>&1 || true; \
+	    update-rc.d docker-registry disable >/dev/null 2>&1 || true; \
+	    if pgrep -u docker-registry -x docker-registry >/dev/null; then service docker-registry stop >/dev/null 2>&1 || true; fi;; \
+	  esac; \
 	fi
 
 build: $(BIN)/cella $(BIN)/runsc

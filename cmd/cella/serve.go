@@ -27,14 +27,20 @@ type serveConfig struct {
 	Listen   string
 	LogLevel string
 	// envErr is a CELLA_MAX_* value that does not parse (maxflags.go).
-	envErr error
+	envErr   error
+	registry registryFlags
 }
 
 func (c *serveConfig) Validate() error {
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("--listen %q: %w", c.Listen, err)
 	}
-	return c.envErr
+	if c.envErr != nil {
+		return c.envErr
+	}
+	var err error
+	c.Registry, c.MaxLayerSize, err = c.registry.config()
+	return err
 }
 
 func newServeCmd() *cobra.Command {
@@ -62,7 +68,8 @@ func newServeCmd() *cobra.Command {
 	if err := registerLifecycleDefaults(f, &c.Lifecycle); err != nil { // lifecycleflags.go
 		fmt.Fprintln(os.Stderr, "cella serve:", err)
 	}
-	registerNetworkFlags(f, &c.Network) // netflags.go
+	registerNetworkFlags(f, &c.Network)   // netflags.go
+	registerRegistryFlags(f, &c.registry) // registryflags.go: image pulls
 	// --pool TEMPLATE=N: warm pools (pool.go)
 	if err := registerPoolFlag(f, &c.Pools); err != nil {
 		fmt.Fprintln(os.Stderr, "cella serve:", err)

@@ -71,7 +71,13 @@ func (s *Server) resolveStart(u *sandboxUser, req *process.StartRequest, timeout
 		env.set(k, v)
 	}
 
-	exe, err := lookPath(pc.GetCmd(), env.get("PATH"), cwd)
+	cmd := pc.GetCmd()
+	exe, err := lookPath(cmd, env.get("PATH"), cwd)
+	if err != nil && cmd == bashPath && isExecutable(shPath) {
+		// E2B's SDKs always ask for bash; an image without it (Alpine,
+		// busybox) runs the command with its sh, as `bash -l -c` would.
+		cmd, exe, err = shPath, shPath, nil
+	}
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, err)
 	}
@@ -79,7 +85,7 @@ func (s *Server) resolveStart(u *sandboxUser, req *process.StartRequest, timeout
 	return &startSpec{
 		user:    u,
 		argv0:   exe,
-		argv:    append([]string{pc.GetCmd()}, pc.GetArgs()...),
+		argv:    append([]string{cmd}, pc.GetArgs()...),
 		env:     env.list(),
 		cwd:     cwd,
 		stdin:   stdin,
@@ -339,6 +345,12 @@ func expandPath(p, home string) (string, error) {
 }
 
 // lookPath finds cmd on the command's PATH (not the agent's).
+// The shell E2B's clients ask for, and what images without it have.
+const (
+	bashPath = "/bin/bash"
+	shPath   = "/bin/sh"
+)
+
 func lookPath(cmd, path, cwd string) (string, error) {
 	if strings.Contains(cmd, "/") {
 		if !filepath.IsAbs(cmd) {

@@ -83,11 +83,7 @@ func Create(ctx context.Context, cfg Config) ([]Figure, error) {
 	if len(cfg.Runtimes) == 0 {
 		cfg.Runtimes = []string{runtime.GVisor, runtime.Namespaces}
 	}
-	tpls, err := template.NewStore(cfg.CacheDir)
-	if err != nil {
-		return nil, err
-	}
-	base, err := tpls.EnsureBase(ctx, io.Discard)
+	_, base, err := ensureBase(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -125,6 +121,16 @@ func Create(ctx context.Context, cfg Config) ([]Figure, error) {
 		}
 	}
 	return figs, nil
+}
+
+// ensureBase opens the bench's template cache and builds base if missing.
+func ensureBase(ctx context.Context, cfg Config) (*template.Store, *template.Template, error) {
+	tpls, err := template.NewStore(cfg.CacheDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	base, err := tpls.EnsureBase(ctx, io.Discard)
+	return tpls, base, err
 }
 
 func repeat(n int, f func() error) []time.Duration {
@@ -177,8 +183,13 @@ func apiCreate(ctx context.Context, cfg Config, rt string) (Figure, error) {
 // createThenExec creates a sandbox, runs `true` in it and kills it: the
 // time until the command is done, and until the create call answered.
 func createThenExec(ctx context.Context, c *client.Client) (total, create time.Duration, err error) {
+	return createThenExecOf(ctx, c, client.CreateRequest{})
+}
+
+// createThenExecOf is createThenExec with a create request of its own.
+func createThenExecOf(ctx context.Context, c *client.Client, req client.CreateRequest) (total, create time.Duration, err error) {
 	t0 := time.Now()
-	sb, err := c.Create(ctx, client.CreateRequest{})
+	sb, err := c.Create(ctx, req)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/api"
 	"github.com/cella-sandbox/cella/internal/audit"
 	"github.com/cella-sandbox/cella/internal/egress"
+	"github.com/cella-sandbox/cella/internal/image"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/runtime/crun"
@@ -55,6 +56,10 @@ type Config struct {
 	MetricsInterval time.Duration
 	// Network is the egress configuration (network.go).
 	Network NetworkConfig
+	// Registry is how images are pulled (mirrors, plain-HTTP registries)
+	// and MaxLayerSize the largest layer a pull unpacks (0: the default).
+	Registry     image.Hosts
+	MaxLayerSize int64
 	// Pools are the warm pools' sizes by template (--pool); sizes set
 	// through the API, kept in SQLite, override them (sandbox/pool.go).
 	Pools map[string]int
@@ -198,6 +203,13 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		return nil, err
 	}
 	d.Templates = tpls
+	tpls.Registry, tpls.Layers.MaxLayerSize = c.Registry, c.MaxLayerSize
+	// Leftovers of pulls that crashed and leases of sandboxes that are gone.
+	if res, err := tpls.GC(); err != nil {
+		log.Warn("template cache garbage collection", "err", err)
+	} else if len(res.Images)+len(res.Layers) > 0 {
+		log.Info("template cache garbage collected", "images", res.Images, "layers", len(res.Layers))
+	}
 	vols, err := volume.New(ctx, volume.Config{DataDir: c.DataDir, Store: st, Log: log})
 	if err != nil {
 		return nil, err

@@ -104,7 +104,13 @@ func (l *Layer) readMeta() (meta, error) {
 // instead). The sandbox directory is created if needed. On error nothing
 // stays mounted.
 func Mount(templateRootFS, sandboxDir string, diskBytes int64) (*Layer, error) {
-	return (&Layers{}).MountStack([]string{templateRootFS}, sandboxDir, diskBytes)
+	return MountStack([]string{templateRootFS}, sandboxDir, diskBytes)
+}
+
+// MountStack is Mount with several lowers, top first (Layers.MountStack
+// without ready layers).
+func MountStack(lowers []string, sandboxDir string, diskBytes int64) (*Layer, error) {
+	return (&Layers{}).MountStack(lowers, sandboxDir, diskBytes)
 }
 
 // Open returns the Layer of a sandbox directory whose rootfs is already

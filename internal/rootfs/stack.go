@@ -99,12 +99,11 @@ func (ls *Layers) MountStack(lowers []string, sandboxDir string, diskBytes int64
 // running sandbox wrote last may be lost when the host crashes, and a
 // running sandbox is lost with its host anyway; a paused one, the state
 // that survives a reboot, is synced at pause (Layer.Sync).
+//
+// Each layer goes to the kernel by file descriptor (overlay.go), so long
+// stacks of image layers fit.
 func mountOverlay(lowers []string, l *Layer) error {
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off,xino=off,volatile", strings.Join(lowers, ":"), l.Upper, filepath.Join(l.layer, "work"))
-	if err := unix.Mount("cella-rootfs", l.Root, "overlay", unix.MS_NODEV, opts); err != nil {
-		return fmt.Errorf("overlay at %s: %w", l.Root, err)
-	}
-	return nil
+	return mountOverlayFDs(l.Root, lowers, l.Upper, filepath.Join(l.layer, "work"), unix.MOUNT_ATTR_NODEV, true)
 }
 
 // clearVolatile removes the marker a volatile overlay leaves in its work

@@ -140,7 +140,8 @@ func (m *Manager) fromSnapshot(ctx context.Context, p tenant.Principal, opts Opt
 	if closed {
 		return nil, errdefs.Unavailable("daemon is shutting down")
 	}
-	tpl, err := m.template(ctx, opts.TemplateID)
+	// The image the snapshot was taken on, not what its name says now.
+	tpl, err := m.templateOf(ctx, m.snapshotDir(row.ID), opts.TemplateID)
 	if err != nil {
 		return nil, err
 	}
@@ -180,7 +181,11 @@ func (m *Manager) fromSnapshot(ctx context.Context, p tenant.Principal, opts Opt
 	}
 	// Claim the layers before mounting them, under the GC's lock.
 	snapMu.Lock()
-	lowers, err := m.layersOf(rec, tpl.RootFS)
+	tplLayers, err := m.cfg.Templates.Acquire(sb.Dir, tpl)
+	var lowers []string
+	if err == nil {
+		lowers, err = m.layersOf(rec, tplLayers)
+	}
 	if err == nil {
 		var b []byte
 		b, err = json.Marshal(origin{SnapshotID: row.ID, Layers: rec.Layers, MemoryRestored: memory})

@@ -322,7 +322,7 @@ func (m *Manager) unarchive(ctx context.Context, sb *Sandbox) error {
 		return nil
 	}
 	start := time.Now()
-	tpl, err := m.template(ctx, sb.TemplateID)
+	tpl, err := m.templateOf(ctx, sb.Dir, sb.TemplateID)
 	if err != nil {
 		return fmt.Errorf("unarchive sandbox %s: %w", sb.ID, err)
 	}
@@ -332,8 +332,17 @@ func (m *Manager) unarchive(ctx context.Context, sb *Sandbox) error {
 		return fmt.Errorf("unarchive sandbox %s: %w", sb.ID, err)
 	}
 	defer f.Close()
+	// A sandbox made from a snapshot stacks on the snapshot's layers too
+	// (origin.json): without them its upper would float over the bare
+	// template.
+	lowers := tpl.Lowers()
+	if o, ok := readOrigin(sb.Dir); ok {
+		if lowers, err = m.layersOf(snapshotRecord{Layers: o.Layers}, tpl.Lowers()); err != nil {
+			return fmt.Errorf("unarchive sandbox %s: %w", sb.ID, err)
+		}
+	}
 	_ = rootfs.UnmountAll(sb.Dir)
-	layer, err := m.layers.Mount(tpl.RootFS, sb.Dir, mib(sb.Options.DiskMB))
+	layer, err := m.layers.MountStack(lowers, sb.Dir, mib(sb.Options.DiskMB))
 	if err != nil {
 		return fmt.Errorf("unarchive sandbox %s: %w", sb.ID, err)
 	}

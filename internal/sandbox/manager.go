@@ -271,6 +271,23 @@ func (m *Manager) template(ctx context.Context, name string) (*template.Template
 	return tpl, nil
 }
 
+// templateOf is the template a sandbox or snapshot directory runs on: the
+// image it leased (its name may point at another image by now), else what
+// the name says (state from a cella without leases).
+func (m *Manager) templateOf(ctx context.Context, dir, name string) (*template.Template, error) {
+	if t, err := m.cfg.Templates.Leased(dir); err == nil {
+		return t, nil
+	}
+	return m.template(ctx, name)
+}
+
+// releaseTemplate drops the lease of a removed sandbox or snapshot dir.
+func (m *Manager) releaseTemplate(dir string) {
+	if err := m.cfg.Templates.Release(dir); err != nil {
+		m.log.Warn("release template lease", "dir", dir, "err", err)
+	}
+}
+
 // start brings up everything a sandbox runs on; on error the caller cleans up.
 func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template) error {
 	bundleDir := filepath.Join(sb.Dir, "bundle")
@@ -284,7 +301,12 @@ func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template
 	if _, err := m.openRunDir(sb); err != nil { // rundir.go
 		return err
 	}
-	layer, err := m.layers.Mount(tpl.RootFS, sb.Dir, mib(sb.Options.DiskMB))
+	// The lease keeps the template's image and layers while sb.Dir exists.
+	lowers, err := m.cfg.Templates.Acquire(sb.Dir, tpl)
+	if err != nil {
+		return fmt.Errorf("template for %s: %w", sb.ID, err)
+	}
+	layer, err := m.layers.MountStack(lowers, sb.Dir, mib(sb.Options.DiskMB))
 	st.step("rootfs")
 	if err != nil {
 		return fmt.Errorf("create rootfs for %s: %w", sb.ID, err)
@@ -756,6 +778,7 @@ func (m *Manager) releaseHost(ctx context.Context, sb *Sandbox) {
 		if err := retryShortOfFDs(func() error { return os.RemoveAll(sb.Dir) }); err != nil {
 			m.log.Error("remove sandbox dir", "id", sb.ID, "err", err)
 		}
+		m.releaseTemplate(sb.Dir)
 	}
 	m.removeArchive(sb) // lifecycle.go
 }

@@ -160,6 +160,7 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 			m.log.Error("remove leftover dir", "dir", dir, "err", err)
 			continue
 		}
+		m.releaseTemplate(dir)
 		rep.RemovedDirs = append(rep.RemovedDirs, dir)
 	}
 	// Unmounting a layer frees its loop device (AUTOCLEAR); one still

@@ -142,8 +142,17 @@ func (m *Manager) snapshot(ctx context.Context, p tenant.Principal, id, name str
 	defer func() {
 		if !ok {
 			_ = os.RemoveAll(dir)
+			m.releaseTemplate(dir)
 		}
 	}()
+	// The snapshot's layers stack on the sandbox's image: keep it.
+	tpl, err := m.templateOf(ctx, sb.Dir, sb.TemplateID)
+	if err == nil {
+		_, err = m.cfg.Templates.Acquire(dir, tpl)
+	}
+	if err != nil {
+		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", id, err)
+	}
 	rt := m.cfg.Runtime
 	snap, memory := rt.(runtime.Snapshotter)
 	memory = memory && rt.Capabilities().MemoryCheckpoint
@@ -309,6 +318,7 @@ func (m *Manager) gcSnapshots(ctx context.Context) {
 		if err := os.RemoveAll(filepath.Join(snapshotsDir(m.cfg.DataDir), e.Name())); err != nil {
 			m.log.Warn("snapshot gc: remove", "snapshot", e.Name(), "err", err)
 		} else {
+			m.releaseTemplate(filepath.Join(snapshotsDir(m.cfg.DataDir), e.Name()))
 			m.log.Info("snapshot layer removed", "snapshot", e.Name())
 		}
 	}
@@ -341,8 +351,8 @@ func diskUsage(dir string) int64 {
 }
 
 // layersOf lists the lower dirs of a sandbox made from rec: its snapshot
-// layers top first, then the template root.
-func (m *Manager) layersOf(rec snapshotRecord, templateRoot string) ([]string, error) {
+// layers top first, then the template's layers.
+func (m *Manager) layersOf(rec snapshotRecord, templateLayers []string) ([]string, error) {
 	var out []string
 	for _, id := range rec.Layers {
 		d := m.layerDir(id)
@@ -351,7 +361,7 @@ func (m *Manager) layersOf(rec snapshotRecord, templateRoot string) ([]string, e
 		}
 		out = append(out, d)
 	}
-	return append(out, templateRoot), nil
+	return append(out, templateLayers...), nil
 }
 
 // waitAgent waits until a running sandbox's agent answers over its channel

@@ -1,13 +1,21 @@
-// Package template manages sandbox templates: a root filesystem directory
-// plus the metadata a sandbox needs to start in it (default user, working
-// directory, environment).
+// Package template manages sandbox templates: a stack of read-only layers
+// plus the metadata a sandbox needs to start on it (default user, working
+// directory, environment). A template built with debootstrap or imported
+// from a directory is one layer (its rootfs); a template from an OCI image
+// is the image's layers, unpacked once each in the shared layer store
+// (internal/layerstore), plus a small finalize layer of its own.
 //
 // Layout of the cache directory (default /var/cache/cella):
 //
-//	images/<key>/rootfs/     the root filesystem, never written after it is built
+//	images/<key>/rootfs/     a one-layer image's root filesystem, never written after it is built
+//	images/<key>/finalize/   an OCI image's finalize layer (user account, home)
 //	images/<key>/image.json  the image's metadata (Template without Name)
 //	names/<name>.json        {"image": "<key>"}: which image a name points at
+//	layers/                  the layer store: OCI image layers by diffID
+//	leases/<hash>.json       which image a sandbox or snapshot directory uses (lease.go)
+//	tmp/                     what a pull reads an oci-archive into
 //	.lock                    flock held while the cache is being changed
+//	.pull.lock               flock held shared by every pull and build in progress
 //
 // Built images are keyed by a hash of their recipe (suite + packages), so a
 // second Build of the same recipe, under any name, is instant. Imported
@@ -43,10 +51,17 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cella-sandbox/cella/internal/fslock"
+	"github.com/cella-sandbox/cella/internal/image"
+	"github.com/cella-sandbox/cella/internal/layerstore"
 )
 
 // ErrNotFound is returned when a template name is unknown.
 var ErrNotFound = errors.New("template not found")
+
+// ErrInUse is returned by Delete for a template sandboxes still use.
+var ErrInUse = errors.New("template in use")
 
 // Defaults for templates and the store.
 const (
@@ -169,11 +184,14 @@ func (r Recipe) mirror() string {
 	return DefaultMirror
 }
 
-// Template is a root filesystem plus what a sandbox needs to start in it.
+// Template is a stack of layers plus what a sandbox needs to start on it.
 type Template struct {
-	Name    string    `json:"name"`
-	Image   string    `json:"image"`  // cache key of the image
-	RootFS  string    `json:"rootfs"` // absolute path; use it as an overlay lower dir only
+	Name  string `json:"name"`
+	Image string `json:"image"` // cache key of the image
+	// RootFS is a one-layer image's root filesystem (absolute path; use it
+	// as an overlay lower dir only); empty for an OCI image. Lowers lists
+	// every template's layers.
+	RootFS  string    `json:"rootfs"`
 	User    string    `json:"user"`
 	UID     int       `json:"uid"`
 	GID     int       `json:"gid"`
@@ -186,11 +204,50 @@ type Template struct {
 	// template (ServiceCodeInterpreter). They belong to the name, not to
 	// the image: one image may back several names.
 	Services []string `json:"services,omitempty"`
+
+	// An image pulled from an OCI image (layered.go):
+	// Ref is the reference it resolved to (by digest), Digest its manifest
+	// digest, Layers its layers' diffIDs bottom first (OCI order), all in
+	// the layer store; Finalize says whether images/<key>/finalize is the
+	// top layer. Entrypoint and Cmd are the image's, kept but not run:
+	// sandboxes start the agent.
+	Ref        string   `json:"ref,omitempty"`
+	Digest     string   `json:"digest,omitempty"`
+	Layers     []string `json:"layers,omitempty"`
+	Finalize   bool     `json:"finalize,omitempty"`
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	Cmd        []string `json:"cmd,omitempty"`
+	// Size is the bytes its layers hold on disk (0: not recorded).
+	Size int64 `json:"size,omitempty"`
+
+	lowers []string
+}
+
+// Lowers is the template's layer stack for an overlay, top first: the
+// finalize layer, then the image's layers from the top down; or the one
+// rootfs.
+func (t *Template) Lowers() []string { return slices.Clone(t.lowers) }
+
+// Describe says where the template came from, for listings.
+func (t *Template) Describe() string {
+	switch {
+	case t.Ref != "":
+		return t.Ref
+	case t.Recipe != nil:
+		return fmt.Sprintf("debootstrap %s +%d packages", t.Recipe.Suite, len(t.Recipe.Packages))
+	case t.Source != "":
+		return "import " + t.Source
+	}
+	return "-"
 }
 
 // Store is a directory of templates.
 type Store struct {
 	CacheDir string
+	// Layers is the layer store under CacheDir/layers.
+	Layers *layerstore.Store
+	// Registry says how registries are reached (mirrors, plain HTTP).
+	Registry image.Hosts
 
 	mu sync.Mutex // serializes changes within this process; flock across processes
 }
@@ -211,11 +268,25 @@ func NewStore(cacheDir string) (*Store, error) {
 			return nil, fmt.Errorf("create template cache: %w", err)
 		}
 	}
+	// Leases name sandbox directories; tmp/ holds what pulls read.
+	for _, d := range []string{s.leasesDir(), s.tmpDir()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("create template cache: %w", err)
+		}
+		if err := os.Chmod(d, 0o700); err != nil { // made by an earlier version
+			return nil, fmt.Errorf("create template cache: %w", err)
+		}
+	}
+	if s.Layers, err = layerstore.Open(filepath.Join(abs, "layers"), 0); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
 func (s *Store) imagesDir() string { return filepath.Join(s.CacheDir, "images") }
 func (s *Store) namesDir() string  { return filepath.Join(s.CacheDir, "names") }
+func (s *Store) leasesDir() string { return filepath.Join(s.CacheDir, "leases") }
+func (s *Store) tmpDir() string    { return filepath.Join(s.CacheDir, "tmp") }
 func (s *Store) imageDir(key string) string {
 	return filepath.Join(s.imagesDir(), key)
 }
@@ -270,11 +341,43 @@ func (s *Store) readImage(key string) (*Template, error) {
 	}
 	// The cache dir may have moved since the image was written.
 	t.Image = key
+	if len(t.Layers) > 0 {
+		t.RootFS = ""
+		if t.Finalize {
+			t.lowers = append(t.lowers, filepath.Join(dir, "finalize"))
+		}
+		lowers, err := s.layerDirs(t.Layers)
+		if err != nil {
+			return nil, fmt.Errorf("image %s: %w", key, err)
+		}
+		t.lowers = append(t.lowers, lowers...)
+		return &t, nil
+	}
 	t.RootFS = filepath.Join(dir, "rootfs")
 	if _, err := os.Stat(t.RootFS); err != nil {
 		return nil, fmt.Errorf("image %s: %w", key, ErrNotFound)
 	}
+	t.lowers = []string{t.RootFS}
 	return &t, nil
+}
+
+// layerDirs turns diffIDs (bottom first) into overlay lower dirs (top
+// first). A layer an image holds twice (identical empty layers are common)
+// is stacked once, at its top position: applying the same layer again
+// lower down changes nothing the top one does not redo, and overlayfs
+// refuses a directory twice in one stack.
+func (s *Store) layerDirs(diffIDs []string) ([]string, error) {
+	var out []string
+	for _, id := range slices.Backward(diffIDs) {
+		p, err := s.Layers.Path(id)
+		if err != nil {
+			return nil, err
+		}
+		if !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out, nil
 }
 
 // List returns every named template, sorted by name.
@@ -301,13 +404,51 @@ func (s *Store) List() ([]*Template, error) {
 	return out, nil
 }
 
-// Delete removes a name. The image stays: sandboxes may still run on it.
+// Delete removes a name, unless a sandbox (of any daemon on this machine)
+// started from it still runs or is paused (ErrInUse). The image and its
+// layers are garbage-collected once nothing uses them (lease.go).
 func (s *Store) Delete(name string) error {
-	err := os.Remove(filepath.Join(s.namesDir(), name+".json"))
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("template %q: %w", name, ErrNotFound)
+	}
+	unlock, err := s.lock()
+	if err != nil {
+		return err
+	}
+	p := filepath.Join(s.namesDir(), name+".json")
+	rec, err := readNameRecord(p)
+	if err == nil {
+		var users []string
+		if users, err = s.sandboxesUsing(name, rec.Image); err == nil && len(users) > 0 {
+			err = fmt.Errorf("template %q is used by %d sandbox(es) (%s): kill them first: %w", name, len(users), strings.Join(users, ", "), ErrInUse)
+		}
+	}
+	if err == nil {
+		err = os.Remove(p)
+	}
+	unlock()
 	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("template %q: %w", name, ErrNotFound)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	if _, err := s.GC(); err != nil {
+		slog.Warn("template cache garbage collection", "err", err)
+	}
+	return nil
+}
+
+func readNameRecord(p string) (nameRecord, error) {
+	var rec nameRecord
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return rec, err
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return rec, fmt.Errorf("parse %s: %w", p, err)
+	}
+	return rec, nil
 }
 
 // EnsureBase returns the "base" template, building it first if missing.
@@ -399,37 +540,96 @@ func (s *Store) Build(ctx context.Context, name string, r Recipe, progress io.Wr
 	if progress == nil {
 		progress = io.Discard
 	}
-	unlock, err := s.lock()
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-
 	key := r.Key()
 	if _, err := s.readImage(key); err == nil {
 		fmt.Fprintf(progress, "template %s: image %s is cached\n", name, key)
-	} else {
-		if err := s.buildImage(ctx, name, key, r, progress); err != nil {
+		if err := s.install(name, key, ""); err != nil {
+			return nil, fmt.Errorf("name template %q: %w", name, err)
+		}
+		return s.Get(name)
+	}
+	// Built without the cache lock (creates take it to lease their image),
+	// under the pull lock (the GC leaves temp dirs alone) and a lock per
+	// recipe (one build of a recipe at a time on the machine).
+	release, err := s.pullLock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	unlockKey, err := fslock.Exclusive(ctx, filepath.Join(s.imagesDir(), ".build-"+key+".lock"))
+	if err != nil {
+		return nil, err
+	}
+	defer unlockKey()
+	tmp := ""
+	if _, err := s.readImage(key); err != nil { // not built meanwhile
+		if tmp, err = s.buildImage(ctx, name, key, r, progress); err != nil {
 			return nil, fmt.Errorf("build template %q: %w", name, err)
 		}
+		defer os.RemoveAll(tmp)
 	}
-	if err := s.setName(name, key); err != nil {
+	if err := s.install(name, key, tmp); err != nil {
 		return nil, fmt.Errorf("name template %q: %w", name, err)
 	}
 	return s.Get(name)
 }
 
-func (s *Store) buildImage(ctx context.Context, name, key string, r Recipe, progress io.Writer) error {
-	start := time.Now()
-	tmp, err := os.MkdirTemp(s.imagesDir(), ".build-"+key+"-")
+// install points name at image key, first moving the image built in tmp
+// into place unless tmp is "" or the image exists; both under the cache
+// lock, so the GC never sees the image without its name. The image the
+// name pointed at before is garbage-collected if nothing uses it now.
+func (s *Store) install(name, key, tmp string) error {
+	unlock, err := s.lock()
 	if err != nil {
 		return err
 	}
-	// Never leave a half-built tree behind, whatever happens.
-	defer os.RemoveAll(tmp)
-	if err := os.Chmod(tmp, 0o755); err != nil {
+	if _, statErr := os.Stat(s.imageDir(key)); tmp != "" && errors.Is(statErr, fs.ErrNotExist) {
+		if err := os.Rename(tmp, s.imageDir(key)); err != nil {
+			unlock()
+			return fmt.Errorf("install image %s: %w", key, err)
+		}
+	} else if _, err := s.readImage(key); err != nil {
+		unlock()
 		return err
 	}
+	prev, _ := readNameRecord(filepath.Join(s.namesDir(), name+".json"))
+	err = s.setName(name, key)
+	unlock()
+	if err == nil && prev.Image != "" && prev.Image != key {
+		if _, err := s.GC(); err != nil {
+			slog.Warn("template cache garbage collection", "err", err)
+		}
+	}
+	return err
+}
+
+// tempImageDir makes the directory an image is made in (images/.KIND-KEY-*,
+// which the GC removes after a crash), renamed into place by install.
+func (s *Store) tempImageDir(prefix string) (string, error) {
+	tmp, err := os.MkdirTemp(s.imagesDir(), prefix+"-")
+	if err != nil {
+		return "", err
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		os.RemoveAll(tmp)
+		return "", err
+	}
+	return tmp, nil
+}
+
+// buildImage runs debootstrap into a temp dir under images/ and returns it.
+func (s *Store) buildImage(ctx context.Context, name, key string, r Recipe, progress io.Writer) (string, error) {
+	start := time.Now()
+	tmp, err := s.tempImageDir(".build-" + key)
+	if err != nil {
+		return "", err
+	}
+	ok := false
+	defer func() {
+		if !ok { // never leave a half-built tree behind, whatever happens
+			os.RemoveAll(tmp)
+		}
+	}()
 	root := filepath.Join(tmp, "rootfs")
 
 	step := func(format string, args ...any) {
@@ -438,53 +638,51 @@ func (s *Store) buildImage(ctx context.Context, name, key string, r Recipe, prog
 	mirror := r.mirror()
 	step("debootstrap --variant=minbase %s from %s", r.Suite, mirror)
 	if _, err := exec.LookPath("debootstrap"); err != nil {
-		return fmt.Errorf("debootstrap is not installed (apt-get install debootstrap): %w", err)
+		return "", fmt.Errorf("debootstrap is not installed (apt-get install debootstrap): %w", err)
 	}
 	cmd := exec.CommandContext(ctx, "debootstrap", "--variant=minbase", r.Suite, root, mirror)
 	cmd.Stdout, cmd.Stderr = progress, progress
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("debootstrap %s: %w (see debootstrap's output; the log is %s)", r.Suite, err, filepath.Join(root, "debootstrap", "debootstrap.log"))
+		return "", fmt.Errorf("debootstrap %s: %w (see debootstrap's output; the log is %s)", r.Suite, err, filepath.Join(root, "debootstrap", "debootstrap.log"))
 	}
 
 	// Keep maintainer scripts from starting services in the chroot.
 	policy := filepath.Join(root, "usr/sbin/policy-rc.d")
 	if err := os.WriteFile(policy, []byte("#!/bin/sh\nexit 101\n"), 0o755); err != nil {
-		return err
+		return "", err
 	}
 	if err := copyResolvConf(root); err != nil {
-		return err
+		return "", err
 	}
 	if len(r.Packages) > 0 {
 		step("apt-get install %s", strings.Join(r.Packages, " "))
 		script := "apt-get update && apt-get install -y --no-install-recommends \"$@\""
 		if err := runInChroot(ctx, root, progress, append([]string{"/bin/sh", "-c", script, "sh"}, r.Packages...)...); err != nil {
-			return fmt.Errorf("install packages: %w", err)
+			return "", fmt.Errorf("install packages: %w", err)
 		}
 	}
 	step("create user %s (uid %d)", DefaultUser, DefaultUID)
 	if err := EnsureUser(root); err != nil {
-		return err
+		return "", err
 	}
 	step("clean apt caches")
 	if err := runInChroot(ctx, root, progress, "apt-get", "clean"); err != nil {
-		return fmt.Errorf("apt-get clean: %w", err)
+		return "", fmt.Errorf("apt-get clean: %w", err)
 	}
 	if err := cleanImage(root); err != nil {
-		return err
+		return "", err
 	}
 	os.Remove(policy)
 
 	meta := newTemplate(key)
 	meta.Recipe = &r
+	meta.Size = dirSize(root)
 	if err := writeImageMeta(tmp, meta); err != nil {
-		return err
+		return "", err
 	}
-	if err := os.Rename(tmp, s.imageDir(key)); err != nil {
-		return fmt.Errorf("install image %s: %w", key, err)
-	}
-	size := dirSize(s.imageDir(key))
-	step("done: image %s, %d MiB", key, size>>20)
-	return nil
+	step("done: image %s, %d MiB", key, meta.Size>>20)
+	ok = true
+	return tmp, nil
 }
 
 // Import adopts dir as template name: dir is copied (reflinked where the
@@ -502,21 +700,18 @@ func (s *Store) Import(name, dir string) (*Template, error) {
 		return nil, fmt.Errorf("import template %q: %s is not a directory", name, dir)
 	}
 	abs, _ := filepath.Abs(dir)
-	unlock, err := s.lock()
+	release, err := s.pullLock(context.Background())
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
+	defer release()
 
 	key := "i-" + randomHex(10)
-	tmp, err := os.MkdirTemp(s.imagesDir(), ".import-"+key+"-")
+	tmp, err := s.tempImageDir(".import-" + key)
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(tmp)
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return nil, err
-	}
 	root := filepath.Join(tmp, "rootfs")
 	// cp -a keeps owners, modes, xattrs, hard links, devices and sparse
 	// files, which a hand-written copy would have to reimplement.
@@ -529,14 +724,12 @@ func (s *Store) Import(name, dir string) (*Template, error) {
 	}
 	meta := newTemplate(key)
 	meta.Source = abs
+	meta.Size = dirSize(root)
 	if err := writeImageMeta(tmp, meta); err != nil {
 		return nil, err
 	}
-	if err := os.Rename(tmp, s.imageDir(key)); err != nil {
-		return nil, fmt.Errorf("install image %s: %w", key, err)
-	}
-	if err := s.setName(name, key); err != nil {
-		return nil, err
+	if err := s.install(name, key, tmp); err != nil {
+		return nil, fmt.Errorf("import template %q: %w", name, err)
 	}
 	slog.Info("template imported", "name", name, "image", key, "source", abs)
 	return s.Get(name)
