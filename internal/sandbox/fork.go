@@ -109,6 +109,7 @@ func (m *Manager) createFromSnapshot(ctx context.Context, p tenant.Principal, re
 	}
 	maps.Copy(opts.EnvVars, req.EnvVars)
 	opts.AutoPause, opts.AutoPauseMemory, opts.AutoResume = req.AutoPause, req.AutoPauseMemory, req.AutoResume
+	opts.Lifecycle = req.Lifecycle
 	return m.fromSnapshot(ctx, p, opts, row, rec, true)
 }
 

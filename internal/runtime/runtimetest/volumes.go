@@ -229,6 +229,34 @@ func testLifecyclePolicies(t *testing.T, env *daemontest.Env) {
 		mustOK(t, sb, "echo still-writable > /home/user/b")
 	})
 
+	t.Run("AutoArchiveFromSnapshot", func(t *testing.T) {
+		// A sandbox made from a snapshot stacks on its layers: archived and
+		// unarchived, it still does (the snapshot's files were lost).
+		ctx := ctxT(t, 3*time.Minute)
+		orig := create(t, env, client.CreateRequest{})
+		mustOK(t, orig, "echo from-snapshot > /home/user/snapfile")
+		name := "arch-snap-" + env.Daemon.Runtime.Name()
+		if _, err := env.Client.Snapshot(ctx, orig.ID, name); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { env.Client.DeleteSnapshot(context.Background(), name) })
+		sb := create(t, env, client.CreateRequest{TemplateID: name, Lifecycle: &client.Lifecycle{AutoArchiveSeconds: client.Seconds(time.Second)}})
+		mustOK(t, sb, "echo own > /home/user/own")
+		if err := env.Client.Pause(ctx, sb.ID, true); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 60*time.Second, "the auto-archive", func() bool {
+			v, err := lifecycleOf(t, env, sb.ID)
+			return err == nil && v.Lifecycle.Archived
+		})
+		if _, resumed, err := env.Client.ConnectResumed(ctx, sb.ID); err != nil || !resumed {
+			t.Fatalf("resume: resumed=%v err=%v", resumed, err)
+		}
+		if out := mustOK(t, sb, "cat /home/user/snapfile /home/user/own"); out != "from-snapshot\nown\n" {
+			t.Fatalf("files after unarchive: %q", out)
+		}
+	})
+
 	t.Run("AutoDelete", func(t *testing.T) {
 		ctx := ctxT(t, 3*time.Minute)
 		sb := create(t, env, client.CreateRequest{Lifecycle: &client.Lifecycle{AutoDeleteSeconds: client.Seconds(time.Second)}})
