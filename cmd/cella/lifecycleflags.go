@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -10,7 +9,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cella-sandbox/cella/internal/client"
-	"github.com/cella-sandbox/cella/internal/sandbox"
 )
 
 // parseLifeDuration reads a Go duration ("90s", "15m", "36h") or days ("7d",
@@ -52,41 +50,6 @@ func (v lifeDuration) Set(s string) error {
 	return nil
 }
 func (v lifeDuration) Type() string { return "duration" }
-
-// envLifeDuration sets *d from the environment variable env, read with
-// parseLifeDuration, when it is set; a bad value is an error naming env
-// and leaves *d as it was.
-func envLifeDuration(env string, d *time.Duration) error {
-	v := os.Getenv(env)
-	if v == "" {
-		return nil
-	}
-	parsed, err := parseLifeDuration(v)
-	if err != nil {
-		return fmt.Errorf("%s: %w", env, err)
-	}
-	*d = parsed
-	return nil
-}
-
-// registerLifecycleDefaults adds cella serve's default lifecycle policy
-// flags, each also read from CELLA_AUTO_STOP/ARCHIVE/DELETE.
-func registerLifecycleDefaults(fs *pflag.FlagSet, l *sandbox.Lifecycle) error {
-	for _, f := range []struct {
-		name, env, help string
-		d               *time.Duration
-	}{
-		{"auto-stop", "CELLA_AUTO_STOP", "pause a running sandbox after this long idle (no exec, file op or proxied traffic); 0 = off", &l.AutoStop},
-		{"auto-archive", "CELLA_AUTO_ARCHIVE", "archive a paused sandbox (checkpoint + files compressed to <data-dir>/archive, its layer freed) after this long; 0 = off", &l.AutoArchive},
-		{"auto-delete", "CELLA_AUTO_DELETE", "delete a paused sandbox after this long; 0 = off", &l.AutoDelete},
-	} {
-		if err := envLifeDuration(f.env, f.d); err != nil {
-			return err
-		}
-		fs.Var(lifeDuration{f.d}, f.name, "default: "+f.help+", e.g. 15m or 7d ["+f.env+"]")
-	}
-	return nil
-}
 
 // policyFlags are the lifecycle and volume flags of create and run.
 type policyFlags struct {

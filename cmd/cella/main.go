@@ -10,7 +10,7 @@ import (
 
 func main() {
 	root := newRootCmd()
-	if err := root.Execute(); err != nil {
+	if cmd, err := root.ExecuteC(); err != nil {
 		var ee *exitError
 		if errors.As(err, &ee) {
 			if ee.msg != "" {
@@ -18,10 +18,18 @@ func main() {
 			}
 			os.Exit(ee.code)
 		}
-		fmt.Fprintln(os.Stderr, "cella:", err)
+		prefix := "cella"
+		if cmd != nil && cmd.Annotations[errorPrefix] != "" {
+			prefix = cmd.Annotations[errorPrefix]
+		}
+		fmt.Fprintln(os.Stderr, prefix+":", err)
 		os.Exit(125)
 	}
 }
+
+// errorPrefix is the annotation of a command whose errors are printed
+// after its own name rather than "cella:" (the daemon's: "cella serve:").
+const errorPrefix = "cella/error-prefix"
 
 // exitError carries a process exit code out of a command: a sandboxed
 // command's own exit code is a result, not a cella failure.

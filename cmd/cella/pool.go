@@ -3,48 +3,17 @@ package main
 import (
 	"fmt"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/cella-sandbox/cella/internal/sandbox"
 )
 
-// poolSizes is `cella serve --pool TEMPLATE=N` (repeatable; CELLA_POOL
-// holds a comma-separated list).
-type poolSizes struct {
-	m       *map[string]int
-	changed bool
-}
-
-func (p *poolSizes) String() string {
-	if p.m == nil || len(*p.m) == 0 {
-		return ""
-	}
-	var parts []string
-	for k, v := range *p.m {
-		parts = append(parts, k+"="+strconv.Itoa(v))
-	}
-	sort.Strings(parts)
-	return strings.Join(parts, ",")
-}
-
-func (p *poolSizes) Type() string { return "TEMPLATE=N" }
-
-// Set adds one or more (comma-separated) TEMPLATE=N; the first --pool on
-// the command line replaces what CELLA_POOL gave.
-func (p *poolSizes) Set(v string) error {
-	if !p.changed {
-		*p.m = map[string]int{}
-		p.changed = true
-	}
-	return parsePoolSizes(v, *p.m)
-}
-
+// parsePoolSizes adds TEMPLATE=N items (comma-separated) to into:
+// `cella serve --pool`.
 func parsePoolSizes(v string, into map[string]int) error {
 	for _, item := range strings.Split(v, ",") {
 		item = strings.TrimSpace(item)
@@ -62,20 +31,6 @@ func parsePoolSizes(v string, into map[string]int) error {
 		into[strings.TrimSpace(name)] = size
 	}
 	return nil
-}
-
-// registerPoolFlag adds --pool to `cella serve`.
-func registerPoolFlag(f *pflag.FlagSet, sizes *map[string]int) error {
-	*sizes = map[string]int{}
-	var err error
-	if v := os.Getenv("CELLA_POOL"); v != "" {
-		if err = parsePoolSizes(v, *sizes); err != nil {
-			err = fmt.Errorf("CELLA_POOL: %w", err)
-		}
-	}
-	f.Var(&poolSizes{m: sizes}, "pool",
-		"keep N sandboxes of TEMPLATE started and ready, handed out on create (repeatable; a size set with 'cella pool set' overrides it) [CELLA_POOL, comma-separated]")
-	return err
 }
 
 func newPoolCmd() *cobra.Command {

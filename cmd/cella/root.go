@@ -2,8 +2,6 @@ package main
 
 import (
 	"os"
-	"strconv"
-	"time"
 
 	"github.com/spf13/cobra"
 )
@@ -49,27 +47,6 @@ func newRootCmd() *cobra.Command {
 // envOr returns the environment variable name, or def when unset.
 func envOr(name, def string) string {
 	if v, ok := os.LookupEnv(name); ok && v != "" {
-		return v
-	}
-	return def
-}
-
-func envInt(name string, def int64) int64 {
-	if v, err := strconv.ParseInt(os.Getenv(name), 10, 64); err == nil {
-		return v
-	}
-	return def
-}
-
-func envFloat(name string, def float64) float64 {
-	if v, err := strconv.ParseFloat(os.Getenv(name), 64); err == nil {
-		return v
-	}
-	return def
-}
-
-func envDuration(name string, def time.Duration) time.Duration {
-	if v, err := time.ParseDuration(os.Getenv(name)); err == nil {
 		return v
 	}
 	return def

@@ -18,71 +18,27 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/runtime"
-	"github.com/cella-sandbox/cella/internal/sandbox"
 )
-
-// serveConfig is the daemon's command line; every flag also reads CELLA_*.
-type serveConfig struct {
-	daemon.Config
-	Listen   string
-	LogLevel string
-	// envErr is a CELLA_MAX_* value that does not parse (maxflags.go).
-	envErr   error
-	registry registryFlags
-}
-
-func (c *serveConfig) Validate() error {
-	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		return fmt.Errorf("--listen %q: %w", c.Listen, err)
-	}
-	if c.envErr != nil {
-		return c.envErr
-	}
-	var err error
-	c.Registry, c.MaxLayerSize, err = c.registry.config()
-	return err
-}
 
 func newServeCmd() *cobra.Command {
 	var c serveConfig
+	var set *settings
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the cella daemon",
-		Args:  cobra.NoArgs,
+		Long: `Run the cella daemon. Every flag is also a CELLA_* variable (in brackets):
+a flag wins over its variable, a variable over the default. Every value is
+checked before anything starts; a bad one stops cella serve with its name.`,
+		Args:        cobra.NoArgs,
+		Annotations: map[string]string{errorPrefix: "cella serve"},
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := c.Validate(); err != nil {
+			if err := set.resolve(); err != nil { // serveconfig.go
 				return err
 			}
-			return serve(cmd.Context(), c)
+			return serve(cmd.Context(), c, set)
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&c.DataDir, "data-dir", envOr("CELLA_DATA_DIR", "/var/lib/cella"), "state directory (SQLite, sandboxes, admin key) [CELLA_DATA_DIR]")
-	f.StringVar(&c.CacheDir, "cache-dir", envOr("CELLA_CACHE_DIR", "/var/cache/cella"), "template cache shared across data dirs [CELLA_CACHE_DIR]")
-	f.StringVar(&c.Listen, "listen", envOr("CELLA_LISTEN", "127.0.0.1:3000"), "address of the API and sandbox proxy [CELLA_LISTEN]")
-	f.StringVar(&c.Runtime, "runtime", envOr("CELLA_RUNTIME", runtime.GVisor), "isolation runtime: gvisor or namespaces [CELLA_RUNTIME]")
-	f.StringVar(&c.Domain, "domain", envOr("CELLA_DOMAIN", "localhost"), "domain of sandbox hosts <port>-<id>.<domain> [CELLA_DOMAIN]")
-	f.StringVar(&c.RunscPath, "runsc", envOr("CELLA_RUNSC", ""), "path of runsc (default: next to the cella binary, then $PATH) [CELLA_RUNSC]")
-	f.StringVar(&c.RunscDebugDir, "runsc-debug-dir", envOr("CELLA_RUNSC_DEBUG_DIR", ""), "write runsc debug logs here (diagnostics) [CELLA_RUNSC_DEBUG_DIR]")
-	f.Int64Var(&c.MCPMaxCalls, "mcp-max-calls", envInt("CELLA_MCP_MAX_CALLS", 0), "tool calls each /mcp session may make, 0 = unlimited [CELLA_MCP_MAX_CALLS]")
-	if err := registerLifecycleDefaults(f, &c.Lifecycle); err != nil { // lifecycleflags.go
-		fmt.Fprintln(os.Stderr, "cella serve:", err)
-	}
-	registerNetworkFlags(f, &c.Network)   // netflags.go
-	registerRegistryFlags(f, &c.registry) // registryflags.go: image pulls
-	// --pool TEMPLATE=N: warm pools (pool.go)
-	if err := registerPoolFlag(f, &c.Pools); err != nil {
-		fmt.Fprintln(os.Stderr, "cella serve:", err)
-	}
-	// --max-cpus/memory/disk/pids: bounds of sandbox limits (maxflags.go)
-	c.envErr = registerMaxFlags(f, &c.Maxima)
-	c.AuditRetention = 7 * 24 * time.Hour
-	if err := envLifeDuration("CELLA_AUDIT_RETENTION", &c.AuditRetention); err != nil { // lifecycleflags.go
-		fmt.Fprintln(os.Stderr, "cella serve:", err)
-	}
-	f.Var(lifeDuration{&c.AuditRetention}, "audit-retention", "how long the audit log of a sandbox that is gone is kept, e.g. 7d or 12h [CELLA_AUDIT_RETENTION]")
-	f.DurationVar(&c.MetricsInterval, "metrics-interval", envDuration("CELLA_METRICS_INTERVAL", sandbox.DefaultMetricsInterval), "how often each running sandbox's CPU, memory and disk use is sampled (GET /sandboxes/{id}/metrics keeps an hour) [CELLA_METRICS_INTERVAL]")
-	f.StringVar(&c.LogLevel, "log-level", envOr("CELLA_LOG_LEVEL", "info"), "debug, info, warn or error [CELLA_LOG_LEVEL]")
+	set = register(cmd.Flags(), serveSettings(&c)...)
 	return cmd
 }
 
@@ -99,17 +55,12 @@ func findRunsc(self string) (string, error) {
 	return "", fmt.Errorf("runsc not found next to %s or on $PATH: build it with 'make build' or pass --runsc", self)
 }
 
-func serve(ctx context.Context, c serveConfig) error {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(c.LogLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+// serve runs the daemon until SIGTERM or SIGINT. Its settings are
+// resolved; the whole config is validated before anything starts.
+func serve(ctx context.Context, c serveConfig, set *settings) error {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: c.LogLevel}))
 	slog.SetDefault(log)
 	c.Log = log
-	if os.Geteuid() != 0 {
-		return errors.New("cella serve must run as root: it mounts root filesystems and drives container runtimes")
-	}
 	self, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("find own binary: %w", err)
@@ -120,6 +71,14 @@ func serve(ctx context.Context, c serveConfig) error {
 			return err
 		}
 	}
+	// daemon.New validates again, but only here can a bad value be named
+	// by the flag or variable it came from.
+	if err := c.Validate(); err != nil {
+		return set.name(err)
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("cella serve must run as root: it mounts root filesystems and drives container runtimes")
+	}
 	ln, err := net.Listen("tcp", c.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", c.Listen, err)
@@ -129,7 +88,7 @@ func serve(ctx context.Context, c serveConfig) error {
 	if err != nil {
 		return err
 	}
-	defer d.Close()
+	defer d.Close() // logs every closer that fails, by name
 	d.Serving(ln.Addr())
 
 	srv := &http.Server{Handler: d.Handler, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 640 * time.Second}

@@ -11,27 +11,27 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/spf13/cobra"
 
+	"github.com/cella-sandbox/cella/internal/image"
 	"github.com/cella-sandbox/cella/internal/template"
 )
 
 func newTemplateCmd() *cobra.Command {
 	var (
 		cacheDir string
-		reg      registryFlags
+		hosts    image.Hosts
+		maxLayer int64
 	)
 	cmd := &cobra.Command{
 		Use:   "template",
 		Short: "Build, pull, push, import, list and remove templates (the layers sandboxes start from)",
 	}
-	pf := cmd.PersistentFlags()
-	pf.StringVar(&cacheDir, "cache-dir", envOr("CELLA_CACHE_DIR", "/var/cache/cella"), "template cache [CELLA_CACHE_DIR]")
-	registerRegistryFlags(pf, &reg) // registryflags.go
+	// The cache and registry settings of cella serve (serveconfig.go).
+	set := register(cmd.PersistentFlags(), append([]*setting{cacheDirSetting(&cacheDir)}, registrySettings(&hosts, &maxLayer)...)...)
 	store := func() (*template.Store, error) {
-		s, err := template.NewStore(cacheDir)
-		if err != nil {
+		if err := set.resolve(); err != nil {
 			return nil, err
 		}
-		hosts, maxLayer, err := reg.config()
+		s, err := template.NewStore(cacheDir)
 		if err != nil {
 			return nil, err
 		}

@@ -21,7 +21,6 @@ import (
 	"github.com/cella-sandbox/cella/internal/api"
 	"github.com/cella-sandbox/cella/internal/audit"
 	"github.com/cella-sandbox/cella/internal/egress"
-	"github.com/cella-sandbox/cella/internal/image"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/runtime/crun"
@@ -32,73 +31,6 @@ import (
 	"github.com/cella-sandbox/cella/internal/template"
 	"github.com/cella-sandbox/cella/internal/volume"
 )
-
-// Config is the daemon's configuration.
-type Config struct {
-	DataDir   string
-	CacheDir  string
-	Runtime   string // runtime.GVisor or runtime.Namespaces
-	Domain    string
-	RunscPath string // required for gvisor
-	// RunscDebugDir, if set, receives runsc's debug logs (for diagnosing
-	// sandboxes that die).
-	RunscDebugDir string
-	AgentBinary   string // the static cella binary run as the agent
-	// MCPMaxCalls is the tool-call budget of each /mcp session (0 = none).
-	MCPMaxCalls int64
-	Log         *slog.Logger
-	// BuildProgress receives template build progress (default: the log).
-	BuildProgress io.Writer
-	// Lifecycle is the default idle/archive/delete policy of new sandboxes.
-	Lifecycle sandbox.Lifecycle
-	// MetricsInterval is how often sandboxes' resource use is sampled for
-	// GET /sandboxes/{id}/metrics (0: sandbox.DefaultMetricsInterval).
-	MetricsInterval time.Duration
-	// Network is the egress configuration (network.go).
-	Network NetworkConfig
-	// Registry is how images are pulled (mirrors, plain-HTTP registries)
-	// and MaxLayerSize the largest layer a pull unpacks (0: the default).
-	Registry     image.Hosts
-	MaxLayerSize int64
-	// Pools are the warm pools' sizes by template (--pool); sizes set
-	// through the API, kept in SQLite, override them (sandbox/pool.go).
-	Pools map[string]int
-	// AuditRetention is how long the audit log of a sandbox that no longer
-	// exists is kept (0: 7 days).
-	AuditRetention time.Duration
-	// Maxima bound every sandbox's limits (--max-cpus/memory/disk/pids);
-	// zero fields are the host's (sandbox.HostMaxima of DataDir).
-	Maxima sandbox.Maxima
-}
-
-// Validate checks the config.
-func (c *Config) Validate() error {
-	if c.Runtime != runtime.GVisor && c.Runtime != runtime.Namespaces {
-		return fmt.Errorf("runtime must be %s or %s (got %q)", runtime.GVisor, runtime.Namespaces, c.Runtime)
-	}
-	if !filepath.IsAbs(c.DataDir) || !filepath.IsAbs(c.CacheDir) {
-		return errors.New("data dir and cache dir must be absolute paths")
-	}
-	if c.Domain == "" {
-		return errors.New("domain must not be empty")
-	}
-	if c.Runtime == runtime.GVisor && c.RunscPath == "" {
-		return errors.New("the gvisor runtime needs the path of runsc")
-	}
-	if c.AgentBinary == "" {
-		return errors.New("agent binary is required")
-	}
-	if _, err := c.Maxima.Resolve(c.DataDir); err != nil { // the manager resolves them again; fail before anything starts
-		return err
-	}
-	if c.Log == nil {
-		c.Log = slog.Default()
-	}
-	if c.BuildProgress == nil {
-		c.BuildProgress = logWriter{c.Log}
-	}
-	return nil
-}
 
 // Daemon is a running cella daemon without its listener.
 type Daemon struct {
@@ -116,7 +48,8 @@ type Daemon struct {
 	// AdminKeyPath is where the admin key was written on first start.
 	AdminKeyPath string
 
-	closers []func()
+	log     *slog.Logger
+	closers []closer
 
 	// servingPorts are the ports the API is served on (Serving): the egress
 	// proxy never dials them on loopback, where a name an operator mapped
@@ -150,7 +83,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	log := c.Log
 	// `return nil, err` clears d before deferred calls run: release what was
 	// built through a variable of its own.
-	built := &Daemon{}
+	built := &Daemon{log: log}
 	d = built
 	defer func() {
 		if err != nil {
@@ -165,7 +98,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		return nil, err
 	}
 	d.Store = st
-	d.add(func() { st.Close() })
+	d.add("store", st.Close)
 	if d.AdminKeyPath, err = ensureAdminKey(ctx, st, c.DataDir, log); err != nil {
 		return nil, err
 	}
@@ -173,12 +106,10 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	// Sandboxes run a private copy of the agent binary: replacing the
 	// installed binary (an upgrade, a rebuild) must not hand new sandboxes
 	// an agent of another version than this daemon.
-	d.add(func() {
+	d.add("agent binary tmpfs", func() error {
 		// Sandboxes kept paused still hold the binary: a lazy detach
 		// leaves their binds as they are.
-		if err := rootfs.Detach(filepath.Join(c.DataDir, agentDir)); err != nil {
-			log.Warn("unmount the agent binary's tmpfs", "err", err)
-		}
+		return rootfs.Detach(filepath.Join(c.DataDir, agentDir))
 	})
 	if c.AgentBinary, err = pinAgent(c.AgentBinary, c.DataDir); err != nil {
 		return nil, err
@@ -189,7 +120,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		return nil, err
 	}
 	d.Runtime = rt
-	d.add(func() { rt.Close() })
+	d.add("runtime", rt.Close)
 	pctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	took, err := rt.Probe(pctx, filepath.Join(c.DataDir, "probe"))
 	cancel()
@@ -215,7 +146,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		return nil, err
 	}
 	d.Volumes = vols
-	d.add(func() { vols.Close() })
+	d.add("volumes", vols.Close)
 
 	box, err := secrets.OpenBox(c.DataDir)
 	if err != nil {
@@ -231,13 +162,11 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		return nil, err
 	}
 	d.Audit = al
-	d.add(func() { al.Close() })
+	d.add("audit log", al.Close)
 
 	var sbNet *sandbox.Network
 	if !c.Network.Disabled {
-		if d.Ceiling, err = c.Network.Ceiling(); err != nil {
-			return nil, err
-		}
+		d.Ceiling = c.net.ceiling
 		// Slots of sandboxes a crashed daemon left running are kept for
 		// the manager's Reconcile to adopt (sandbox/network.go).
 		adoptable, err := sandbox.RecordedNetSlots(ctx, st)
@@ -249,7 +178,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 			return nil, err
 		}
 		sbNet = n
-		d.add(closeNet)
+		d.add("network", closeNet)
 	}
 
 	mgr, err := sandbox.NewManager(sandbox.Config{
@@ -263,10 +192,10 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	d.Manager = mgr
 	mx := mgr.Maxima()
 	log.Info("sandbox maxima", "cpus", mx.CPUs, "memory_mib", mx.MemoryMB, "disk_mib", mx.DiskMB, "pids", mx.Pids)
-	d.add(func() {
+	d.add("sandboxes", func() error {
 		sctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		mgr.Shutdown(sctx)
+		return mgr.Shutdown(sctx)
 	})
 	if d.Reconcile, err = mgr.Reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("reconcile after start: %w", err)
@@ -275,22 +204,42 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		return nil, fmt.Errorf("warm pools: %w", err)
 	}
 	stopPrune := pruneAuditLogs(al, mgr, c.AuditRetention, log) // audit.go
-	d.add(stopPrune)
+	d.add("audit pruning", func() error { stopPrune(); return nil })
 	srv := api.New(api.Config{Manager: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
 		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts})
 	d.Handler = srv
-	d.add(srv.Close)
+	d.add("api", func() error { srv.Close(); return nil })
 	return d, nil
 }
 
-func (d *Daemon) add(f func()) { d.closers = append(d.closers, f) }
+// closer is one resource of the daemon, named for the log.
+type closer struct {
+	name  string
+	close func() error
+}
 
-// Close stops every sandbox and releases everything, in reverse order.
-func (d *Daemon) Close() {
+func (d *Daemon) add(name string, f func() error) {
+	d.closers = append(d.closers, closer{name, f})
+}
+
+// Close stops every sandbox and releases everything, in reverse order of
+// their making. A closer's failure is logged with its name and does not
+// keep the others from closing; Close returns them all.
+func (d *Daemon) Close() error {
+	log := d.log
+	if log == nil {
+		log = slog.Default()
+	}
+	var errs []error
 	for i := len(d.closers) - 1; i >= 0; i-- {
-		d.closers[i]()
+		c := d.closers[i]
+		if err := c.close(); err != nil {
+			log.Error("shutdown: closing failed", "closer", c.name, "err", err)
+			errs = append(errs, fmt.Errorf("close %s: %w", c.name, err))
+		}
 	}
 	d.closers = nil
+	return errors.Join(errs...)
 }
 
 func newRuntime(c Config) (runtime.Runtime, error) {

@@ -1,0 +1,31 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+)
+
+// registryAuth parses --registry-auth USER[:PASSWORD]; without a password
+// it is read from stdin (so that it stays out of ps and shell history).
+func registryAuth(v string) (authn.Authenticator, error) {
+	if v == "" {
+		return nil, nil
+	}
+	user, pass, ok := strings.Cut(v, ":")
+	if !ok {
+		fmt.Fprintf(os.Stderr, "password for %s (stdin): ", user)
+		line, err := bufio.NewReader(os.Stdin).ReadString('\n')
+		if err != nil && line == "" {
+			return nil, fmt.Errorf("--registry-auth %s: read the password from stdin: %w", user, err)
+		}
+		pass = strings.TrimRight(line, "\r\n")
+	}
+	if user == "" {
+		return nil, fmt.Errorf("--registry-auth: want USER[:PASSWORD]")
+	}
+	return authn.FromConfig(authn.AuthConfig{Username: user, Password: pass}), nil
+}
