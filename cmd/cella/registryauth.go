@@ -9,9 +9,14 @@ import (
 	"github.com/google/go-containerregistry/pkg/authn"
 )
 
-// registryAuth parses --registry-auth USER[:PASSWORD]; without a password
-// it is read from stdin (so that it stays out of ps and shell history).
+// registryAuth parses --registry-auth USER[:PASSWORD], else
+// CELLA_REGISTRY_AUTH; without a password it is read from stdin (so that it
+// stays out of ps and shell history). The variable is read here, not as the
+// flag's default, which --help would print.
 func registryAuth(v string) (authn.Authenticator, error) {
+	if v == "" {
+		v = os.Getenv("CELLA_REGISTRY_AUTH")
+	}
 	if v == "" {
 		return nil, nil
 	}

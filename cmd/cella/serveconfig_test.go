@@ -434,3 +434,19 @@ func TestClientIgnoresServeConfig(t *testing.T) {
 		t.Errorf("cella ls printed %q, want only that the daemon is unreachable", got)
 	}
 }
+
+// TestRegistryAuthNotInHelp: CELLA_REGISTRY_AUTH holds a password; --help
+// printed it as the flag's default.
+func TestRegistryAuthNotInHelp(t *testing.T) {
+	t.Setenv("CELLA_REGISTRY_AUTH", "bob:hunter2")
+	tpl := newTemplateCmd()
+	for _, sub := range []string{"build", "push"} {
+		c, _, err := tpl.Find([]string{sub})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if usage := c.Flags().FlagUsages(); strings.Contains(usage, "hunter2") {
+			t.Errorf("cella template %s --help shows the password:\n%s", sub, usage)
+		}
+	}
+}

@@ -88,7 +88,7 @@ recipe).`,
 		},
 	}
 	build.Flags().StringVar(&fromImage, "from-image", "", "build from this OCI image instead of Debian packages")
-	build.Flags().StringVar(&auth, "registry-auth", os.Getenv("CELLA_REGISTRY_AUTH"), "USER[:PASSWORD] for the image's registry; without :PASSWORD it is read from stdin (default: ~/.docker/config.json) [CELLA_REGISTRY_AUTH]")
+	build.Flags().StringVar(&auth, "registry-auth", "", "USER[:PASSWORD] for the image's registry; without :PASSWORD it is read from stdin (default: ~/.docker/config.json) [CELLA_REGISTRY_AUTH]")
 	build.Flags().StringVar(&suite, "debootstrap", "bookworm", "Debian suite to bootstrap")
 	build.Flags().StringVar(&packages, "packages", "", "comma-separated Debian packages to install")
 	build.Flags().StringVar(&mirror, "mirror", envOr("CELLA_DEBIAN_MIRROR", ""), "Debian mirror URL [CELLA_DEBIAN_MIRROR]")
@@ -129,7 +129,7 @@ recipe).`,
 			return nil
 		},
 	}
-	push.Flags().StringVar(&pushAuth, "registry-auth", os.Getenv("CELLA_REGISTRY_AUTH"), "USER[:PASSWORD] for the registry (default: ~/.docker/config.json) [CELLA_REGISTRY_AUTH]")
+	push.Flags().StringVar(&pushAuth, "registry-auth", "", "USER[:PASSWORD] for the registry (default: ~/.docker/config.json) [CELLA_REGISTRY_AUTH]")
 
 	imp := &cobra.Command{
 		Use:   "import NAME DIR",
