@@ -1,7 +1,8 @@
-// Package daemon assembles a cella daemon: store, admin key, runtime (probed),
+// Package daemon assembles a cella daemon: its Config, validated whole before
+// anything starts (config.go), then store, admin key, runtime (probed),
 // templates, sandbox manager and API handler, with every resource registered
-// as a closer and closed in reverse order. `cella serve` and the end-to-end
-// tests build the same daemon through it.
+// as a named closer and closed in reverse order. `cella serve` and the
+// end-to-end tests build the same daemon through it.
 package daemon
 
 import (
