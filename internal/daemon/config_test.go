@@ -36,7 +36,10 @@ func TestNewValidatesFirst(t *testing.T) {
 		dataDir := filepath.Join(t.TempDir(), "data")
 		c := Config{DataDir: dataDir, CacheDir: t.TempDir(), Runtime: runtime.Namespaces, Domain: "cella.test", AgentBinary: "/proc/self/exe"}
 		bad(&c)
-		_, err := New(context.Background(), c)
+		d, err := New(context.Background(), c)
+		if err == nil {
+			d.Close() // the test failed; leave nothing behind
+		}
 		var fe *FieldError
 		if !errors.As(err, &fe) || fe.Field != field {
 			t.Errorf("%s: %v, want a FieldError of %s", field, err, field)
