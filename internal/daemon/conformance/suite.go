@@ -1,8 +1,11 @@
-// Package runtimetest is the conformance suite every cella runtime passes.
-// It drives a real daemon built on the runtime under test, through the same
-// API and agent path users take, and checks lifecycle, isolation, limits and
-// cleanup. A runtime's test calls Run with its name.
-package runtimetest
+// Package conformance is the whole-daemon suite every cella runtime passes.
+// It drives a real daemon (daemontest) built on the runtime under test,
+// through the same API and agent path users take, and checks lifecycle,
+// isolation, limits, pause/resume, volumes, lifecycle policies, the agent
+// channel, snapshots and forks, and cleanup. Run and RunSnapshots take the
+// runtime's name. (What one runtime.Runtime must do on its own, below any
+// daemon, is runtime/runtimetest's Suite.)
+package conformance
 
 import (
 	"context"
