@@ -58,6 +58,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/runtime/oci"
+	"github.com/cella-sandbox/cella/internal/runtime/ocicli"
 )
 
 // Config configures the namespaces runtime.
@@ -501,4 +502,14 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 	}
 	slices.Sort(ids)
 	return ids, nil
+}
+
+// Stats implements runtime.Runtime from the container's cgroups.
+func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
+	return ocicli.Stats(id)
+}
+
+// RemoveOrphans implements runtime.Runtime.
+func (r *Runtime) RemoveOrphans(ctx context.Context, keep func(id string) bool) ([]string, error) {
+	return ocicli.RemoveOrphans(ctx, keep)
 }

@@ -42,6 +42,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/runtime/oci"
+	"github.com/cella-sandbox/cella/internal/runtime/ocicli"
 )
 
 // Config configures the gVisor runtime.
@@ -493,4 +494,14 @@ func dropClone3Rule(sp *specs.Spec) {
 		kept = append(kept, sc)
 	}
 	sp.Linux.Seccomp.Syscalls = kept
+}
+
+// Stats implements runtime.Runtime from the container's cgroups.
+func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
+	return ocicli.Stats(id)
+}
+
+// RemoveOrphans implements runtime.Runtime.
+func (r *Runtime) RemoveOrphans(ctx context.Context, keep func(id string) bool) ([]string, error) {
+	return ocicli.RemoveOrphans(ctx, keep)
 }
