@@ -1,7 +1,8 @@
 // Package runtime is the boundary between cella and an isolation engine. A
 // Runtime starts one container per sandbox from a prepared root filesystem
 // with the cella agent as PID 1, and can find and remove its containers
-// again after a crash. Every implementation passes runtimetest.
+// again after a crash. Every implementation passes runtimetest.Suite (and,
+// under a daemon, daemon/conformance).
 package runtime
 
 import (
