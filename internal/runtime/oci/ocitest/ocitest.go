@@ -1,8 +1,8 @@
-// Package ocitest holds test helpers shared by the gvisor and crun
-// runtime tests: a sandbox directory with a real root filesystem (the
-// built "base" template through an overlay when it exists, else read-only
-// binds of the host's /usr and /etc), a unix socket in RunDir that the
-// container's PID 1 reports to, and leak checks after Destroy.
+// Package ocitest holds the fixtures of runtimetest.Suite and of the
+// gvisor and crun tests: a sandbox directory with a real root filesystem
+// (the built "base" template through an overlay when it exists, else
+// read-only binds of the host's /usr and /etc), a unix socket in RunDir
+// that the container's PID 1 reports to, and leak checks after Destroy.
 package ocitest
 
 import (
