@@ -48,7 +48,7 @@ type StateResult struct {
 }
 
 // holderPy holds MB MiB of touched memory and answers on 127.0.0.1:8000
-// (the same program as runtimetest.HolderPy).
+// (the same program as conformance.HolderPy).
 const holderPy = `
 import http.server, os, sys
 mb = int(sys.argv[1])

@@ -211,6 +211,37 @@ func Remove(id string) error {
 	return nil
 }
 
+// RemoveOrphans removes the cgroups under cella's parent that keep does not
+// claim and that no container uses: the parent is shared by every daemon on
+// the host, so a cgroup with processes inside is another daemon's
+// container, and an empty one made less than minAge ago is one being
+// created (its first process is not in yet). It returns the IDs removed.
+func RemoveOrphans(keep func(id string) bool, minAge time.Duration) ([]string, error) {
+	ids, err := List()
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	var errs []error
+	for _, id := range ids {
+		if keep(id) {
+			continue
+		}
+		if pids, err := Pids(id); err != nil || len(pids) > 0 {
+			continue
+		}
+		if age, err := Age(id); err != nil || age < minAge {
+			continue
+		}
+		if err := Remove(id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, id)
+	}
+	return removed, errors.Join(errs...)
+}
+
 // kill SIGKILLs the processes in dirs until none is left. A frozen cgroup
 // is thawed first: a frozen task does not die until thawed.
 func kill(id string, dirs []string) error {
@@ -290,15 +321,6 @@ func MemoryLimit(id string) (int64, error) {
 	return n, nil
 }
 
-// Stat reads a "key value" file (memory.stat, pids.events,
-// memory.oom_control) of container id's cgroup in a v1 controller.
-func Stat(controller, id, file string) (map[string]int64, error) {
-	if !idRE.MatchString(id) {
-		return nil, fmt.Errorf("invalid container id %q", id)
-	}
-	return readKeyed(filepath.Join(Root, controller, Parent, id, file))
-}
-
 // Usage is a container's resource use as its cgroups account it.
 type Usage struct {
 	// CPU is the CPU time the container used since its cgroup was made.
@@ -307,10 +329,16 @@ type Usage struct {
 	// FileCache is the part of it that is reclaimable file cache. gVisor's
 	// guest memory is shared memory, so it counts as used, not as cache.
 	Memory, FileCache int64
+	// OOMKills counts the processes the memory ceiling killed (v1
+	// memory.oom_control's oom_kill); PidsMaxHits the forks the pids
+	// ceiling refused (pids.events' max). Both stay readable after the
+	// container's processes died, until its cgroups are removed.
+	OOMKills, PidsMaxHits int64
 }
 
-// ReadUsage reads container id's CPU and memory use: from the v1 cpuacct
-// and memory hierarchies, else from a unified (v2) cgroup.
+// ReadUsage reads container id's CPU and memory use and its limit counters:
+// from the v1 cpuacct, memory and pids hierarchies, else from a unified
+// (v2) cgroup. A container without cgroups is an fs.ErrNotExist.
 func ReadUsage(id string) (Usage, error) {
 	if !idRE.MatchString(id) {
 		return Usage{}, fmt.Errorf("invalid container id %q", id)
@@ -338,6 +366,11 @@ func readUsageV1(id string) (Usage, error) {
 	u.CPU = time.Duration(cpu)
 	u.Memory = mem
 	u.FileCache = stat["total_active_file"] + stat["total_inactive_file"]
+	// The counters are best effort: a hierarchy that is not mounted has
+	// none to report.
+	oom, _ := readKeyed(filepath.Join(Root, "memory", Parent, id, "memory.oom_control"))
+	pids, _ := readKeyed(filepath.Join(Root, "pids", Parent, id, "pids.events"))
+	u.OOMKills, u.PidsMaxHits = oom["oom_kill"], pids["max"]
 	return u, nil
 }
 
@@ -359,6 +392,9 @@ func readUsageV2(id string) (Usage, error) {
 	u.CPU = time.Duration(cpu["usage_usec"]) * time.Microsecond
 	u.Memory = mem
 	u.FileCache = stat["file"] - stat["shmem"]
+	events, _ := readKeyed(filepath.Join(dir, "memory.events"))
+	pids, _ := readKeyed(filepath.Join(dir, "pids.events"))
+	u.OOMKills, u.PidsMaxHits = events["oom_kill"], pids["max"]
 	return u, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -141,6 +142,123 @@ func TestReadUsage(t *testing.T) {
 	}
 }
 
+// TestReadUsageCounters: forks refused at the pids ceiling and a process
+// killed at the memory ceiling of real v1 cgroups are counted, and the
+// counts stay readable after every process of the cgroups ended.
+func TestReadUsageCounters(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	if _, err := os.Stat(filepath.Join(Root, "pids", "pids.max")); err != nil {
+		// pids.max exists only below the root; the hierarchy is what counts.
+		if _, err := os.Stat(filepath.Join(Root, "pids")); err != nil {
+			t.Skip("no v1 pids hierarchy")
+		}
+	}
+	id := fmt.Sprintf("cgcount-%d", os.Getpid())
+	for _, h := range []string{"cpuacct", "memory", "pids"} {
+		if err := os.MkdirAll(filepath.Join(Root, h, Parent, id), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _ = Remove(id) })
+	for file, v := range map[string]string{
+		"pids/" + Parent + "/" + id + "/pids.max":                "4",
+		"memory/" + Parent + "/" + id + "/memory.limit_in_bytes": strconv.Itoa(32 << 20),
+	} {
+		if err := os.WriteFile(filepath.Join(Root, file), []byte(v), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u, err := ReadUsage(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.OOMKills != 0 || u.PidsMaxHits != 0 {
+		t.Fatalf("fresh cgroups: %+v", u)
+	}
+	// tail holding a 100 MB line (no newline: it keeps all of it) under a
+	// 32 MiB ceiling, then six sleeps where four processes fit (sh may end
+	// on a refused fork: how it ends is not the point).
+	cmd := exec.Command("sh", "-c", `read go; head -c 100000000 /dev/zero | tail >/dev/null; for i in 1 2 3 4 5 6; do sleep 1 & done; wait`)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{"cpuacct", "memory", "pids"} {
+		if err := os.WriteFile(filepath.Join(Root, h, Parent, id, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
+			cmd.Process.Kill()
+			t.Fatalf("join %s: %v", h, err)
+		}
+	}
+	stdin.Write([]byte("go\n"))
+	stdin.Close()
+	_ = cmd.Wait()
+	if u, err = ReadUsage(id); err != nil {
+		t.Fatal(err)
+	}
+	if u.PidsMaxHits == 0 {
+		t.Errorf("PidsMaxHits = 0 after six forks at pids.max 4")
+	}
+	if u.OOMKills == 0 {
+		t.Errorf("OOMKills = 0 after 100 MB held under a 32 MiB ceiling")
+	}
+}
+
+// TestRemoveOrphans: of the cgroups under the parent, only the empty, old
+// ones that keep does not claim go.
+func TestRemoveOrphans(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	base := fmt.Sprintf("cgorphan-%d-", os.Getpid())
+	old := time.Now().Add(-time.Hour)
+	made := map[string]string{}
+	for _, name := range []string{"old", "kept", "young", "busy"} {
+		id := base + name
+		d := filepath.Join(Root, "pids", Parent, id)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Skipf("no v1 pids hierarchy: %v", err)
+		}
+		t.Cleanup(func() { _ = Remove(id) })
+		if name != "young" {
+			if err := os.Chtimes(d, old, old); err != nil {
+				t.Fatal(err)
+			}
+		}
+		made[name] = id
+	}
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	busy := filepath.Join(Root, "pids", Parent, made["busy"])
+	if err := os.WriteFile(filepath.Join(busy, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	// Joining a process may touch the dir; it is old all the same.
+	if err := os.Chtimes(busy, old, old); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := RemoveOrphans(func(id string) bool { return id == made["kept"] || !strings.HasPrefix(id, base) }, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(removed, []string{made["old"]}) {
+		t.Fatalf("removed %v, want only %s", removed, made["old"])
+	}
+	ids, _ := List()
+	for name, id := range made {
+		if got, want := slices.Contains(ids, id), name != "old"; got != want {
+			t.Errorf("%s: listed %v after RemoveOrphans, want %v", id, got, want)
+		}
+	}
+}
+
 // TestReadUsageV2 reads a unified hierarchy's files (laid out by hand: this
 // host mounts v1 controllers).
 func TestReadUsageV2(t *testing.T) {
@@ -156,6 +274,8 @@ func TestReadUsageV2(t *testing.T) {
 		"cpu.stat":       "usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n",
 		"memory.current": "104857600\n",
 		"memory.stat":    "anon 50000000\nfile 30000000\nshmem 10000000\nfile_mapped 0\n",
+		"memory.events":  "low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\n",
+		"pids.events":    "max 7\n",
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
 			t.Fatal(err)
@@ -165,7 +285,7 @@ func TestReadUsageV2(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (Usage{CPU: 2500 * time.Millisecond, Memory: 104857600, FileCache: 20000000}); u != want {
+	if want := (Usage{CPU: 2500 * time.Millisecond, Memory: 104857600, FileCache: 20000000, OOMKills: 2, PidsMaxHits: 7}); u != want {
 		t.Fatalf("usage %+v, want %+v", u, want)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/rootfs/layertar"
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
@@ -521,7 +522,7 @@ func TestWriteTarRoundTrip(t *testing.T) {
 	if st1.Ino != st2.Ino {
 		t.Fatal("hard link lost")
 	}
-	if !isOpaque(filepath.Join(dir2, "op")) {
+	if !layertar.IsOpaque(filepath.Join(dir2, "op")) {
 		t.Fatal("opaque dir lost")
 	}
 	b := make([]byte, 8)

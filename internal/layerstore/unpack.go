@@ -18,7 +18,6 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/klauspost/compress/gzip"
@@ -26,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cella-sandbox/cella/internal/fslock"
+	"github.com/cella-sandbox/cella/internal/rootfs/layertar"
 )
 
 // Blob is a layer as a registry or an archive serves it.
@@ -48,12 +48,12 @@ var ErrTooLarge = errors.New("layer too large")
 // write outside its own directory.
 var ErrUnsafe = errors.New("unsafe layer entry")
 
-// Whiteout names of the OCI image layer spec.
+// Whiteout names of the OCI image layer spec, and the overlayfs attribute
+// of an opaque directory (layertar writes them back).
 const (
-	whiteoutPrefix = ".wh."
-	opaqueMarker   = ".wh..wh..opq"
-	// overlayOpaque marks an opaque directory for overlayfs.
-	overlayOpaque = "trusted.overlay.opaque"
+	whiteoutPrefix = layertar.WhiteoutPrefix
+	opaqueMarker   = layertar.OpaqueMarker
+	overlayOpaque  = layertar.OverlayOpaque
 )
 
 // Unpack unpacks the layer whose uncompressed tar has digest diffID from
@@ -448,13 +448,7 @@ func prepare(root *os.Root, name string, isDir bool) (replacedWhiteout bool, err
 	return replacedWhiteout, nil
 }
 
-func isWhiteout(fi fs.FileInfo) bool {
-	if fi.Mode()&fs.ModeCharDevice == 0 {
-		return false
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	return ok && st.Rdev == 0
-}
+func isWhiteout(fi fs.FileInfo) bool { return layertar.IsWhiteout(fi) }
 
 // setAttrs gives an opened file or directory the entry's owner, mode
 // (setuid/setgid/sticky included: chown first, it clears them) and kept

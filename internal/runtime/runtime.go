@@ -1,7 +1,8 @@
 // Package runtime is the boundary between cella and an isolation engine. A
 // Runtime starts one container per sandbox from a prepared root filesystem
 // with the cella agent as PID 1, and can find and remove its containers
-// again after a crash. Every implementation passes runtimetest.
+// again after a crash. Every implementation passes runtimetest.Suite (and,
+// under a daemon, daemon/conformance).
 package runtime
 
 import (
@@ -75,6 +76,22 @@ type Spec struct {
 	NetNSPath string
 }
 
+// Stats is a container's resource use and limit hits, as the host accounts
+// them.
+type Stats struct {
+	// CPU is the CPU time the container used since it started (a restored
+	// container counts from zero again).
+	CPU time.Duration
+	// Memory is what the container is charged, page cache included;
+	// FileCache is the reclaimable file cache part of it. gVisor's guest
+	// memory is shared memory: used, not cache.
+	Memory, FileCache int64
+	// OOMKills counts processes the host memory ceiling killed, and
+	// PidsMaxHits forks the host pids ceiling refused: what tells a
+	// container's death by a limit from any other.
+	OOMKills, PidsMaxHits int64
+}
+
 // AgentGuestPath is where the agent binary appears inside every container.
 const AgentGuestPath = "/.cella/cella"
 
@@ -106,6 +123,15 @@ type Runtime interface {
 	// List returns the IDs of every container this runtime holds on the
 	// host, including ones cella has no record of (after a crash).
 	List(ctx context.Context) ([]string, error)
+	// Stats reports a container's resource use and limit hits. They stay
+	// readable after its processes died, until Destroy; a container
+	// without host accounting is ErrNotFound.
+	Stats(ctx context.Context, id string) (Stats, error)
+	// RemoveOrphans removes host resources (cgroups) that containers left
+	// behind on this host and that keep does not claim: only those no
+	// container uses, whichever daemon or runtime made it. It returns the
+	// container IDs whose resources it removed.
+	RemoveOrphans(ctx context.Context, keep func(id string) bool) ([]string, error)
 
 	// Capabilities reports what the engine supports on this host.
 	Capabilities() Capabilities

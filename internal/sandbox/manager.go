@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/agent"
-	"github.com/cella-sandbox/cella/internal/cgroup"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
@@ -547,13 +546,16 @@ func (m *Manager) isTracked(sb *Sandbox) bool {
 }
 
 func (m *Manager) deathReason(sb *Sandbox) string {
-	// The pids ceiling first: a fork bomb under gVisor grows the sentry's
-	// memory too, and the process count is the cause worth naming.
-	if cgroupCounter("pids", sb.ID, "pids.events", "max") {
+	// The host's counters of its limits outlive the container's processes
+	// (until Destroy). The pids ceiling first: a fork bomb under gVisor
+	// grows the sentry's memory too, and the process count is the cause
+	// worth naming.
+	st, err := m.cfg.Runtime.Stats(context.Background(), sb.ID)
+	if err == nil && st.PidsMaxHits != 0 {
 		return fmt.Sprintf("killed: sandbox hit its host process ceiling of %d (sandbox pids limit %d; raise with --pids)",
 			m.ceilings(sb.Options).Pids, sb.Options.Pids)
 	}
-	if cgroupCounter("memory", sb.ID, "memory.oom_control", "oom_kill") {
+	if err == nil && st.OOMKills != 0 {
 		return fmt.Sprintf("killed: sandbox exceeded its host memory ceiling of %d MiB (sandbox memory limit %d MiB; raise with --memory)",
 			m.ceilings(sb.Options).MemoryBytes>>20, sb.Options.MemoryMB)
 	}
@@ -840,12 +842,4 @@ func tail(path string, n int) string {
 		return "(empty)"
 	}
 	return s
-}
-
-// cgroupCounter reports whether a "<key> <n>" counter of a sandbox's cgroup
-// v1 file is non-zero: memory.oom_control's oom_kill counts OOM kills,
-// pids.events' max counts forks refused at the ceiling.
-func cgroupCounter(controller, id, file, key string) bool {
-	st, err := cgroup.Stat(controller, id, file)
-	return err == nil && st[key] != 0
 }

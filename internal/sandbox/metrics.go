@@ -1,17 +1,17 @@
 package sandbox
 
 import (
+	"context"
 	"math"
 	"sync"
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/tenant"
-
-	"github.com/cella-sandbox/cella/internal/cgroup"
 )
 
-// Resource metrics: the manager samples every running sandbox's cgroups
-// and writable layer each Config.MetricsInterval and keeps the last
+// Resource metrics: the manager samples every running sandbox's resource
+// use as its runtime accounts it (Runtime.Stats: its cgroups) and its
+// writable layer each Config.MetricsInterval and keeps the last
 // MetricsRetention of samples in memory (E2B's getMetrics series). Paused
 // sandboxes are not sampled; their earlier samples stay readable.
 
@@ -109,7 +109,7 @@ func (m *Manager) sampleMetrics() {
 }
 
 // sample records one sample of sb if it is running; false if it is not, if
-// its cgroups cannot be read (it is being stopped), or if this is its first
+// its runtime cannot account for it (it is being stopped), or if this is its first
 // reading: that one is only the baseline CPU % is measured from (CPU used
 // since the start would count the boot, or a pooled sandbox's whole wait).
 func (m *Manager) sample(sb *Sandbox, now time.Time) bool {
@@ -127,7 +127,7 @@ func (m *Manager) sample(sb *Sandbox, now time.Time) bool {
 	if !running {
 		return false
 	}
-	u, err := cgroup.ReadUsage(sb.ID)
+	u, err := m.cfg.Runtime.Stats(context.Background(), sb.ID)
 	if err != nil {
 		m.log.Debug("sample sandbox metrics", "id", sb.ID, "err", err)
 		return false

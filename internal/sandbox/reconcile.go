@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cella-sandbox/cella/internal/cgroup"
 	"github.com/cella-sandbox/cella/internal/diskimage"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
@@ -179,32 +178,15 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		}
 		rep.RemovedLoops = append(rep.RemovedLoops, l.Device)
 	}
-	cgs, err := cgroup.List()
+	// Containers this daemon owns were destroyed above through its
+	// runtime's own state; what is left are host resources no container
+	// uses any more (the runtime leaves those of other daemons' containers
+	// alone: they are shared by every daemon on the host).
+	removed, err := m.cfg.Runtime.RemoveOrphans(ctx, func(id string) bool { return keepContainer[id] })
 	if err != nil {
-		m.log.Warn("list cgroups", "err", err)
+		m.log.Error("remove orphan cgroups", "err", err)
 	}
-	for _, id := range cgs {
-		if keepContainer[id] {
-			continue
-		}
-		// cgroups live under one /cella parent shared by every daemon on the
-		// host. Containers this daemon owns were destroyed above through its
-		// runtime's own state; a cgroup with processes still inside belongs to
-		// another daemon's sandbox, and only empty leftovers are ours to clear.
-		if pids, err := cgroup.Pids(id); err != nil || len(pids) > 0 {
-			continue
-		}
-		// An empty cgroup made moments ago is another daemon's container
-		// (or its runtime probe) being created: its process is not in yet.
-		if age, err := cgroup.Age(id); err != nil || age < 2*time.Minute {
-			continue
-		}
-		if err := cgroup.Remove(id); err != nil {
-			m.log.Error("remove orphan cgroup", "id", id, "err", err)
-			continue
-		}
-		rep.RemovedCgroups = append(rep.RemovedCgroups, id)
-	}
+	rep.RemovedCgroups = append(rep.RemovedCgroups, removed...)
 	m.removeOrphanArchives() // lifecycle.go
 	if n := m.cfg.Network; n != nil {
 		// Slots kept for sandboxes that turned out dead go now.

@@ -37,18 +37,14 @@
 package crun
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -58,6 +54,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/runtime/oci"
+	"github.com/cella-sandbox/cella/internal/runtime/ocicli"
 )
 
 // Config configures the namespaces runtime.
@@ -116,6 +113,7 @@ func (c *Config) Validate() error {
 type Runtime struct {
 	cfg         Config
 	hideUnified bool
+	cli         *ocicli.CLI
 
 	mu       sync.Mutex
 	usernsFD int // -1 without a user namespace or after Close
@@ -142,6 +140,16 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, fmt.Errorf("crun: create mount dir: %w", err)
 	}
 	r := &Runtime{cfg: cfg, hideUnified: hybridCgroups(), usernsFD: -1}
+	r.cli = &ocicli.CLI{
+		Name:     "crun",
+		Path:     cfg.CrunPath,
+		Flags:    []string{"--root=" + cfg.RootDir, "--cgroup-manager=cgroupfs"},
+		LogFlags: func(path string) []string { return []string{"--log=file:" + path, "--log-format=json"} },
+		Timeout:  cfg.CommandTimeout,
+		// Every crun call, short ones included, needs the hybrid cgroup
+		// layout hidden.
+		Exec: func(cmd *exec.Cmd) error { return runInPrivateMountNS(r.hideUnified, nil, cmd) },
+	}
 	if !cfg.NoUserNS {
 		fd, err := newUsernsFD(*cfg.IDMap, cfg.CrunPath)
 		if err != nil {
@@ -173,39 +181,11 @@ func (r *Runtime) Close() error {
 // UserNS reports whether containers get a user namespace.
 func (r *Runtime) UserNS() bool { return !r.cfg.NoUserNS }
 
-func (r *Runtime) globalArgs(logFile string) []string {
-	a := []string{"--root=" + r.cfg.RootDir, "--cgroup-manager=cgroupfs"}
-	if logFile != "" {
-		a = append(a, "--log=file:"+logFile, "--log-format=json")
-	}
-	return a
-}
-
-// crun runs a short crun command in the private mount namespace and
-// returns its stdout; stderr is in the error.
-func (r *Runtime) crun(ctx context.Context, args ...string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
-	defer cancel()
-	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, r.cfg.CrunPath, append(r.globalArgs(""), args...)...)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	cmd.WaitDelay = 5 * time.Second
-	if err := runInPrivateMountNS(r.hideUnified, nil, cmd); err != nil {
-		msg := strings.TrimSpace(stderr.String())
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("crun %s: timed out after %s: %s", args[0], r.cfg.CommandTimeout, msg)
-		}
-		return nil, fmt.Errorf("crun %s: %w: %s", args[0], err, msg)
-	}
-	return stdout.Bytes(), nil
-}
-
 // bundle is a prepared bundle: the spec plus the mounts to make in the
 // private mount namespace before crun runs.
 type bundle struct {
-	dir    string
-	binds  []bind
-	crunLg string
+	dir   string
+	binds []bind
 	// sysfsNetNS is the network namespace whose sysfs is mounted at
 	// MountDir/sys for the container's /sys ("" = crun mounts it).
 	sysfsNetNS string
@@ -226,7 +206,7 @@ func (r *Runtime) prepare(spec *runtime.Spec) (*bundle, error) {
 	if err := oci.ValidateSpec(spec); err != nil {
 		return nil, err
 	}
-	b := &bundle{dir: spec.BundleDir, crunLg: filepath.Join(spec.BundleDir, "crun.log")}
+	b := &bundle{dir: spec.BundleDir}
 	opts := oci.Options{CgroupNS: true, HostKernel: true, OCIVersion: "1.0.2"}
 	s := *spec
 	if !r.cfg.NoUserNS {
@@ -326,121 +306,57 @@ func (r *Runtime) mounts(b *bundle) func() error {
 // Start implements runtime.Runtime: `crun run --detach` returns once the
 // container's PID 1 has been executed.
 func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) error {
-	id := spec.ID
 	b, err := r.prepare(&spec)
 	if err != nil {
-		return fmt.Errorf("crun start %s: %w", id, err)
+		return fmt.Errorf("crun start %s: %w", spec.ID, err)
 	}
-	// O_APPEND so that stdout and stderr, two fds of one file, never
-	// overwrite each other; the file is the container's only.
-	logf, err := os.OpenFile(spec.LogPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("crun start %s: open log: %w", id, err)
-	}
-	defer logf.Close()
-	cctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(cctx, r.cfg.CrunPath, append(r.globalArgs(b.crunLg),
-		"run", "--detach", "--bundle="+spec.BundleDir, "--pid-file="+filepath.Join(spec.BundleDir, "pid"), id)...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.WaitDelay = 5 * time.Second
-	start := time.Now()
-	if err := runInPrivateMountNS(r.hideUnified, r.mounts(b), cmd); err != nil {
-		cause := lastError(b.crunLg)
-		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.CommandTimeout)
-		defer dcancel()
-		if derr := r.Destroy(dctx, id); derr != nil {
-			slog.Warn("crun: cleanup after failed start", "id", id, "err", derr)
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("crun start %s: %w (crun: %s)", id, ctx.Err(), cause)
-		}
-		return fmt.Errorf("crun start %s: %w: %s", id, err, cause)
-	}
-	slog.Debug("crun: container started", "id", id, "took", time.Since(start))
-	return nil
-}
-
-// lastError returns the last error message in a crun JSON log.
-func lastError(path string) string {
-	b, err := os.ReadFile(path)
+	err = r.cli.Launch(ctx, &spec, ocicli.Launch{
+		What:       "start",
+		Args:       []string{"run"},
+		RuntimeLog: filepath.Join(spec.BundleDir, "crun.log"),
+		Exec:       func(cmd *exec.Cmd) error { return runInPrivateMountNS(r.hideUnified, r.mounts(b), cmd) },
+		Destroy:    r.Destroy,
+	})
 	if err != nil {
-		return "(no crun log)"
+		return fmt.Errorf("crun start %s: %w", spec.ID, err)
 	}
-	lines := bytes.Split(bytes.TrimSpace(b), []byte("\n"))
-	for i := len(lines) - 1; i >= 0; i-- {
-		var m struct{ Msg, Level string }
-		if json.Unmarshal(lines[i], &m) == nil && m.Msg != "" {
-			return m.Msg
-		}
-	}
-	if len(lines) > 0 && len(lines[len(lines)-1]) > 0 {
-		return string(lines[len(lines)-1])
-	}
-	return "(empty crun log)"
-}
-
-type state struct {
-	ID     string `json:"id"`
-	Status string `json:"status"`
-	Pid    int    `json:"pid"`
-	Bundle string `json:"bundle"`
+	return nil
 }
 
 // State implements runtime.Runtime.
 func (r *Runtime) State(ctx context.Context, id string) (runtime.Status, error) {
-	if _, err := os.Stat(filepath.Join(r.cfg.RootDir, id, "status")); errors.Is(err, os.ErrNotExist) {
+	if !r.held(id) {
 		return "", fmt.Errorf("crun state %s: %w", id, runtime.ErrNotFound)
 	}
-	out, err := r.crun(ctx, "state", id)
+	st, err := r.cli.State(ctx, id)
 	if err != nil {
 		return "", fmt.Errorf("crun state %s: %w", id, err)
 	}
-	var st state
-	if err := json.Unmarshal(out, &st); err != nil {
-		return "", fmt.Errorf("crun state %s: parse: %w", id, err)
+	status, err := st.RuntimeStatus()
+	if err != nil {
+		return "", fmt.Errorf("crun state %s: %w", id, err)
 	}
-	switch st.Status {
-	case "creating", "created":
-		return runtime.StatusCreated, nil
-	case "running":
-		return runtime.StatusRunning, nil
-	case "paused":
-		return runtime.StatusPaused, nil
-	case "stopped":
-		return runtime.StatusStopped, nil
-	}
-	return "", fmt.Errorf("crun state %s: unknown status %q", id, st.Status)
+	return status, nil
+}
+
+// held reports whether crun holds container id: it keeps one directory
+// per container in its root, with a status file once created.
+func (r *Runtime) held(id string) bool {
+	_, err := os.Stat(filepath.Join(r.cfg.RootDir, id, "status"))
+	return !errors.Is(err, os.ErrNotExist)
 }
 
 // Destroy implements runtime.Runtime. Every step runs even if an earlier
-// one fails.
+// one fails; whatever survived crun's kill (a process that escaped it)
+// sits in the container's cgroups, which go last with what is in them.
 func (r *Runtime) Destroy(ctx context.Context, id string) error {
-	var errs []error
-	exists := func() bool {
+	exists := func(context.Context) bool {
 		_, err := os.Stat(filepath.Join(r.cfg.RootDir, id))
 		return err == nil
 	}
-	if exists() {
-		if _, err := r.crun(ctx, "kill", "--all", id, "KILL"); err != nil {
-			slog.Debug("crun: kill", "id", id, "err", err) // usually: already stopped
-		}
-		// A frozen task does not die until thawed: let the KILLs land.
-		if st, err := r.State(ctx, id); err == nil && st == runtime.StatusPaused {
-			if _, err := r.crun(ctx, "resume", id); err != nil {
-				slog.Debug("crun: thaw before delete", "id", id, "err", err)
-			}
-		}
-		if _, err := r.crun(ctx, "delete", "--force", id); err != nil && exists() {
-			errs = append(errs, err)
-		}
-	}
-	// Whatever survived (a process that escaped crun's kill) sits in the
-	// container's cgroups; Remove kills it and removes the dirs.
-	if err := cgroup.Remove(id); err != nil {
-		errs = append(errs, err)
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := r.cli.Remove(ctx, id, ocicli.Removal{Held: exists, OnlyHeld: true, ThawFirst: true}); err != nil {
 		return fmt.Errorf("crun destroy %s: %w", id, err)
 	}
 	return nil
@@ -454,14 +370,14 @@ func (r *Runtime) Capabilities() runtime.Capabilities {
 
 // Freeze implements runtime.Runtime (crun pause: the cgroup v1 freezer).
 func (r *Runtime) Freeze(ctx context.Context, id string) error {
-	if _, err := r.crun(ctx, "pause", id); err != nil {
+	if err := r.cli.Pause(ctx, id); err != nil {
 		return fmt.Errorf("crun freeze %s: %w", id, err)
 	}
 	// crun returns once it asked; the pause is done when every task stopped.
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := cgroup.WaitFrozen(wctx, id); err != nil {
-		_, _ = r.crun(context.WithoutCancel(ctx), "resume", id)
+		_ = r.cli.Resume(context.WithoutCancel(ctx), id)
 		return fmt.Errorf("crun freeze %s: %w", id, err)
 	}
 	return nil
@@ -469,7 +385,7 @@ func (r *Runtime) Freeze(ctx context.Context, id string) error {
 
 // Thaw implements runtime.Runtime (crun resume).
 func (r *Runtime) Thaw(ctx context.Context, id string) error {
-	if _, err := r.crun(ctx, "resume", id); err != nil {
+	if err := r.cli.Resume(ctx, id); err != nil {
 		return fmt.Errorf("crun thaw %s: %w", id, err)
 	}
 	return nil
@@ -501,4 +417,14 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 	}
 	slices.Sort(ids)
 	return ids, nil
+}
+
+// Stats implements runtime.Runtime from the container's cgroups.
+func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
+	return ocicli.Stats(id)
+}
+
+// RemoveOrphans implements runtime.Runtime.
+func (r *Runtime) RemoveOrphans(ctx context.Context, keep func(id string) bool) ([]string, error) {
+	return ocicli.RemoveOrphans(ctx, keep)
 }

@@ -33,15 +33,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/cella-sandbox/cella/internal/cgroup"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/runtime/oci"
+	"github.com/cella-sandbox/cella/internal/runtime/ocicli"
 )
 
 // Config configures the gVisor runtime.
@@ -88,6 +87,7 @@ func (c *Config) Validate() error {
 // Runtime is the gVisor implementation of runtime.Runtime.
 type Runtime struct {
 	cfg Config
+	cli *ocicli.CLI
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -114,7 +114,14 @@ func New(cfg Config) (*Runtime, error) {
 			return nil, fmt.Errorf("gvisor: create debug log dir: %w", err)
 		}
 	}
-	r := &Runtime{cfg: cfg}
+	r := &Runtime{cfg: cfg, cli: &ocicli.CLI{
+		Name:        "runsc",
+		Path:        cfg.RunscPath,
+		Flags:       globalFlags(&cfg),
+		LogFlags:    func(path string) []string { return []string{"--log=" + path, "--log-format=json"} },
+		ErrorLevels: []string{"error", "fatal"},
+		Timeout:     cfg.CommandTimeout,
+	}}
 	// A daemon that crashed after its last sandbox died leaves runsc's
 	// null-netns mounted; with no container state left, drop it now.
 	if states, _ := filepath.Glob(filepath.Join(cfg.RootDir, "*.state")); len(states) == 0 {
@@ -150,47 +157,21 @@ func (r *Runtime) Close() error { return nil }
 
 // globalFlags are passed to every runsc command; runsc persists most of
 // them in the container state, but create needs them all.
-func (r *Runtime) globalFlags() []string {
+func globalFlags(cfg *Config) []string {
 	f := []string{
-		"--root=" + r.cfg.RootDir,
-		"--platform=" + r.cfg.Platform,
+		"--root=" + cfg.RootDir,
+		"--platform=" + cfg.Platform,
 		"--network=none",
 		"--host-uds=open",
 		"--oci-seccomp",
 		"--overlay2=none",
 		"--ignore-cgroups=false",
 	}
-	if r.cfg.DebugLogDir != "" {
+	if cfg.DebugLogDir != "" {
 		// A trailing slash makes runsc name one file per command.
-		f = append(f, "--debug", "--debug-log="+r.cfg.DebugLogDir+"/")
+		f = append(f, "--debug", "--debug-log="+cfg.DebugLogDir+"/")
 	}
 	return f
-}
-
-func (r *Runtime) command(ctx context.Context, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, r.cfg.RunscPath, append(r.globalFlags(), args...)...)
-	// runsc forks the sandbox and gofer; never let them inherit our fds.
-	cmd.Stdin = nil
-	cmd.WaitDelay = 5 * time.Second
-	return cmd
-}
-
-// run runs a short runsc command and returns its stdout; stderr is
-// included in the error.
-func (r *Runtime) run(ctx context.Context, args ...string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
-	defer cancel()
-	var stdout, stderr bytes.Buffer
-	cmd := r.command(ctx, args...)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		msg := strings.TrimSpace(stderr.String())
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("runsc %s: timed out after %s: %s", args[0], r.cfg.CommandTimeout, msg)
-		}
-		return nil, fmt.Errorf("runsc %s: %w: %s", args[0], err, msg)
-	}
-	return stdout.Bytes(), nil
 }
 
 // Start implements runtime.Runtime: it writes the bundle and runs
@@ -216,13 +197,9 @@ const guestCgroupMarker = "cella-guest-cgroup-v2"
 // image when container id runs with the guest cgroup (its bundle's spec
 // says so).
 func (r *Runtime) checkpoint(ctx context.Context, id, imageDir string, args ...string) error {
-	out, err := r.run(ctx, "state", id)
+	st, err := r.cli.State(ctx, id)
 	if err != nil {
 		return err
-	}
-	var st state
-	if err := json.Unmarshal(out, &st); err != nil {
-		return fmt.Errorf("parse state: %w", err)
 	}
 	b, err := os.ReadFile(filepath.Join(st.Bundle, "config.json"))
 	if err != nil {
@@ -233,7 +210,7 @@ func (r *Runtime) checkpoint(ctx context.Context, id, imageDir string, args ...s
 		return fmt.Errorf("parse the container's spec: %w", err)
 	}
 	args = append(append([]string{"checkpoint"}, args...), "--image-path="+imageDir, id)
-	if _, err := r.run(ctx, args...); err != nil {
+	if _, err := r.cli.Run(ctx, args...); err != nil {
 		return err
 	}
 	if !slices.ContainsFunc(sp.Mounts, func(m specs.Mount) bool {
@@ -275,40 +252,20 @@ func (r *Runtime) boot(ctx context.Context, spec *runtime.Spec, what string, wit
 // flags) for spec's bundle with the container's stdio on its log file; on
 // failure it leaves nothing half-created behind.
 func (r *Runtime) launch(ctx context.Context, spec *runtime.Spec, what string, verb ...string) error {
-	id := spec.ID
-	// O_APPEND: see the package comment. The file is the container's
-	// stdout and stderr and nobody else writes it.
-	logf, err := os.OpenFile(spec.LogPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("gvisor %s %s: open log: %w", what, id, err)
-	}
-	defer logf.Close()
-	runscLog := filepath.Join(spec.BundleDir, "runsc.log")
-
-	start := time.Now()
-	args := []string{"--log=" + runscLog, "--log-format=json"}
+	var args []string
 	if spec.NetNSPath != "" {
 		// The netstack takes over the slot's eth0 (overrides --network=none).
 		args = append(args, "--network=sandbox")
 	}
-	args = append(args, verb...)
-	args = append(args, "--detach", "--bundle="+spec.BundleDir, "--pid-file="+filepath.Join(spec.BundleDir, "pid"), id)
-	cmd := r.command(ctx, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Run(); err != nil {
-		cause := lastError(runscLog)
-		// Leave nothing half-created behind (cgroups, state, sandbox).
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.CommandTimeout)
-		defer cancel()
-		if derr := r.Destroy(dctx, id); derr != nil {
-			slog.Warn("gvisor: cleanup after failed "+what, "id", id, "err", derr)
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("gvisor %s %s: %w (runsc: %s)", what, id, ctx.Err(), cause)
-		}
-		return fmt.Errorf("gvisor %s %s: runsc %s: %w: %s", what, id, verb[0], err, cause)
+	err := r.cli.Launch(ctx, spec, ocicli.Launch{
+		What:       what,
+		Args:       append(args, verb...),
+		RuntimeLog: filepath.Join(spec.BundleDir, "runsc.log"),
+		Destroy:    r.Destroy,
+	})
+	if err != nil {
+		return fmt.Errorf("gvisor %s %s: %w", what, spec.ID, err)
 	}
-	slog.Debug("gvisor: container "+what, "id", id, "took", time.Since(start))
 	return nil
 }
 
@@ -321,7 +278,7 @@ func (r *Runtime) Capabilities() runtime.Capabilities {
 // Freeze implements runtime.Runtime (runsc pause: every task of the
 // sandbox stops; memory stays allocated).
 func (r *Runtime) Freeze(ctx context.Context, id string) error {
-	if _, err := r.run(ctx, "pause", id); err != nil {
+	if err := r.cli.Pause(ctx, id); err != nil {
 		return fmt.Errorf("gvisor freeze %s: %w", id, err)
 	}
 	return nil
@@ -329,7 +286,7 @@ func (r *Runtime) Freeze(ctx context.Context, id string) error {
 
 // Thaw implements runtime.Runtime (runsc resume).
 func (r *Runtime) Thaw(ctx context.Context, id string) error {
-	if _, err := r.run(ctx, "resume", id); err != nil {
+	if err := r.cli.Resume(ctx, id); err != nil {
 		return fmt.Errorf("gvisor thaw %s: %w", id, err)
 	}
 	return nil
@@ -359,61 +316,25 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir strin
 	return r.boot(ctx, &spec, "restore", hasGuestCgroup(imageDir), "restore", "--image-path="+imageDir)
 }
 
-// lastError returns the last error message in a runsc JSON log.
-func lastError(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "(no runsc log)"
-	}
-	lines := bytes.Split(bytes.TrimSpace(b), []byte("\n"))
-	for i := len(lines) - 1; i >= 0; i-- {
-		var m struct{ Msg, Level string }
-		if json.Unmarshal(lines[i], &m) == nil && (m.Level == "error" || m.Level == "fatal") {
-			return m.Msg
-		}
-	}
-	if len(lines) > 0 {
-		return string(lines[len(lines)-1])
-	}
-	return "(empty runsc log)"
-}
-
-type state struct {
-	ID     string `json:"id"`
-	Status string `json:"status"`
-	Pid    int    `json:"pid"`
-	Bundle string `json:"bundle"`
-}
-
 // State implements runtime.Runtime.
 func (r *Runtime) State(ctx context.Context, id string) (runtime.Status, error) {
-	out, err := r.run(ctx, "state", id)
+	st, err := r.cli.State(ctx, id)
 	if err != nil {
 		if ids, lerr := r.List(ctx); lerr == nil && !slices.Contains(ids, id) {
 			return "", fmt.Errorf("gvisor state %s: %w", id, runtime.ErrNotFound)
 		}
 		return "", fmt.Errorf("gvisor state %s: %w", id, err)
 	}
-	var st state
-	if err := json.Unmarshal(out, &st); err != nil {
-		return "", fmt.Errorf("gvisor state %s: parse: %w", id, err)
+	status, err := st.RuntimeStatus()
+	if err != nil {
+		return "", fmt.Errorf("gvisor state %s: %w", id, err)
 	}
-	switch st.Status {
-	case "creating", "created":
-		return runtime.StatusCreated, nil
-	case "running":
-		// After a checkpoint or a sentry crash runsc still says "running";
-		// the sandbox process tells the truth.
-		if st.Pid > 0 && !alive(st.Pid) {
-			return runtime.StatusStopped, nil
-		}
-		return runtime.StatusRunning, nil
-	case "paused":
-		return runtime.StatusPaused, nil
-	case "stopped":
+	// After a checkpoint or a sentry crash runsc still says "running"; the
+	// sandbox process tells the truth.
+	if status == runtime.StatusRunning && st.Pid > 0 && !alive(st.Pid) {
 		return runtime.StatusStopped, nil
 	}
-	return "", fmt.Errorf("gvisor state %s: unknown status %q", id, st.Status)
+	return status, nil
 }
 
 func alive(pid int) bool {
@@ -429,28 +350,19 @@ func alive(pid int) bool {
 }
 
 // Destroy implements runtime.Runtime. Every step runs even if an earlier
-// one fails, so that a half-dead container is still cleaned up.
+// one fails, so that a half-dead container is still cleaned up: sandbox and
+// gofer processes that survived (a wedged sentry) sit in the container's
+// cgroups, which go with what is in them.
 func (r *Runtime) Destroy(ctx context.Context, id string) error {
-	var errs []error
-	if _, err := r.run(ctx, "kill", "--all", id, "KILL"); err != nil {
-		slog.Debug("gvisor: kill", "id", id, "err", err) // usually: already gone
+	held := func(ctx context.Context) bool {
+		ids, err := r.List(ctx)
+		return err != nil || slices.Contains(ids, id)
 	}
-	if _, err := r.run(ctx, "delete", "--force", id); err != nil {
-		if ids, lerr := r.List(ctx); lerr != nil || slices.Contains(ids, id) {
-			errs = append(errs, err)
-		}
-	}
-	// Sandbox and gofer processes that survived (a wedged sentry) sit in
-	// the container's cgroups; Remove kills them and removes the dirs.
-	if err := cgroup.Remove(id); err != nil {
-		errs = append(errs, err)
-	}
+	errs := []error{r.cli.Remove(ctx, id, ocicli.Removal{Held: held})}
 	// runsc keeps one null-netns mount per root dir for all --network=none
 	// sandboxes; drop it with the last container (runsc recreates it).
 	if ids, err := r.List(ctx); err == nil && len(ids) == 0 {
-		if err := rootfs.Detach(filepath.Join(r.cfg.RootDir, "null-netns")); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, rootfs.Detach(filepath.Join(r.cfg.RootDir, "null-netns")))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("gvisor destroy %s: %w", id, err)
@@ -460,19 +372,10 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 
 // List implements runtime.Runtime.
 func (r *Runtime) List(ctx context.Context) ([]string, error) {
-	out, err := r.run(ctx, "list", "--format=json")
+	ids, err := r.cli.List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("gvisor list: %w", err)
 	}
-	var sts []state
-	if err := json.Unmarshal(out, &sts); err != nil {
-		return nil, fmt.Errorf("gvisor list: parse %q: %w", out, err)
-	}
-	ids := make([]string, 0, len(sts))
-	for _, s := range sts {
-		ids = append(ids, s.ID)
-	}
-	slices.Sort(ids)
 	return ids, nil
 }
 
@@ -493,4 +396,14 @@ func dropClone3Rule(sp *specs.Spec) {
 		kept = append(kept, sc)
 	}
 	sp.Linux.Seccomp.Syscalls = kept
+}
+
+// Stats implements runtime.Runtime from the container's cgroups.
+func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
+	return ocicli.Stats(id)
+}
+
+// RemoveOrphans implements runtime.Runtime.
+func (r *Runtime) RemoveOrphans(ctx context.Context, keep func(id string) bool) ([]string, error) {
+	return ocicli.RemoveOrphans(ctx, keep)
 }

@@ -23,7 +23,7 @@ func (r *Runtime) CheckpointRunning(ctx context.Context, id, imageDir string) er
 	}
 	// The save broke the agent's host socket; tell it to redial now
 	// (agent.RedialSignal) rather than at its next keepalive.
-	if _, err := r.run(ctx, "kill", id, "USR1"); err != nil {
+	if err := r.cli.Signal(ctx, id, "USR1"); err != nil {
 		return fmt.Errorf("gvisor checkpoint --leave-running %s: signal the agent: %w", id, err)
 	}
 	slog.Debug("gvisor: container snapshotted", "id", id, "took", time.Since(start))

@@ -1,48 +1,66 @@
-// Package runtimetest is the conformance suite every cella runtime passes.
-// It drives a real daemon built on the runtime under test, through the same
-// API and agent path users take, and checks lifecycle, isolation, limits and
-// cleanup. A runtime's test calls Run with its name.
+// Package runtimetest is the conformance suite of the runtime.Runtime
+// interface: what every engine must do on its own, below any daemon. A
+// runtime's tests call Suite with a constructor of fresh runtimes; each
+// test starts real containers from ocitest fixtures (the base template
+// through an overlay, or read-only binds of the host's /usr and /etc) with
+// a shell script as PID 1, and checks what the interface promises: Start,
+// State, List, Stats and its limit counters, Freeze and Thaw, Checkpoint
+// and Restore (or ErrNotSupported), CheckpointRunning and RestoreFrom when
+// the runtime is a runtime.Snapshotter, Destroy (idempotent, nothing left
+// behind), RemoveOrphans and Probe.
+//
+// (The whole-daemon suite, which drives a real daemon on each runtime
+// through the API, is daemon/conformance.)
 package runtimetest
 
 import (
 	"context"
-	"encoding/json"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
-	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/cgroup"
-	"github.com/cella-sandbox/cella/internal/client"
-	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
-	"github.com/cella-sandbox/cella/internal/diskimage"
-	"github.com/cella-sandbox/cella/internal/rootfs"
+	"github.com/cella-sandbox/cella/internal/runtime"
+	"github.com/cella-sandbox/cella/internal/runtime/oci/ocitest"
 )
 
-// Run runs the whole suite against the named runtime.
-func Run(t *testing.T, runtimeName string) {
-	env := daemontest.Start(t, runtimeName, daemontest.Options{})
-	dataDir = env.DataDir
-	t.Run("Lifecycle", func(t *testing.T) { testLifecycle(t, env) })
-	t.Run("Isolation", func(t *testing.T) { testIsolation(t, env) })
-	t.Run("AgentChannel", func(t *testing.T) { testAgentChannel(t, env) }) // agentchannel.go
-	t.Run("RunDirReadOnly", func(t *testing.T) { testRunDirReadOnly(t, env) })
-	t.Run("FakeDaemon", func(t *testing.T) { testFakeDaemon(t, env) })
-	t.Run("Limits", func(t *testing.T) { testLimits(t, env) })
-	t.Run("PauseResume", func(t *testing.T) { testPauseResume(t, env) })
-	t.Run("PauseSurvivesDaemonRestart", func(t *testing.T) { testPauseRestart(t, env) })
-	t.Run("PauseSurvivesHostReboot", func(t *testing.T) { testPauseReboot(t, env) })
-	t.Run("Volumes", func(t *testing.T) { testVolumes(t, env) })                     // volumes.go
-	t.Run("LifecyclePolicies", func(t *testing.T) { testLifecyclePolicies(t, env) }) // volumes.go
-	t.Run("CleanupAfterKill", func(t *testing.T) { testCleanupAfterKill(t, env) })
-	t.Run("CleanupAfterDaemonStop", func(t *testing.T) { testCleanupAfterStop(t, env) })
+// Suite runs every test against runtimes made by newRuntime, which gives
+// each test a runtime of its own (own state dir) and removes it when the
+// test ends.
+func Suite(t *testing.T, newRuntime func(t *testing.T) runtime.Runtime) {
+	ocitest.NeedRoot(t)
+	t.Run("Lifecycle", func(t *testing.T) {
+		for _, tc := range []struct {
+			name        string
+			useTemplate bool
+		}{{"hostpaths", false}, {"template", true}} {
+			t.Run(tc.name, func(t *testing.T) { testLifecycle(t, newRuntime(t), tc.useTemplate) })
+		}
+	})
+	t.Run("LogAndFailedStart", func(t *testing.T) { testLogAndFailedStart(t, newRuntime(t)) })
+	t.Run("FreezeThaw", func(t *testing.T) { testFreezeThaw(t, newRuntime(t)) })
+	t.Run("Checkpoint", func(t *testing.T) { testCheckpoint(t, newRuntime(t)) })
+	t.Run("Snapshotter", func(t *testing.T) { testSnapshotter(t, newRuntime(t)) })
+	t.Run("StatsCountLimits", func(t *testing.T) { testStatsCountLimits(t, newRuntime(t)) })
+	t.Run("RemoveOrphans", func(t *testing.T) { testRemoveOrphans(t, newRuntime(t)) })
+	t.Run("Probe", func(t *testing.T) { testProbe(t, newRuntime(t)) })
+}
+
+// NewID returns a container ID that no other test on the host uses (tests
+// of other checkouts may run the same suite at the same time, and cgroups
+// are named by container ID host-wide).
+func NewID(prefix string) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return "rt-" + prefix + "-" + hex.EncodeToString(b)
 }
 
 func ctxT(t *testing.T, d time.Duration) context.Context {
@@ -51,476 +69,439 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// create makes a sandbox that is killed when the test ends.
-func create(t *testing.T, env *daemontest.Env, req client.CreateRequest) *client.SandboxConn {
+// start starts f's container and destroys it when the test ends.
+func start(t *testing.T, rt runtime.Runtime, f *ocitest.Fixture) {
 	t.Helper()
-	ctx := ctxT(t, 3*time.Minute)
-	sb, err := env.Client.Create(ctx, req)
-	if err != nil {
-		t.Fatalf("create sandbox: %v", err)
+	if err := rt.Start(ctxT(t, time.Minute), f.Spec); err != nil {
+		log, _ := os.ReadFile(f.Spec.LogPath)
+		t.Fatalf("Start: %v\ncontainer log:\n%s", err, log)
 	}
-	t.Cleanup(func() { _ = env.Client.Kill(context.Background(), sb.SandboxID) })
-	conn, err := env.Client.Sandbox(ctx, sb.SandboxID)
-	if err != nil {
-		t.Fatalf("attach sandbox: %v", err)
-	}
-	return conn
+	t.Cleanup(func() { _ = rt.Destroy(context.Background(), f.Spec.ID) })
 }
 
-// dataDir is the data dir of the daemon under test, for agent logs.
-var dataDir string
-
-func run(t *testing.T, sb *client.SandboxConn, cmd string, o client.ExecOptions) client.ExecResult {
+// destroy destroys id twice (Destroy is idempotent) and checks that
+// nothing of it is left.
+func destroy(t *testing.T, rt runtime.Runtime, id string, mountPrefixes ...string) {
 	t.Helper()
-	res, err := sb.Exec(ctxT(t, 2*time.Minute), cmd, o)
-	if err != nil {
-		log, _ := os.ReadFile(filepath.Join(dataDir, "sandboxes", sb.ID, "agent.log"))
-		t.Fatalf("exec %q: %v\nagent log tail:\n%s", cmd, err, tailStr(string(log), 3000))
+	ctx := ctxT(t, time.Minute)
+	if err := rt.Destroy(ctx, id); err != nil {
+		t.Fatalf("Destroy: %v", err)
 	}
-	return res
+	if err := rt.Destroy(ctx, id); err != nil {
+		t.Fatalf("second Destroy: %v", err)
+	}
+	ocitest.AssertGone(t, rt, id, mountPrefixes...)
 }
 
-func mustOK(t *testing.T, sb *client.SandboxConn, cmd string) string {
+func state(t *testing.T, rt runtime.Runtime, id string) runtime.Status {
 	t.Helper()
-	res := run(t, sb, cmd, client.ExecOptions{Timeout: time.Minute})
-	if res.ExitCode != 0 {
-		t.Fatalf("%q: exit %d, error %q, stderr %q", cmd, res.ExitCode, res.Error, res.Stderr)
-	}
-	return res.Stdout
-}
-
-func testLifecycle(t *testing.T, env *daemontest.Env) {
-	sb := create(t, env, client.CreateRequest{})
-	if out := mustOK(t, sb, "echo hello"); out != "hello\n" {
-		t.Fatalf("echo: got %q", out)
-	}
-	res := run(t, sb, "echo out; echo err >&2; exit 3", client.ExecOptions{})
-	if res.ExitCode != 3 || res.Stdout != "out\n" || res.Stderr != "err\n" {
-		t.Fatalf("exit 3: got %+v", res)
-	}
-	if out := mustOK(t, sb, "python3 -c 'print(6*7)'"); out != "42\n" {
-		t.Fatalf("python: got %q", out)
-	}
-	// Threaded programs work (glibc's pthread_create uses clone3).
-	if out := mustOK(t, sb, `python3 -c 'import threading; t = threading.Thread(target=print, args=("thread ok",)); t.start(); t.join()'`); out != "thread ok\n" {
-		t.Fatalf("threads: got %q", out)
-	}
-	// Kill: the record goes and the sandbox URL answers 502.
-	if err := env.Client.Kill(ctxT(t, time.Minute), sb.ID); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := env.Client.Get(ctxT(t, time.Minute), sb.ID); !client.IsNotFound(err) {
-		t.Fatalf("GET after kill: want 404, got %v", err)
-	}
-	req, _ := http.NewRequest("GET", env.URL+"/health", nil)
-	req.Header.Set("E2b-Sandbox-Id", sb.ID)
-	req.Header.Set("E2b-Sandbox-Port", "49983")
-	resp, err := http.DefaultClient.Do(req)
+	st, err := rt.State(ctxT(t, time.Minute), id)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("State %s: %v", id, err)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusBadGateway {
-		t.Fatalf("sandbox URL after kill: want 502, got %d", resp.StatusCode)
-	}
+	return st
 }
 
-func testIsolation(t *testing.T, env *daemontest.Env) {
-	// Canaries the sandbox must not see: a host file, a host env var of the
-	// daemon's process, and a server on the host's loopback.
-	canary := fmt.Sprintf("cella-canary-%d", time.Now().UnixNano())
-	hostFile := filepath.Join("/tmp", canary)
-	if err := os.WriteFile(hostFile, []byte(canary), 0o644); err != nil {
-		t.Fatal(err)
+func testLifecycle(t *testing.T, rt runtime.Runtime, useTemplate bool) {
+	id := NewID("lc")
+	f := ocitest.New(t, id, useTemplate, ocitest.ReportScript)
+	if useTemplate && f.Template == nil {
+		t.Skip("no base template built (cella template ensure base)")
 	}
-	t.Cleanup(func() { os.Remove(hostFile) })
-	t.Setenv("CELLA_HOST_CANARY", canary)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ctx := ctxT(t, 2*time.Minute)
+	t0 := time.Now()
+	start(t, rt, f)
+	started := time.Since(t0)
+	rep := f.Accept(t, 30*time.Second)
+	t.Logf("%s: Start returned after %s (PID 1 running), report after %s: %+v", rt.Name(), started, time.Since(t0), rep)
+
+	if st := state(t, rt, id); st != runtime.StatusRunning {
+		t.Fatalf("State = %q, want running", st)
+	}
+	if ids, err := rt.List(ctx); err != nil || !slices.Equal(ids, []string{id}) {
+		t.Fatalf("List = %v, %v; want [%s]", ids, err, id)
+	}
+	if rep.Hostname != f.Spec.Hostname {
+		t.Errorf("hostname %q, want %q", rep.Hostname, f.Spec.Hostname)
+	}
+	if rep.Seccomp != "2" || rep.NoNewPrivs != "1" {
+		t.Errorf("seccomp %q no_new_privs %q, want 2 and 1", rep.Seccomp, rep.NoNewPrivs)
+	}
+	if rep.Unshare == "ok" {
+		t.Error("unshare(CLONE_NEWUSER) allowed")
+	}
+	for _, d := range rep.NetDevs {
+		if d != "lo" {
+			t.Errorf("network device %q in a container without a network slot", d)
+		}
+	}
+	if f.Layer != nil {
+		if rep.UserWrite != "ok" {
+			log, _ := os.ReadFile(f.Spec.LogPath)
+			t.Errorf("uid 1000 cannot write /home/user; log:\n%s", log)
+		}
+		st, err := os.Stat(filepath.Join(f.Layer.Upper, "home/user/written-by-user"))
+		if err != nil {
+			t.Errorf("user's write not in the upper layer: %v", err)
+		} else if uid := st.Sys().(*syscall.Stat_t).Uid; uid != 1000 {
+			t.Errorf("user's file has on-disk uid %d, want 1000", uid)
+		}
+	}
+	if lim, err := cgroup.MemoryLimit(id); err != nil || lim != f.Spec.Limits.MemoryBytes {
+		t.Errorf("memory.limit_in_bytes = %d, %v; want %d", lim, err, f.Spec.Limits.MemoryBytes)
+	}
+	s, err := rt.Stats(ctx, id)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("Stats: %v", err)
 	}
-	hostSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(canary)) })}
-	go hostSrv.Serve(ln)
-	t.Cleanup(func() { hostSrv.Close() })
-	port := ln.Addr().(*net.TCPAddr).Port
-
-	sb := create(t, env, client.CreateRequest{})
-	other := create(t, env, client.CreateRequest{})
-
-	t.Run("HostFile", func(t *testing.T) {
-		res := run(t, sb, "cat "+hostFile+"; grep -rl "+canary+" /tmp /home /root /run 2>/dev/null; true", client.ExecOptions{User: "root"})
-		if strings.Contains(res.Stdout, canary) {
-			t.Fatalf("sandbox read the host canary file: %q", res.Stdout)
-		}
-	})
-	t.Run("LayerInternals", func(t *testing.T) {
-		// The writable layer's filesystem holds more than the upper dir the
-		// sandbox sees through its overlay (the layer's record, lost+found),
-		// and it sits on a host loop device: root in the sandbox reaches
-		// none of it, nor any other loop device.
-		res := run(t, sb, "ls -d /lost+found /layer.json /upper /work /dev/loop* /dev/loop-control 2>/dev/null; mknod /tmp/l b 7 0 && head -c 1 /tmp/l | od -c; true", client.ExecOptions{User: "root"})
-		if out := strings.TrimSpace(res.Stdout); out != "" {
-			t.Fatalf("the sandbox sees its layer's internals or a loop device: %q", out)
-		}
-	})
-	t.Run("HostEnv", func(t *testing.T) {
-		res := run(t, sb, "env; cat /proc/1/environ | tr '\\0' '\\n'", client.ExecOptions{User: "root"})
-		if strings.Contains(res.Stdout, canary) || strings.Contains(res.Stdout, "CELLA_HOST_CANARY") {
-			t.Fatalf("host environment leaked into the sandbox: %q", res.Stdout)
-		}
-	})
-	t.Run("HostLoopback", func(t *testing.T) {
-		cmd := fmt.Sprintf("curl -sS --max-time 3 http://127.0.0.1:%d/ ; python3 -c \"import socket; s=socket.create_connection(('127.0.0.1', %d), 3); print('connected')\"", port, port)
-		res := run(t, sb, cmd, client.ExecOptions{Timeout: 30 * time.Second})
-		if strings.Contains(res.Stdout, canary) || strings.Contains(res.Stdout, "connected") {
-			t.Fatalf("sandbox reached a host loopback server: %q", res.Stdout)
-		}
-	})
-	t.Run("NoEgressByDefault", func(t *testing.T) {
-		// One link besides loopback, the network slot's eth0, and with the
-		// daemon's default ceiling nothing is reachable through it: names
-		// do not resolve, HTTP is refused with the explanation, other TCP
-		// is closed without a byte. (192.0.2.0/24 is TEST-NET: nothing is
-		// ever dialed there, the proxy refuses before any dial.)
-		out := mustOK(t, sb, "cat /proc/net/dev | tail -n +3 | awk -F: '{print $1}' | tr -d ' ' | sort")
-		if got := strings.Fields(out); len(got) > 2 || (len(got) == 2 && (got[0] != "eth0" || got[1] != "lo")) {
-			t.Fatalf("sandbox interfaces: %q, want lo and at most the slot's eth0", out)
-		}
-		res := run(t, sb, `getent hosts example.com && echo resolved; curl -sS --max-time 5 http://192.0.2.1/; python3 -c "
-import socket
-s = socket.create_connection(('192.0.2.1', 5432), 5)
-s.settimeout(5)
-try:
-    print('tcp-read', s.recv(10))
-except Exception as e:
-    print('tcp-error', e)
-"`, client.ExecOptions{Timeout: 60 * time.Second})
-		if strings.Contains(res.Stdout, "resolved") {
-			t.Fatalf("a name resolved with no egress allowed: %q", res.Stdout)
-		}
-		if !strings.Contains(res.Stdout, "blocked by cella sandbox policy") {
-			t.Fatalf("HTTP out was not refused with the policy's explanation: %q %q", res.Stdout, res.Stderr)
-		}
-		if !strings.Contains(res.Stdout, "tcp-read b''") && !strings.Contains(res.Stdout+res.Stderr, "tcp-error") && !strings.Contains(res.Stderr, "Connection") {
-			t.Fatalf("raw TCP out got data: %q %q", res.Stdout, res.Stderr)
-		}
-	})
-	t.Run("OtherSandbox", func(t *testing.T) {
-		// A server in one sandbox is not reachable from the other.
-		run(t, other, "nohup python3 -m http.server 8123 >/dev/null 2>&1 &", client.ExecOptions{Timeout: 10 * time.Second})
-		time.Sleep(500 * time.Millisecond)
-		res := run(t, sb, "curl -sS --max-time 3 http://127.0.0.1:8123/ && echo reached", client.ExecOptions{Timeout: 30 * time.Second})
-		if strings.Contains(res.Stdout, "reached") {
-			t.Fatalf("sandbox reached another sandbox's server: %q", res.Stdout)
-		}
-	})
-	t.Run("ProcIsSandboxOnly", func(t *testing.T) {
-		out := mustOK(t, sb, "ps -eo comm=")
-		for _, bad := range []string{"runsc", "crun", "systemd", "sshd", "containerd", "go"} {
-			for _, name := range strings.Fields(out) {
-				if name == bad {
-					t.Fatalf("sandbox sees host process %q: %q", bad, out)
-				}
-			}
-		}
-		if n := len(strings.Fields(out)); n > 8 {
-			t.Fatalf("sandbox sees %d processes, want only its own: %q", n, out)
-		}
-	})
-	t.Run("DefaultUser", func(t *testing.T) {
-		out := mustOK(t, sb, "id -u; pwd; touch ~/written && echo ok")
-		if out != "1000\n/home/user\nok\n" {
-			t.Fatalf("default user: got %q, want uid 1000 in /home/user", out)
-		}
-		if out := mustOK(t, sb, "id -u"); strings.TrimSpace(out) != "1000" {
-			t.Fatal(out)
-		}
-		res := run(t, sb, "id -u", client.ExecOptions{User: "root"})
-		if strings.TrimSpace(res.Stdout) != "0" {
-			t.Fatalf("--user root: got %q", res.Stdout)
-		}
-	})
-	// hardening.go
-	t.Run("FilesAPIActsAsUser", func(t *testing.T) { testFilesActAsUser(t, sb) })
-	t.Run("NoIOUring", func(t *testing.T) { testNoIOUring(t, sb) })
-	t.Run("OwnSysfs", func(t *testing.T) { testOwnSysfs(t, sb) })
-	t.Run("MountinfoNoHostPaths", func(t *testing.T) { testMountinfoNoHostPaths(t, env, sb) })
-	t.Run("TemplateUnchanged", func(t *testing.T) {
-		mustOK(t, sb, "echo changed > /home/user/.profile-test")
-		run(t, sb, "rm -rf /usr/bin/python3", client.ExecOptions{User: "root"})
-		if out := mustOK(t, other, "test -e /usr/bin/python3 && test ! -e /home/user/.profile-test && echo intact"); out != "intact\n" {
-			t.Fatalf("one sandbox's changes reached another: %q", out)
-		}
-	})
-}
-
-func testLimits(t *testing.T, env *daemontest.Env) {
-	sb := create(t, env, client.CreateRequest{MemoryMB: 256, PidsLimit: 64, DiskSizeMB: 64})
-	bystander := create(t, env, client.CreateRequest{})
-
-	expect := func(t *testing.T, res client.ExecResult, words ...string) {
-		t.Helper()
-		for _, w := range words {
-			if !strings.Contains(res.Error, w) {
-				t.Fatalf("result error %q does not name %q (exit %d, stderr %q)", res.Error, w, res.ExitCode, tailStr(res.Stderr, 300))
-			}
-		}
-		if res.ExitCode == 0 {
-			t.Fatalf("command hitting a limit exited 0: %+v", res)
-		}
+	if s.CPU <= 0 || s.Memory <= 0 || s.FileCache < 0 || s.FileCache > s.Memory {
+		t.Errorf("Stats of a container that ran python3: %+v", s)
 	}
-	stillServing := func(t *testing.T) {
-		t.Helper()
-		if out := mustOK(t, sb, "echo alive"); out != "alive\n" {
-			t.Fatalf("sandbox after limit: %q", out)
-		}
-		if out := mustOK(t, bystander, "echo alive"); out != "alive\n" {
-			t.Fatalf("other sandbox after limit: %q", out)
-		}
+	if s.OOMKills != 0 || s.PidsMaxHits != 0 {
+		t.Errorf("Stats count limit hits of a container far below its limits: %+v", s)
 	}
-
-	t.Run("MemoryHog", func(t *testing.T) {
-		res := run(t, sb, `python3 -c "
-chunks = []
-while True:
-    chunks.append(bytearray(b'x' * (16 << 20)))
-"`, client.ExecOptions{Timeout: time.Minute})
-		expect(t, res, "memory limit", "256 MiB", "--memory")
-		stillServing(t)
-	})
-	t.Run("TooManyProcesses", func(t *testing.T) {
-		res := run(t, sb, `for i in $(seq 100); do sleep 30 & done; wait`, client.ExecOptions{Timeout: time.Minute})
-		expect(t, res, "pids limit", "64", "--pids")
-		stillServing(t)
-	})
-	t.Run("ForkBomb", func(t *testing.T) {
-		// A fork bomb ends as a command over its limit does: the command
-		// is killed with a result naming the pids limit, and its sandbox
-		// goes on serving. Under crun the host pids cgroup refuses the
-		// forks; under gVisor the guest's own pids cgroup does (the host
-		// ceiling would end the whole sandbox). Twice: what a bomb leaves
-		// behind must not make the next one fatal.
-		// The bomb first tries to lift the cap (uid 1000 may not) and to
-		// leave the commands' cgroup.
-		bomb := create(t, env, client.CreateRequest{PidsLimit: 64})
-		const escape = `for try in 'echo max > /sys/fs/cgroup/cella-commands/pids.max' 'echo $$ > /sys/fs/cgroup/cgroup.procs' 'mkdir /sys/fs/cgroup/mine'; do
-			sh -c "$try" 2>/dev/null && echo "escaped: $try"; done; `
-		for i := 0; i < 2; i++ {
-			res := run(t, bomb, escape+`bomb() { bomb | bomb & }; bomb; sleep 30`, client.ExecOptions{Timeout: time.Minute})
-			if strings.Contains(res.Stdout, "escaped") {
-				t.Fatalf("uid 1000 changed the sandbox's cgroups: %+v", res)
-			}
-			expect(t, res, "pids limit", "64", "--pids")
-			if strings.Contains(res.Error, "host process ceiling") {
-				t.Fatalf("the fork bomb took the whole sandbox down: %q", res.Error)
-			}
-			if d, err := env.Client.Get(ctxT(t, time.Minute), bomb.ID); err != nil || d.State != "running" {
-				t.Fatalf("fork-bombed sandbox: %v %+v", err, d)
-			}
-			if out := mustOK(t, bomb, "echo alive"); out != "alive\n" {
-				t.Fatalf("fork-bombed sandbox not answering: %q", out)
-			}
-		}
-		if out := mustOK(t, bystander, "echo alive"); out != "alive\n" {
-			t.Fatalf("other sandbox after a fork bomb: %q", out)
-		}
-	})
-	t.Run("InfiniteLoopTimeout", func(t *testing.T) {
-		res := run(t, sb, `while :; do :; done`, client.ExecOptions{Timeout: 2 * time.Second})
-		expect(t, res, "timeout", "--timeout")
-		stillServing(t)
-	})
-	t.Run("DiskFiller", func(t *testing.T) {
-		res := run(t, sb, `dd if=/dev/zero of=/home/user/fill bs=1M count=200`, client.ExecOptions{Timeout: time.Minute})
-		expect(t, res, "disk limit", "64 MiB", "--disk")
-		run(t, sb, "rm -f /home/user/fill", client.ExecOptions{})
-		stillServing(t)
-	})
-	t.Run("DiskBeyondMemory", func(t *testing.T) { testDiskBeyondMemory(t, env, bystander) })
-	t.Run("OutputFlood", func(t *testing.T) {
-		res := run(t, sb, `head -c 30000000 /dev/zero | tr '\0' 'a'`, client.ExecOptions{Timeout: time.Minute})
-		if len(res.Stdout) > 11<<20 || len(res.Stdout) < 9<<20 {
-			t.Fatalf("output flood: got %d bytes of stdout, want about 10 MiB", len(res.Stdout))
-		}
-		if !strings.Contains(res.Stderr+res.Error, "output truncated at 10 MiB") {
-			t.Fatalf("no truncation marker: error %q, stderr tail %q", res.Error, tailStr(res.Stderr, 200))
-		}
-		stillServing(t)
-	})
-}
-
-// testDiskBeyondMemory is the attack of a disk limit above the memory limit:
-// a sandbox with 256 MiB of memory (host ceilings 576 MiB gVisor, 384 MiB
-// namespaces) and 1 GiB of disk writes 700 MB, then fills the disk, then
-// uploads past the limit. A writable layer that is RAM charged to the
-// sandbox's memory cgroup takes the whole sandbox down on the first write;
-// a disk-backed one takes the 700 MB, refuses the rest with ENOSPC named
-// as the disk limit (exec) and a 507 naming it (upload), and the sandbox
-// and its other processes carry on.
-func testDiskBeyondMemory(t *testing.T, env *daemontest.Env, bystander *client.SandboxConn) {
-	sb := create(t, env, client.CreateRequest{MemoryMB: 256, DiskSizeMB: 1024})
-	pid := strings.TrimSpace(mustOK(t, sb, "nohup sleep 3600 >/dev/null 2>&1 & echo $!"))
-	alive := func(t *testing.T, what string) {
-		t.Helper()
-		if d, err := env.Client.Get(ctxT(t, time.Minute), sb.ID); err != nil || d.State != "running" {
-			t.Fatalf("after %s the sandbox is not running: %v %+v", what, err, d)
-		}
-		if out := mustOK(t, sb, "kill -0 "+pid+" && echo alive"); out != "alive\n" {
-			t.Fatalf("after %s the sandbox's background process %s is gone: %q", what, pid, out)
-		}
-		if out := mustOK(t, bystander, "echo alive"); out != "alive\n" {
-			t.Fatalf("after %s another sandbox: %q", what, out)
-		}
-	}
-
-	// More than the memory ceiling, less than the disk: it fits.
-	res := run(t, sb, `dd if=/dev/zero of=/home/user/big bs=1M count=700`, client.ExecOptions{Timeout: 90 * time.Second})
-	if res.ExitCode != 0 {
-		t.Fatalf("writing 700 MB into a 1 GiB disk with 256 MiB of memory: exit %d, error %q, output %q", res.ExitCode, res.Error, res.Stdout+res.Stderr)
-	}
-	alive(t, "a 700 MB write")
-
-	// Past the disk: ENOSPC, named.
-	res = run(t, sb, `dd if=/dev/zero of=/home/user/more bs=1M count=600`, client.ExecOptions{Timeout: 90 * time.Second})
-	if !strings.Contains(res.Stderr, "No space left on device") {
-		t.Fatalf("writing past the disk limit: stderr %q does not say ENOSPC (exit %d, error %q)", tailStr(res.Stderr, 300), res.ExitCode, res.Error)
-	}
-	for _, w := range []string{"disk limit", "1 GiB", "--disk"} {
-		if !strings.Contains(res.Error, w) {
-			t.Fatalf("result error %q does not name %q (exit %d)", res.Error, w, res.ExitCode)
-		}
-	}
-	mustOK(t, sb, "rm -f /home/user/more")
-	alive(t, "a write past the disk limit")
-
-	// An upload past the disk, through the daemon's API: 507 in E2B's shape.
-	err := sb.WriteFile(ctxT(t, 3*time.Minute), "/home/user/upload", "", io.LimitReader(zeros{}, 500<<20))
-	var ae *client.APIError
-	if !errors.As(err, &ae) || ae.Status != http.StatusInsufficientStorage {
-		t.Fatalf("upload past the disk limit: want a 507, got %v", err)
-	}
-	var body struct {
-		Code    int    `json:"code"`
-		Message string `json:"message"`
-	}
-	if err := json.Unmarshal([]byte(ae.Message), &body); err != nil || body.Code != http.StatusInsufficientStorage {
-		t.Fatalf("upload past the disk limit: body %q is not E2B's {code, message} (%v)", ae.Message, err)
-	}
-	for _, w := range []string{"disk limit 1024 MiB reached", "--disk", "diskSizeMB"} {
-		if !strings.Contains(body.Message, w) {
-			t.Fatalf("upload past the disk limit: message %q does not name %q", body.Message, w)
-		}
-	}
-	alive(t, "an upload past the disk limit")
-	if out := mustOK(t, sb, "rm -f /home/user/upload /home/user/big && echo ok"); out != "ok\n" {
-		t.Fatalf("free the disk: %q", out)
+	destroy(t, rt, id, f.Spec.BundleDir)
+	if _, err := rt.Stats(ctx, id); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("Stats after Destroy: %v, want ErrNotFound", err)
 	}
 }
 
-// zeros is an endless reader of zero bytes.
-type zeros struct{}
-
-func (zeros) Read(p []byte) (int, error) {
-	clear(p)
-	return len(p), nil
-}
-
-func tailStr(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
+// The log gets both streams intact (the file is opened O_APPEND), and a
+// failed start says why and leaves nothing behind.
+func testLogAndFailedStart(t *testing.T, rt runtime.Runtime) {
+	id := NewID("log")
+	f := ocitest.New(t, id, false, `for i in 1 2 3; do echo out$i; echo err$i >&2; done; exec sleep 1000`)
+	start(t, rt, f)
+	log := waitLog(t, f, func(log string) bool { return strings.Count(log, "\n") >= 6 })
+	for _, w := range []string{"out1", "err1", "out2", "err2", "out3", "err3"} {
+		if !strings.Contains(log, w+"\n") {
+			t.Errorf("log lacks %s:\n%s", w, log)
+		}
 	}
-	return s
+	destroy(t, rt, id, f.Spec.BundleDir)
+
+	bad := NewID("bad")
+	fb := ocitest.New(t, bad, false, "true")
+	fb.Spec.Args = []string{"/nonexistent"}
+	err := rt.Start(ctxT(t, time.Minute), fb.Spec)
+	if err == nil || !strings.Contains(err.Error(), "/nonexistent") {
+		t.Fatalf("Start of a missing binary: %v, want an error naming it", err)
+	}
+	ocitest.AssertGone(t, rt, bad, fb.Spec.BundleDir)
 }
 
-// leftovers lists what the host still holds of a sandbox.
-func leftovers(t *testing.T, env *daemontest.Env, id string) []string {
+// waitLog polls f's container log until ok says it holds what is wanted.
+func waitLog(t *testing.T, f *ocitest.Fixture, ok func(string) bool) string {
 	t.Helper()
-	var out []string
-	ids, err := env.Daemon.Runtime.List(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range ids {
-		if c == id {
-			out = append(out, "container "+id)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		b, _ := os.ReadFile(f.Spec.LogPath)
+		if ok(string(b)) {
+			return string(b)
 		}
-	}
-	mounts, err := rootfs.FindMounts(filepath.Join(env.DataDir, "sandboxes", id))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range mounts {
-		out = append(out, "mount "+m)
-	}
-	// The kernel detaches a freed loop device shortly after the unmount.
-	loops := diskimage.Loops(filepath.Join(env.DataDir, "sandboxes", id))
-	if len(out) == 0 {
-		loops = diskimage.WaitLoopsGone(filepath.Join(env.DataDir, "sandboxes", id), 10*time.Second)
-	}
-	for _, l := range loops {
-		out = append(out, "loop device "+l.Device+" on "+l.BackingFile)
-	}
-	cgs, err := cgroup.List()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range cgs {
-		if c == id {
-			out = append(out, "cgroup "+c)
+		if time.Now().After(deadline) {
+			t.Fatalf("the container log never got what the test waits for:\n%s", b)
 		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	if _, err := os.Stat(filepath.Join(env.DataDir, "sandboxes", id)); err == nil {
-		out = append(out, "dir "+id)
-	}
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err == nil && strings.Contains(string(b), id) {
-			out = append(out, "process "+filepath.Base(filepath.Dir(p))+": "+strings.ReplaceAll(string(b), "\x00", " "))
+}
+
+// tickScript prints "tick N" every 50 ms, N counting from 1: its log says
+// whether the process ran (N moved), and whether it went on from where it
+// was (N+1 follows N) or started again (1).
+const tickScript = `trap '' USR1; i=0; while :; do i=$((i+1)); echo tick $i; sleep 0.05; done`
+
+// ticks returns the tick numbers in a log, in order.
+func ticks(log string) []int {
+	var out []int
+	for line := range strings.Lines(log) {
+		if n, ok := strings.CutPrefix(strings.TrimSpace(line), "tick "); ok {
+			if v, err := strconv.Atoi(n); err == nil {
+				out = append(out, v)
+			}
 		}
 	}
 	return out
 }
 
-func testCleanupAfterKill(t *testing.T, env *daemontest.Env) {
-	ctx := ctxT(t, 2*time.Minute)
-	sb, err := env.Client.Create(ctx, client.CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
+func lastTick(t *testing.T, f *ocitest.Fixture) int {
+	t.Helper()
+	b, _ := os.ReadFile(f.Spec.LogPath)
+	ts := ticks(string(b))
+	if len(ts) == 0 {
+		return 0
 	}
-	conn, err := env.Client.Sandbox(ctx, sb.SandboxID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A background process that would outlive a sloppy kill.
-	run(t, conn, "nohup sleep 1000 >/dev/null 2>&1 &", client.ExecOptions{Timeout: 10 * time.Second})
-	if l := leftovers(t, env, sb.SandboxID); !slices.ContainsFunc(l, func(s string) bool { return strings.HasPrefix(s, "loop device ") }) {
-		t.Fatalf("leftovers() finds no loop device for a running sandbox: the check itself is broken (%v)", l)
-	}
-	if err := env.Client.Kill(ctx, sb.SandboxID); err != nil {
-		t.Fatal(err)
-	}
-	if l := leftovers(t, env, sb.SandboxID); len(l) > 0 {
-		t.Fatalf("after kill the host still holds: %v", l)
-	}
+	return ts[len(ts)-1]
 }
 
-func testCleanupAfterStop(t *testing.T, env *daemontest.Env) {
-	// A second daemon on its own data dir, stopped with sandboxes running.
-	env2 := daemontest.Start(t, env.Daemon.Runtime.Name(), daemontest.Options{})
+// waitTick waits until the log's last tick is above n and returns it.
+func waitTick(t *testing.T, f *ocitest.Fixture, n int) int {
+	t.Helper()
+	waitLog(t, f, func(log string) bool { ts := ticks(log); return len(ts) > 0 && ts[len(ts)-1] > n })
+	return lastTick(t, f)
+}
+
+// frozenFor is how long a frozen container is watched for a tick: at its
+// pace (50 ms) a running one would print about 20.
+const frozenFor = time.Second
+
+func testFreezeThaw(t *testing.T, rt runtime.Runtime) {
+	id := NewID("frz")
+	f := ocitest.New(t, id, false, tickScript)
+	start(t, rt, f)
+	waitTick(t, f, 2)
 	ctx := ctxT(t, 2*time.Minute)
-	var ids []string
-	for i := 0; i < 2; i++ {
-		sb, err := env2.Client.Create(ctx, client.CreateRequest{})
-		if err != nil {
+	for round := range 3 {
+		if err := rt.Freeze(ctx, id); err != nil {
+			t.Fatalf("round %d: Freeze: %v", round, err)
+		}
+		if st := state(t, rt, id); st != runtime.StatusPaused {
+			t.Fatalf("round %d: State after Freeze = %q, want paused", round, st)
+		}
+		n := lastTick(t, f)
+		time.Sleep(frozenFor)
+		if after := lastTick(t, f); after != n {
+			t.Fatalf("round %d: a frozen container ran: tick %d, then %d", round, n, after)
+		}
+		if _, err := rt.Stats(ctx, id); err != nil {
+			t.Fatalf("round %d: Stats of a frozen container: %v", round, err)
+		}
+		if err := rt.Thaw(ctx, id); err != nil {
+			t.Fatalf("round %d: Thaw: %v", round, err)
+		}
+		if st := state(t, rt, id); st != runtime.StatusRunning {
+			t.Fatalf("round %d: State after Thaw = %q, want running", round, st)
+		}
+		waitTick(t, f, n)
+	}
+	// A frozen container is destroyed as well as a running one.
+	if err := rt.Freeze(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	destroy(t, rt, id, f.Spec.BundleDir)
+}
+
+// startTicking starts a tickScript container and waits until it counted
+// past 2; it returns the fixture, the count then and an empty directory
+// for a checkpoint image.
+func startTicking(t *testing.T, rt runtime.Runtime, prefix string) (f *ocitest.Fixture, count int, imageDir string) {
+	t.Helper()
+	f = ocitest.New(t, NewID(prefix), false, tickScript)
+	start(t, rt, f)
+	count = waitTick(t, f, 2)
+	imageDir = filepath.Join(f.Dir, "image")
+	if err := os.Mkdir(imageDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return f, count, imageDir
+}
+
+// testCheckpoint: with MemoryCheckpoint, Checkpoint saves the container and
+// removes it as Destroy does, and Restore brings its processes back where
+// they were (the count goes on); without, both are ErrNotSupported and the
+// container is left as it was.
+func testCheckpoint(t *testing.T, rt runtime.Runtime) {
+	f, before, img := startTicking(t, rt, "ckp")
+	id := f.Spec.ID
+	ctx := ctxT(t, 2*time.Minute)
+	if !rt.Capabilities().MemoryCheckpoint {
+		if err := rt.Checkpoint(ctx, id, img); !errors.Is(err, runtime.ErrNotSupported) {
+			t.Fatalf("Checkpoint without MemoryCheckpoint: %v, want ErrNotSupported", err)
+		}
+		if err := rt.Restore(ctx, f.Spec, img); !errors.Is(err, runtime.ErrNotSupported) {
+			t.Fatalf("Restore without MemoryCheckpoint: %v, want ErrNotSupported", err)
+		}
+		if st := state(t, rt, id); st != runtime.StatusRunning {
+			t.Fatalf("State after a refused Checkpoint = %q, want running", st)
+		}
+		waitTick(t, f, lastTick(t, f))
+		destroy(t, rt, id, f.Spec.BundleDir)
+		return
+	}
+	if err := rt.Checkpoint(ctx, id, img); err != nil {
+		t.Fatalf("Checkpoint: %v", err)
+	}
+	saved := lastTick(t, f)
+	// Gone as after Destroy: no process, cgroup, mount or state.
+	ocitest.AssertGone(t, rt, id, f.Spec.BundleDir)
+	if err := rt.Restore(ctx, f.Spec, img); err != nil {
+		log, _ := os.ReadFile(f.Spec.LogPath)
+		t.Fatalf("Restore: %v\ncontainer log:\n%s", err, log)
+	}
+	if st := state(t, rt, id); st != runtime.StatusRunning {
+		t.Fatalf("State after Restore = %q, want running", st)
+	}
+	waitTick(t, f, saved)
+	b, _ := os.ReadFile(f.Spec.LogPath)
+	ts := ticks(string(b))
+	if i := slices.Index(ts, saved); i < 0 || i+1 >= len(ts) || ts[i+1] != saved+1 || saved < before {
+		t.Fatalf("after a checkpoint at tick %d the restored container did not go on from there: %v", saved, ts)
+	}
+	destroy(t, rt, id, f.Spec.BundleDir)
+}
+
+// testSnapshotter: a runtime.Snapshotter saves a running container that
+// goes on running, and starts another container from the image whose
+// processes go on from the save, any number of times.
+func testSnapshotter(t *testing.T, rt runtime.Runtime) {
+	sn, ok := rt.(runtime.Snapshotter)
+	if !ok {
+		t.Skipf("%s is no runtime.Snapshotter", rt.Name())
+	}
+	f, before, img := startTicking(t, rt, "snap")
+	id := f.Spec.ID
+	ctx := ctxT(t, 2*time.Minute)
+	if err := sn.CheckpointRunning(ctx, id, img); err != nil {
+		t.Fatalf("CheckpointRunning: %v", err)
+	}
+	saved := lastTick(t, f)
+	if st := state(t, rt, id); st != runtime.StatusRunning {
+		t.Fatalf("State after CheckpointRunning = %q, want running", st)
+	}
+	waitTick(t, f, saved)
+	for i := range 2 {
+		cid := NewID("fork")
+		c := ocitest.New(t, cid, false, "exit 1") // never run: the restore brings the saved processes
+		c.Spec.Args = f.Spec.Args
+		if err := sn.RestoreFrom(ctx, c.Spec, img); err != nil {
+			log, _ := os.ReadFile(c.Spec.LogPath)
+			t.Fatalf("RestoreFrom %d: %v\ncontainer log:\n%s", i, err, log)
+		}
+		t.Cleanup(func() { _ = rt.Destroy(context.Background(), cid) })
+		first := waitTick(t, c, 0)
+		b, _ := os.ReadFile(c.Spec.LogPath)
+		// The save came after tick "before" and before the read of "saved".
+		if ts := ticks(string(b)); ts[0] <= before || ts[0] > saved+1 {
+			t.Fatalf("restore %d of a save between ticks %d and %d counted %v: not from the save", i, before, saved, ts)
+		}
+		t.Logf("restore %d: first tick %d (saved at %d or just after)", i, first, saved)
+		destroy(t, rt, cid, c.Spec.BundleDir)
+	}
+	if st := state(t, rt, id); st != runtime.StatusRunning {
+		t.Fatalf("the original after its restores: %q, want running", st)
+	}
+	destroy(t, rt, id, f.Spec.BundleDir)
+}
+
+// testStatsCountLimits: a container hitting its pids ceiling and one
+// hitting its memory ceiling are counted in Stats, and the counts can be
+// read until Destroy even when the hit ended the whole container (gVisor:
+// its sentry is one process to the host).
+func testStatsCountLimits(t *testing.T, rt runtime.Runtime) {
+	ctx := ctxT(t, 3*time.Minute)
+	wait := func(t *testing.T, id string, what string, hit func(runtime.Stats) bool) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for {
+			s, err := rt.Stats(ctx, id)
+			if err == nil && hit(s) {
+				t.Logf("%s: %+v", what, s)
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: never counted (Stats %+v, %v)", what, s, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	t.Run("Pids", func(t *testing.T) {
+		id := NewID("pids")
+		f := ocitest.New(t, id, false, `i=0; while [ $i -lt 1000 ]; do sleep 600 & i=$((i+1)); done; exec sleep 1000`)
+		f.Spec.Limits.Pids = 64
+		start(t, rt, f)
+		wait(t, id, "forks past 64 pids", func(s runtime.Stats) bool { return s.PidsMaxHits > 0 })
+		destroy(t, rt, id, f.Spec.BundleDir)
+	})
+	t.Run("Memory", func(t *testing.T) {
+		id := NewID("mem")
+		// tail keeps a line without a newline whole: 400 MB of it.
+		f := ocitest.New(t, id, false, `head -c 400000000 /dev/zero | tail >/dev/null; exec sleep 1000`)
+		f.Spec.Limits.MemoryBytes = 128 << 20
+		start(t, rt, f)
+		wait(t, id, "400 MB under a 128 MiB ceiling", func(s runtime.Stats) bool { return s.OOMKills > 0 })
+		destroy(t, rt, id, f.Spec.BundleDir)
+	})
+}
+
+// testRemoveOrphans: an empty, old cgroup of a container that no longer
+// exists goes; a running container's cgroups stay although keep does not
+// claim them (they could be another daemon's), and so does a young empty
+// one (a container being created).
+func testRemoveOrphans(t *testing.T, rt runtime.Runtime) {
+	id := NewID("live")
+	f := ocitest.New(t, id, false, "exec sleep 1000")
+	start(t, rt, f)
+	orphan, young := NewID("orphan"), NewID("young")
+	old := time.Now().Add(-time.Hour)
+	for _, o := range []string{orphan, young} {
+		d := filepath.Join(cgroup.Root, "pids", cgroup.Parent, o)
+		if err := os.Mkdir(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		ids = append(ids, sb.SandboxID)
-	}
-	env2.Close()
-	for _, id := range ids {
-		if l := leftovers(t, env2, id); len(l) > 0 {
-			t.Fatalf("after daemon stop the host still holds: %v", l)
+		t.Cleanup(func() { _ = cgroup.Remove(o) })
+		if o == orphan {
+			if err := os.Chtimes(d, old, old); err != nil {
+				t.Fatal(err)
+			}
 		}
+	}
+	for _, d := range mustDirs(t, id) {
+		if err := os.Chtimes(d, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Only this test's IDs are candidates: other tests' cgroups are theirs.
+	mine := []string{id, orphan, young}
+	removed, err := rt.RemoveOrphans(ctxT(t, time.Minute), func(c string) bool { return !slices.Contains(mine, c) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(removed, []string{orphan}) {
+		t.Fatalf("RemoveOrphans removed %v, want [%s]", removed, orphan)
+	}
+	if d := mustDirs(t, orphan); len(d) > 0 {
+		t.Fatalf("the orphan's cgroups are left: %v", d)
+	}
+	if d := mustDirs(t, young); len(d) == 0 {
+		t.Fatal("a young empty cgroup was removed")
+	}
+	if st := state(t, rt, id); st != runtime.StatusRunning {
+		t.Fatalf("a running container after RemoveOrphans: %q", st)
+	}
+	if _, err := rt.Stats(ctxT(t, time.Minute), id); err != nil {
+		t.Fatalf("a running container's cgroups after RemoveOrphans: %v", err)
+	}
+	destroy(t, rt, id, f.Spec.BundleDir)
+}
+
+func mustDirs(t *testing.T, id string) []string {
+	t.Helper()
+	d, err := cgroup.Dirs(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// testProbe: Probe times a real trial container and leaves nothing of it
+// (probe containers are named by the runtime's ProbePrefix, when it tells).
+func testProbe(t *testing.T, rt runtime.Runtime) {
+	scratch := t.TempDir()
+	d, err := rt.Probe(ctxT(t, time.Minute), scratch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("probe: %s", d)
+	if d <= 0 || d > time.Minute {
+		t.Fatalf("probe duration %s", d)
+	}
+	if ents, err := os.ReadDir(scratch); err != nil || len(ents) > 0 {
+		t.Fatalf("the probe left %v in its scratch dir (%v)", ents, err)
+	}
+	if ids, err := rt.List(ctxT(t, time.Minute)); err != nil || len(ids) > 0 {
+		t.Fatalf("List after Probe = %v, %v; want none", ids, err)
+	}
+	if p, ok := rt.(interface{ ProbePrefix() string }); ok {
+		ocitest.AssertGone(t, rt, p.ProbePrefix(), scratch)
 	}
 }

@@ -1,12 +1,13 @@
-// Package ocitest holds test helpers shared by the gvisor and crun
-// runtime tests: a sandbox directory with a real root filesystem (the
-// built "base" template through an overlay when it exists, else read-only
-// binds of the host's /usr and /etc), a unix socket in RunDir that the
-// container's PID 1 reports to, and leak checks after Destroy.
+// Package ocitest holds the fixtures of runtimetest.Suite and of the
+// gvisor and crun tests: a sandbox directory with a real root filesystem
+// (the built "base" template through an overlay when it exists, else
+// read-only binds of the host's /usr and /etc), a unix socket in RunDir
+// that the container's PID 1 reports to, and leak checks after Destroy.
 package ocitest
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -44,6 +45,25 @@ func NeedRoot(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
+}
+
+// CleanupRuntime removes, when the test ends, what a runtime under test
+// still holds in its state dir root, and the dir: containers left in it
+// and mounts left under it are errors of the test (Destroy should have
+// removed them).
+func CleanupRuntime(t *testing.T, rt runtime.Runtime, root string) {
+	t.Cleanup(func() {
+		ids, _ := rt.List(context.Background())
+		for _, id := range ids {
+			t.Errorf("container %s left in %s's state", id, rt.Name())
+			_ = rt.Destroy(context.Background(), id)
+		}
+		rt.Close()
+		if m, err := rootfs.FindMounts(root); err != nil || len(m) > 0 {
+			t.Errorf("mounts left under %s's state dir: %v %v", rt.Name(), m, err)
+		}
+		os.RemoveAll(root)
+	})
 }
 
 // BaseTemplate returns the built "base" template from $CELLA_TEMPLATE_CACHE
@@ -225,17 +245,17 @@ func AssertGone(t *testing.T, rt runtime.Runtime, id string, mountPrefixes ...st
 			t.Errorf("cgroup dir left: %s", c)
 		}
 	}
-	procs, _ := filepath.Glob("/proc/[0-9]*")
-	self := os.Getpid()
-	for _, p := range procs {
-		if p == filepath.Join("/proc", strconv.Itoa(self)) {
-			continue
+	// A runtime's helper process may still be exiting (crun's child of a
+	// failed start): what is left is what is still there after a while.
+	deadline := time.Now().Add(10 * time.Second)
+	for left := processesOf(id); len(left) > 0; left = processesOf(id) {
+		if time.Now().After(deadline) {
+			for _, p := range left {
+				t.Errorf("process left: %s", p)
+			}
+			break
 		}
-		cg, _ := os.ReadFile(filepath.Join(p, "cgroup"))
-		cmd, _ := os.ReadFile(filepath.Join(p, "cmdline"))
-		if strings.Contains(string(cg), "/"+cgroup.Parent+"/"+id) || strings.Contains(string(cmd), id) {
-			t.Errorf("process left: %s %q", p, strings.ReplaceAll(string(cmd), "\x00", " "))
-		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	for _, pre := range mountPrefixes {
 		if m, err := rootfs.FindMounts(pre); err != nil || len(m) > 0 {
@@ -254,6 +274,26 @@ func AssertGone(t *testing.T, rt runtime.Runtime, id string, mountPrefixes ...st
 	if _, err := rt.State(t.Context(), id); !errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("State after Destroy: %v, want ErrNotFound", err)
 	}
+}
+
+// processesOf lists the live processes in container id's cgroups or naming
+// it on their command line (zombies have none: they are gone but for their
+// exit status).
+func processesOf(id string) []string {
+	var out []string
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	self := filepath.Join("/proc", strconv.Itoa(os.Getpid()))
+	for _, p := range procs {
+		if p == self {
+			continue
+		}
+		cg, _ := os.ReadFile(filepath.Join(p, "cgroup"))
+		cmd, _ := os.ReadFile(filepath.Join(p, "cmdline"))
+		if strings.Contains(string(cg), "/"+cgroup.Parent+"/"+id) || strings.Contains(string(cmd), id) {
+			out = append(out, fmt.Sprintf("%s %q", p, strings.ReplaceAll(string(cmd), "\x00", " ")))
+		}
+	}
+	return out
 }
 
 // ConnectScript is a PID 1 script that only connects to the socket (to

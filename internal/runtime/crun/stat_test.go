@@ -1,8 +1,0 @@
-package crun
-
-import (
-	"os"
-	"syscall"
-)
-
-func statUID(fi os.FileInfo) uint32 { return fi.Sys().(*syscall.Stat_t).Uid }
