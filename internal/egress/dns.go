@@ -123,7 +123,7 @@ func (p *Proxy) answerDNS(sb *Sandbox, pkt []byte, local string) []byte {
 		m.Id = binary.BigEndian.Uint16(pkt)
 		m.Response = true
 		m.Rcode = dns.RcodeFormatError
-		return pack(m)
+		return pack(m, dns.MinMsgSize)
 	}
 	if req.Response {
 		return nil
@@ -131,21 +131,25 @@ func (p *Proxy) answerDNS(sb *Sandbox, pkt []byte, local string) []byte {
 	m := new(dns.Msg)
 	m.SetReply(req)
 	m.RecursionAvailable = true
+	// The answer must fit what the client can receive over UDP: 512 bytes,
+	// or what its EDNS record says, up to ours.
+	size := dns.MinMsgSize
 	if opt := req.IsEdns0(); opt != nil {
 		m.SetEdns0(ednsSize, false)
+		size = max(size, min(int(opt.UDPSize()), ednsSize))
 	}
 	if req.Opcode != dns.OpcodeQuery || len(req.Question) != 1 {
 		m.Rcode = dns.RcodeNotImplemented
-		return pack(m)
+		return pack(m, size)
 	}
 	q := req.Question[0]
 	if q.Qclass != dns.ClassINET {
 		m.Rcode = dns.RcodeNotImplemented
-		return pack(m)
+		return pack(m, size)
 	}
 	if q.Qtype == dns.TypePTR {
 		p.answerPTR(sb, m, q)
-		return pack(m)
+		return pack(m, size)
 	}
 
 	name := normalizeName(q.Name)
@@ -155,10 +159,10 @@ func (p *Proxy) answerDNS(sb *Sandbox, pkt []byte, local string) []byte {
 	if !ok {
 		ref := p.notAllowed(pol, name, rule)
 		m.Rcode = dns.RcodeNameError
-		ede(m, dns.ExtendedErrorCodeBlocked, blockedByPolicy+ref.msg)
+		ede(m, dns.ExtendedErrorCodeBlocked, blockedByPolicy+ref.msg, size)
 		ev.Decision, ev.Rule, ev.Reason = "blocked", ref.code, ref.msg
 		sb.emit(ev)
-		return pack(m)
+		return pack(m, size)
 	}
 	ev.Decision, ev.Rule = "allowed", rule
 	// AAAA and the other types of an allowed name are answered empty:
@@ -169,7 +173,7 @@ func (p *Proxy) answerDNS(sb *Sandbox, pkt []byte, local string) []byte {
 			m.Rcode = dns.RcodeServerFailure
 			ev.Reason = err.Error()
 			sb.emit(ev)
-			return pack(m)
+			return pack(m, size)
 		}
 		m.Answer = append(m.Answer, &dns.A{
 			Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: fakeTTL},
@@ -178,7 +182,7 @@ func (p *Proxy) answerDNS(sb *Sandbox, pkt []byte, local string) []byte {
 		ev.Upstream = a.String()
 	}
 	sb.emit(ev)
-	return pack(m)
+	return pack(m, size)
 }
 
 // answerPTR names the fake addresses this sandbox was given, so tools that
@@ -218,15 +222,28 @@ func reverseAddr(qname string) (netip.Addr, bool) {
 
 // ede attaches an extended DNS error (RFC 8914), which dig and some
 // resolvers show: the only place a DNS answer can explain itself.
-func ede(m *dns.Msg, code uint16, text string) {
+// The text (a policy summary can run to kilobytes) is cut to what fits in
+// size bytes with the rest of m: Truncate never shortens the OPT record.
+func ede(m *dns.Msg, code uint16, text string, size int) {
 	opt := m.IsEdns0()
 	if opt == nil {
 		return
 	}
+	const optionHeader = 4 + 2 // option code and length, info code
+	room := max(size-m.Len()-optionHeader, 0)
+	if len(text) > room {
+		text = strings.ToValidUTF8(text[:max(room-len("…"), 0)], "") + "…"
+		if len(text) > room {
+			text = ""
+		}
+	}
 	opt.Option = append(opt.Option, &dns.EDNS0_EDE{InfoCode: code, ExtraText: text})
 }
 
-func pack(m *dns.Msg) []byte {
+// pack packs m into at most size bytes: compressed when it must be, with
+// records dropped and TC set when even that does not fit.
+func pack(m *dns.Msg, size int) []byte {
+	m.Truncate(size)
 	b, err := m.Pack()
 	if err != nil {
 		return nil
