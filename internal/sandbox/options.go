@@ -206,9 +206,13 @@ func (o *Options) Normalize(max Maxima) error {
 	if err := o.Lifecycle.Validate(); err != nil {
 		return err
 	}
-	for k := range o.EnvVars {
+	for k, v := range o.EnvVars {
 		if k == "" || containsAny(k, "=\x00") {
 			return errdefs.InvalidArgument("invalid environment variable name %q", k)
+		}
+		// execve cannot pass it: every command would fail.
+		if containsAny(v, "\x00") {
+			return errdefs.InvalidArgument("environment variable %q: the value contains a NUL byte", k)
 		}
 	}
 	return nil

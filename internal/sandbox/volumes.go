@@ -36,8 +36,9 @@ func (vm VolumeMount) volumeID() string {
 var forbiddenMountRoots = []string{"/proc", "/sys", "/dev", "/run/cella", "/.cella"}
 
 // ValidateVolumeMounts checks names and guest paths: a path is absolute,
-// clean, not "/", not at or under /proc, /sys, /dev, /run/cella or /.cella,
-// and used once.
+// clean, not "/", not at, under or above /proc, /sys, /dev, /run/cella or
+// /.cella (a volume at /run would cover the agent's run dir, mounted
+// before it), and used once.
 func ValidateVolumeMounts(vms []VolumeMount) error {
 	seen := map[string]bool{}
 	for _, vm := range vms {
@@ -57,6 +58,9 @@ func ValidateVolumeMounts(vms []VolumeMount) error {
 		for _, f := range forbiddenMountRoots {
 			if p == f || strings.HasPrefix(p, f+"/") {
 				return errdefs.InvalidArgument("volume %q: mount path %q is under %s, which cella reserves", vm.Name, p, f)
+			}
+			if strings.HasPrefix(f, p+"/") {
+				return errdefs.InvalidArgument("volume %q: mount path %q would cover %s, which cella reserves", vm.Name, p, f)
 			}
 		}
 		if seen[p] {
