@@ -161,6 +161,56 @@ func FuzzNarrow(f *testing.F) {
 	})
 }
 
+// FuzzWithin: the part of a policy a ceiling allows (a fork or restore
+// under a smaller key) is valid, allows exactly what both allow (by every
+// probe the entries suggest), is within the ceiling as Narrow sees it, and
+// is its own part: taking it again changes nothing.
+func FuzzWithin(f *testing.F) {
+	for i, s := range policySeeds {
+		f.Add([]byte(s), []byte(policySeeds[(i+5)%len(policySeeds)]), "api.pkg.test")
+	}
+	f.Add([]byte(`{"allowOut":["*"]}`), []byte(`{"allowOut":["github.com","*.pkg.test"]}`), "x.pkg.test")
+	f.Add([]byte(`{"allowOut":["*.a.test","b.test","10.0.0.0/8"]}`), []byte(`{"allowOut":["*.test","10.1.0.0/16"],"denyOut":["x.a.test"]}`), "y.a.test")
+	f.Add([]byte(`{"allowOut":["10.1.2.3"],"denyOut":["*"]}`), []byte(`{"allowOut":["0.0.0.0/0"]}`), "10.1.2.3")
+	f.Add([]byte(`{"allowOut":["a.test"],"rules":{"a.test":[{}]}}`), []byte(`{"allowOut":["*"],"rules":{"A.test":[{"transform":{"headers":{"X-Op":"1"}}}]}}`), "a.test")
+	f.Fuzz(func(t *testing.T, polJSON, ceilJSON []byte, probe string) {
+		p, err1 := ParsePolicy(polJSON)
+		ceil, err2 := ParsePolicy(ceilJSON)
+		if err1 != nil || err2 != nil {
+			return
+		}
+		out, err := p.Within(ceil)
+		if err != nil {
+			t.Fatalf("Within of two valid policies failed: %v", err)
+		}
+		if err := out.Validate(); err != nil {
+			t.Fatalf("Within returned an invalid policy %+v: %v", out, err)
+		}
+		if len(out.AllowOut) > 0 {
+			if _, err := (Policy{AllowOut: out.AllowOut}).Narrow(ceil); err != nil {
+				t.Fatalf("Within(%+v, %+v) = %+v is not within the ceiling: %v", p, ceil, out, err)
+			}
+		}
+		for _, h := range probes(p, ceil, out, probe) {
+			ok, _ := out.AllowsHost(h)
+			pok, _ := p.AllowsHost(h)
+			cok, _ := ceil.AllowsHost(h)
+			if ok != (pok && cok) {
+				t.Fatalf("Within(%+v, ceiling %+v) = %+v: %q allowed %v, by the policy %v, by the ceiling %v", p, ceil, out, h, ok, pok, cok)
+			}
+		}
+		again, err := out.Within(ceil)
+		if err != nil || !reflect.DeepEqual(canonical(again), canonical(out)) {
+			t.Fatalf("Within twice: %+v, then %+v (%v)", out, again, err)
+		}
+		for k, rs := range ceil.Rules {
+			if got, ok := out.Rules[k]; !ok || !reflect.DeepEqual(got, rs) {
+				t.Fatalf("ceiling rules for %q replaced: %+v", k, out.Rules)
+			}
+		}
+	})
+}
+
 // sameKeyElsewhere: two ceiling keys that differ only in case name one
 // host; one of their rule lists wins.
 func sameKeyElsewhere(rules map[string][]Rule, k string, got []Rule) bool {
