@@ -236,6 +236,9 @@ func FuzzAllowsHost(f *testing.F) {
 		if err != nil {
 			return
 		}
+		if n := normalizeName(host); normalizeName(n) != n {
+			t.Fatalf("normalizeName(%q) = %q, normalized again %q", host, n, normalizeName(n))
+		}
 		ok, rule := p.AllowsHost(host)
 		if ok {
 			if !slices.Contains(entryTextsOf(t, p.AllowOut), rule) {

@@ -311,10 +311,19 @@ func checkDomain(name string) error {
 	return nil
 }
 
-// normalizeName lower-cases a host name and drops a trailing dot, the form
-// entries are matched against.
+// normalizeName lower-cases a host name and drops the trailing dot of a
+// fully qualified name, the form entries are matched against. It is
+// idempotent: what dropping the dot would expose (another dot, spaces) is
+// kept, and stays invalid, so a caller that normalized a Host header or SNI
+// decides on the very name a policy check normalizing it again sees
+// ("pkg.test.." was allowed as pkg.test, but dialed and matched against
+// header rules as "pkg.test.").
 func normalizeName(s string) string {
-	return strings.TrimSuffix(strings.ToLower(strings.TrimSpace(s)), ".")
+	s = strings.ToLower(strings.TrimSpace(s))
+	if t, ok := strings.CutSuffix(s, "."); ok && !strings.HasSuffix(t, ".") && t == strings.TrimSpace(t) {
+		return t
+	}
+	return s
 }
 
 func (e entry) matchesName(name string) bool {
