@@ -364,7 +364,13 @@ func (s *Server) writeUpload(target string, data io.Reader, u *sandboxUser, meta
 			code = http.StatusBadRequest
 			return fmt.Errorf("path is not a regular file: %s", p)
 		}
-		if n, err = io.Copy(f, data); err != nil {
+		body := &bodyReader{r: data}
+		if n, err = io.Copy(f, body); err != nil {
+			if body.err != nil {
+				// The client's upload ended early or was malformed.
+				code = http.StatusBadRequest
+				return fmt.Errorf("error reading the upload: %w", err)
+			}
 			code = statusFor(err)
 			return fmt.Errorf("error writing file: %w", err)
 		}
@@ -401,13 +407,31 @@ func (s *Server) writeUpload(target string, data io.Reader, u *sandboxUser, meta
 	return e, 0, nil
 }
 
+// bodyReader keeps the error of reading an upload, which is the client's,
+// apart from the errors of writing it.
+type bodyReader struct {
+	r   io.Reader
+	err error
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err != nil && err != io.EOF {
+		b.err = err
+	}
+	return n, err
+}
+
 // statusFor maps a write error to its HTTP status; a full disk is 507,
 // which the SDK turns into NotEnoughSpaceError.
 func statusFor(err error) int {
 	switch {
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		return http.StatusInsufficientStorage
-	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR):
+	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR),
+		errors.Is(err, syscall.ENAMETOOLONG), errors.Is(err, syscall.ELOOP):
+		// What the path names is wrong: a file where a directory is
+		// wanted, a name too long, a loop of the sandbox's own symlinks.
 		return http.StatusBadRequest
 	case errors.Is(err, fs.ErrPermission):
 		return http.StatusForbidden

@@ -35,6 +35,10 @@ func (s *Server) resolve(p string, u *sandboxUser) (string, error) {
 	if p == "" {
 		p = u.Home
 	}
+	// No syscall takes it (EINVAL, which reads as the agent's failure).
+	if strings.ContainsRune(p, 0) {
+		return "", fmt.Errorf("path %q contains a NUL byte", p)
+	}
 	return expandPath(p, u.Home)
 }
 

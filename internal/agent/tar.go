@@ -345,7 +345,12 @@ func extractEntry(rootFD int, rel string, hdr *tar.Header, r io.Reader) error {
 			return fmt.Errorf("create %s: %w", rel, err)
 		}
 		f := os.NewFile(uintptr(fd), rel)
-		_, err = io.Copy(f, r)
+		body := &bodyReader{r: r} // files_http.go
+		_, err = io.Copy(f, body)
+		if body.err != nil {
+			f.Close()
+			return fmt.Errorf("%w: %s: %v", errBadArchive, rel, body.err) // the archive ends inside it
+		}
 		if err == nil {
 			err = f.Chmod(os.FileMode(mode)) // the umask took bits away
 		}
@@ -357,6 +362,9 @@ func extractEntry(rootFD int, rel string, hdr *tar.Header, r io.Reader) error {
 		}
 		setTimes(pfd, base, hdr.ModTime)
 	case tar.TypeSymlink:
+		if hdr.Linkname == "" || strings.ContainsRune(hdr.Linkname, 0) {
+			return fmt.Errorf("%w: symlink %s has no target", errBadArchive, rel)
+		}
 		if err := unlinkNonDir(pfd, base, rel); err != nil {
 			return err
 		}
@@ -378,6 +386,9 @@ func extractEntry(rootFD int, rel string, hdr *tar.Header, r io.Reader) error {
 		}
 		// No AT_SYMLINK_FOLLOW: a link to a symlink is another symlink.
 		if err := unix.Linkat(spfd, sbase, pfd, base, 0); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("%w: hard link %s: its target %q is neither in the archive before it nor in the directory", errBadArchive, rel, hdr.Linkname)
+			}
 			return fmt.Errorf("link %s: %w", rel, err)
 		}
 	}
