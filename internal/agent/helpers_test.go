@@ -48,6 +48,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("CELLA_TEST_AGENT_SOCKET") != "" {
 		os.Exit(runTestAgent())
 	}
+	if root := os.Getenv(jailEnv); root != "" {
+		os.Exit(runJail(root)) // fuzz_test.go
+	}
 	flag.Parse()
 	if !testing.Verbose() {
 		slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
