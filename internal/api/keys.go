@@ -75,7 +75,9 @@ func (s *Server) adminOnly(what string, h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
+// parseKeyCreate reads POST /keys {"name", "team"?, "mcpMaxCalls"?,
+// "egressAllow"?, "secrets"?}.
+func (s *Server) parseKeyCreate(r *http.Request) (store.NewKey, error) {
 	var req struct {
 		Name string `json:"name"`
 		// Team is the team to join (made if it does not exist); "" makes a
@@ -86,46 +88,52 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
 		Secrets     []string `json:"secrets"`
 	}
 	if err := decodeBody(r, &req); err != nil {
-		s.writeErr(w, r, err)
-		return
+		return store.NewKey{}, err
 	}
 	if !keyNameRe.MatchString(req.Name) {
-		s.writeErr(w, r, errdefs.InvalidArgument("invalid key name %q: use letters, digits, '.', '_' and '-'", req.Name))
-		return
+		return store.NewKey{}, errdefs.InvalidArgument("invalid key name %q: use letters, digits, '.', '_' and '-'", req.Name)
 	}
 	if req.Team != "" && !store.TeamNameRe.MatchString(req.Team) {
-		s.writeErr(w, r, errdefs.InvalidArgument("invalid team name %q: use 1-63 lower-case letters, digits, '.', '_' and '-', starting with a letter or digit", req.Team))
-		return
+		return store.NewKey{}, errdefs.InvalidArgument("invalid team name %q: use 1-63 lower-case letters, digits, '.', '_' and '-', starting with a letter or digit", req.Team)
 	}
 	if req.Team == tenant.AdminTeam {
-		s.writeErr(w, r, errdefs.InvalidArgument("the admin team is the admin key's alone: give the key another team"))
-		return
+		return store.NewKey{}, errdefs.InvalidArgument("the admin team is the admin key's alone: give the key another team")
 	}
 	for _, name := range req.Secrets {
 		if name == "*" {
 			continue
 		}
 		if err := secrets.ValidateName(name); err != nil {
-			s.writeErr(w, r, errdefs.InvalidArgument("secrets: %v", err))
-			return
+			return store.NewKey{}, errdefs.InvalidArgument("secrets: %v", err)
 		}
 	}
 	if req.MCPMaxCalls < 0 {
-		s.writeErr(w, r, errdefs.InvalidArgument("mcpMaxCalls must not be negative (got %d)", req.MCPMaxCalls))
-		return
+		return store.NewKey{}, errdefs.InvalidArgument("mcpMaxCalls must not be negative (got %d)", req.MCPMaxCalls)
 	}
 	if len(req.EgressAllow) > 0 {
 		if s.cfg.EgressCeiling == nil {
-			s.writeErr(w, r, errdefs.InvalidArgument("egressAllow: this daemon gives sandboxes no network at all"))
-			return
+			return store.NewKey{}, errdefs.InvalidArgument("egressAllow: this daemon gives sandboxes no network at all")
 		}
 		if _, err := (egress.Policy{AllowOut: req.EgressAllow}).Narrow(*s.cfg.EgressCeiling); err != nil {
-			s.writeErr(w, r, errdefs.Forbidden("egressAllow: %v; %s", err, ceilingHint))
-			return
+			// Only an entry outside the ceiling is the operator's to allow;
+			// a malformed one is bad input.
+			var oc *egress.OutsideCeilingError
+			if errors.As(err, &oc) {
+				return store.NewKey{}, errdefs.Forbidden("egressAllow: %v; %s", err, ceilingHint)
+			}
+			return store.NewKey{}, errdefs.InvalidArgument("egressAllow: %v", err)
 		}
 	}
-	k, key, err := s.cfg.Store.CreateAPIKey(r.Context(), store.NewKey{Name: req.Name, Team: req.Team,
-		MCPMaxCalls: req.MCPMaxCalls, EgressAllow: req.EgressAllow, Secrets: req.Secrets})
+	return store.NewKey{Name: req.Name, Team: req.Team, MCPMaxCalls: req.MCPMaxCalls, EgressAllow: req.EgressAllow, Secrets: req.Secrets}, nil
+}
+
+func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
+	nk, err := s.parseKeyCreate(r)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	k, key, err := s.cfg.Store.CreateAPIKey(r.Context(), nk)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

@@ -66,10 +66,9 @@ func pickDuration(name string, def time.Duration, str *string, secs *float64, un
 	return d, nil
 }
 
-// applyLifecycle fills opts.Lifecycle (daemon defaults for what raw leaves
-// out) and E2B's autoPause/autoResume from the lifecycle object.
-func (s *Server) applyLifecycle(opts *sandbox.Options, raw json.RawMessage) error {
-	def := s.cfg.Manager.LifecycleDefaults()
+// applyLifecycle fills opts.Lifecycle (the daemon's defaults, def, for what
+// raw leaves out) and E2B's autoPause/autoResume from the lifecycle object.
+func applyLifecycle(opts *sandbox.Options, raw json.RawMessage, def sandbox.Lifecycle) error {
 	opts.Lifecycle = def
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil

@@ -143,31 +143,40 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	var req networkUpdate
-	if err := decodeBody(r, &req); err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	if s.cfg.EgressCeiling == nil {
-		s.writeErr(w, r, errdefs.Forbidden("this daemon gives sandboxes no network at all (cella serve --network=false), so there is no egress policy to update"))
-		return
-	}
-	// egress.Policy's JSON: allowOut, denyOut and rules, each left out
-	// when empty (AllowInternet is false, so left out too).
-	raw, _ := json.Marshal(egress.Policy{AllowOut: req.AllowOut, DenyOut: req.DenyOut, Rules: req.Rules})
-	// Fields of the original request other than egress (allowPublicTraffic
-	// and friends) stay as they were.
-	merged := mergeNetwork(sb.Options.Network, raw)
-	p, err := s.requestEgress(r, req.AllowInternetAccess, raw)
+	p, merged, allowInternet, err := s.parseNetworkUpdate(r, sb.Options.Network)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
-	if err := s.cfg.Manager.SetNetwork(r.Context(), caller(r), id, p, merged, req.AllowInternetAccess); err != nil {
+	if err := s.cfg.Manager.SetNetwork(r.Context(), caller(r), id, p, merged, allowInternet); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// parseNetworkUpdate reads PUT /sandboxes/{id}/network for a sandbox whose
+// create request's network object was stored: the policy it gives within
+// the caller's ceiling, the network object to store, and
+// allow_internet_access.
+func (s *Server) parseNetworkUpdate(r *http.Request, stored json.RawMessage) (*egress.Policy, json.RawMessage, *bool, error) {
+	var req networkUpdate
+	if err := decodeBody(r, &req); err != nil {
+		return nil, nil, nil, err
+	}
+	if s.cfg.EgressCeiling == nil {
+		return nil, nil, nil, errdefs.Forbidden("this daemon gives sandboxes no network at all (cella serve --network=false), so there is no egress policy to update")
+	}
+	// egress.Policy's JSON: allowOut, denyOut and rules, each left out
+	// when empty (AllowInternet is false, so left out too).
+	raw, _ := json.Marshal(egress.Policy{AllowOut: req.AllowOut, DenyOut: req.DenyOut, Rules: req.Rules})
+	p, err := s.requestEgress(r, req.AllowInternetAccess, raw)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	// Fields of the original request other than egress (allowPublicTraffic
+	// and friends) stay as they were.
+	return p, mergeNetwork(stored, raw), req.AllowInternetAccess, nil
 }
 
 // mergeNetwork replaces the egress fields of a stored network object.

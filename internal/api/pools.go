@@ -3,7 +3,6 @@ package api
 import (
 	"net/http"
 
-	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 )
 
@@ -41,18 +40,12 @@ func (s *Server) listPools(w http.ResponseWriter, r *http.Request) {
 // setPool is PUT /pools/{template} {"size": N}: 200 with the pool; the size
 // is kept in SQLite and restored when the daemon starts again.
 func (s *Server) setPool(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Size *int `json:"size"`
-	}
-	if err := decodeBody(r, &req); err != nil {
+	size, err := parsePoolSize(r) // bodies.go
+	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
-	if req.Size == nil {
-		s.writeErr(w, r, errdefs.InvalidArgument(`give the pool's size: {"size": N} (0 removes the pool)`))
-		return
-	}
-	p, err := s.cfg.Manager.SetPool(r.Context(), r.PathValue("template"), *req.Size)
+	p, err := s.cfg.Manager.SetPool(r.Context(), r.PathValue("template"), size)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

@@ -458,19 +458,7 @@ func (s *Server) ptyHandler(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	var offset int64
-	if v := q.Get("offset"); v != "" {
-		if offset, err = strconv.ParseInt(v, 10, 64); err != nil || offset < 0 {
-			s.writeErr(w, r, errdefs.InvalidArgument("offset must be a byte offset, got %q", v))
-			return
-		}
-	}
-	cols, err := ptySize(r, "cols", 80)
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	rows, err := ptySize(r, "rows", 24)
+	offset, cols, rows, err := parsePTYQuery(r) // bodies.go
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

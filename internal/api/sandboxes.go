@@ -69,11 +69,13 @@ func (s *Server) sandboxBody(in sandbox.Info) sandboxResponse {
 	}
 }
 
-func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
+// createOptions reads a create request into the options the manager
+// normalizes, the lifecycle defaulting to the daemon's: everything
+// createSandbox does before it creates (fuzz_test.go).
+func (s *Server) createOptions(r *http.Request, lifecycleDefaults sandbox.Lifecycle) (sandbox.Options, error) {
 	var req newSandboxRequest
 	if err := decodeBody(r, &req); err != nil {
-		s.writeErr(w, r, err)
-		return
+		return sandbox.Options{}, err
 	}
 	opts := sandbox.Options{
 		TemplateID: req.TemplateID, Metadata: req.Metadata, EnvVars: req.EnvVars,
@@ -87,33 +89,37 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	opts.TrafficAccessToken = trafficTokenFor(req.Network) // traffic.go
 	if len(req.SecretEnvVars) > 0 {
 		if err := s.checkSecretEnv(r, req.SecretEnvVars); err != nil { // network.go
-			s.writeErr(w, r, err)
-			return
+			return sandbox.Options{}, err
 		}
 		opts.SecretEnv = req.SecretEnvVars
 	}
 	if s.cfg.EgressCeiling != nil {
 		var err error
 		if opts.Egress, err = s.requestEgress(r, req.AllowInternetAccess, req.Network); err != nil { // network.go
-			s.writeErr(w, r, err)
-			return
+			return sandbox.Options{}, err
 		}
 	}
 	if req.Timeout != nil {
 		var err error
 		if opts.Timeout, err = seconds("timeout", *req.Timeout, sandbox.MaxTimeout); err != nil { // bounds.go
-			s.writeErr(w, r, err)
-			return
+			return sandbox.Options{}, err
 		}
 	} else if r.URL.Path == "/sandboxes" {
 		// E2B's v1 NewSandbox defaults to 15 s; v2 defaults to 300 s.
 		opts.Timeout = v1DefaultTimeout
 	}
 	if err := applyVolumeMounts(&opts, req.VolumeMounts); err != nil { // lifecycle.go
-		s.writeErr(w, r, err)
-		return
+		return sandbox.Options{}, err
 	}
-	if err := s.applyLifecycle(&opts, req.Lifecycle); err != nil {
+	if err := applyLifecycle(&opts, req.Lifecycle, lifecycleDefaults); err != nil {
+		return sandbox.Options{}, err
+	}
+	return opts, nil
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
+	opts, err := s.createOptions(r, s.cfg.Manager.LifecycleDefaults())
+	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
@@ -203,18 +209,7 @@ func (s *Server) killSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Timeout *int64 `json:"timeout"`
-	}
-	if err := decodeBody(r, &req); err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	if req.Timeout == nil {
-		s.writeErr(w, r, errdefs.InvalidArgument("timeout (seconds) is required"))
-		return
-	}
-	d, err := seconds("timeout", *req.Timeout, sandbox.MaxTimeout)
+	d, err := parseSetTimeout(r) // bodies.go
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -227,20 +222,10 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Duration *int64 `json:"duration"`
-	}
-	if err := decodeBody(r, &req); err != nil {
+	d, err := parseRefresh(r) // bodies.go
+	if err != nil {
 		s.writeErr(w, r, err)
 		return
-	}
-	d := time.Minute
-	if req.Duration != nil {
-		var err error
-		if d, err = seconds("duration", *req.Duration, sandbox.MaxTimeout); err != nil {
-			s.writeErr(w, r, err)
-			return
-		}
 	}
 	if _, err := s.cfg.Manager.Extend(r.Context(), caller(r), r.PathValue("id"), d); err != nil {
 		s.writeErr(w, r, err)
@@ -250,25 +235,11 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Timeout *int64 `json:"timeout"`
-		Memory  *bool  `json:"memory"`
-	}
-	if err := decodeBody(r, &req); err != nil {
+	d, keepMemory, err := parseConnect(r) // bodies.go
+	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
-	d := sandbox.DefaultTimeout
-	if req.Timeout != nil {
-		var err error
-		if d, err = seconds("timeout", *req.Timeout, sandbox.MaxTimeout); err != nil {
-			s.writeErr(w, r, err)
-			return
-		}
-	}
-	// "memory": false asks for a cold boot of a paused sandbox on its kept
-	// filesystem (the SDK's onResume: 'reboot').
-	keepMemory := req.Memory == nil || *req.Memory
 	sb, resumed, err := s.cfg.Manager.Connect(r.Context(), caller(r), r.PathValue("id"), d, keepMemory)
 	if err != nil {
 		s.writeErr(w, r, err)
@@ -284,14 +255,12 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) {
 // pauseSandbox is POST /sandboxes/{id}/pause {"memory"?: bool}: 204, 409
 // when already paused.
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Memory *bool `json:"memory"`
-	}
-	if err := decodeBody(r, &req); err != nil {
+	keepMemory, err := parsePause(r) // bodies.go
+	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
-	if err := s.cfg.Manager.Pause(r.Context(), caller(r), r.PathValue("id"), req.Memory == nil || *req.Memory); err != nil {
+	if err := s.cfg.Manager.Pause(r.Context(), caller(r), r.PathValue("id"), keepMemory); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
@@ -301,20 +270,10 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
 // resumeSandbox is E2B's deprecated POST /sandboxes/{id}/resume
 // {"timeout": s, "autoPause": bool}: 201 Sandbox; 409 when not paused.
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Timeout *int64 `json:"timeout"`
-	}
-	if err := decodeBody(r, &req); err != nil {
+	d, err := parseResume(r) // bodies.go
+	if err != nil {
 		s.writeErr(w, r, err)
 		return
-	}
-	d := v1DefaultTimeout // the spec's default for ResumedSandbox
-	if req.Timeout != nil {
-		var err error
-		if d, err = seconds("timeout", *req.Timeout, sandbox.MaxTimeout); err != nil {
-			s.writeErr(w, r, err)
-			return
-		}
 	}
 	id := r.PathValue("id")
 	sb, err := s.cfg.Manager.Lookup(caller(r), id)
@@ -422,47 +381,12 @@ func (s *Server) listSandboxesV1(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listSandboxesV2(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	want, err := parseMetadataFilter(q.Get("metadata"))
+	lq, err := parseListQuery(r.URL.Query()) // bodies.go
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
-	states := map[string]bool{sandbox.StateRunning: true, sandbox.StatePaused: true}
-	if st := q.Get("state"); st != "" {
-		states = map[string]bool{}
-		for _, v := range strings.Split(st, ",") {
-			v = strings.TrimSpace(v)
-			switch v {
-			case sandbox.StateRunning, sandbox.StatePaused, sandbox.StateDead:
-				states[v] = true
-			case "":
-			default:
-				s.writeErr(w, r, errdefs.InvalidArgument("invalid state %q: use running, paused or dead", v))
-				return
-			}
-		}
-	}
-	limit, err := intParam(q, "limit", 100, 100) // json.go
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	var startedAfter time.Time
-	if sa := q.Get("startedAfter"); sa != "" {
-		t, err := time.Parse(time.RFC3339Nano, sa)
-		if err != nil {
-			s.writeErr(w, r, errdefs.InvalidArgument("startedAfter must be an RFC 3339 time (got %q)", sa))
-			return
-		}
-		startedAfter = t
-	}
-	tpl := q.Get("template")
-	asc := q.Get("order") == "asc"
-	if o := q.Get("order"); o != "" && o != "asc" && o != "desc" {
-		s.writeErr(w, r, errdefs.InvalidArgument("order must be asc or desc (got %q)", o))
-		return
-	}
+	want, states, tpl, asc, limit, startedAfter := lq.metadata, lq.states, lq.template, lq.asc, lq.limit, lq.startedAfter
 
 	var all []sandbox.Info
 	for _, sb := range s.cfg.Manager.List(caller(r)) {
@@ -489,13 +413,8 @@ func (s *Server) listSandboxesV2(w http.ResponseWriter, r *http.Request) {
 	// The cursor is the last item's position key, so pages stay stable
 	// while sandboxes come and go.
 	start := 0
-	if tok := q.Get("nextToken"); tok != "" {
-		ms, id, ok := strings.Cut(tok, "_")
-		n, err := strconv.ParseInt(ms, 10, 64)
-		if !ok || err != nil {
-			s.writeErr(w, r, errdefs.InvalidArgument("invalid nextToken %q", tok))
-			return
-		}
+	if lq.after {
+		n, id := lq.afterNS, lq.afterID
 		start = len(all)
 		for i, in := range all {
 			k := in.StartedAt.UnixNano()

@@ -36,23 +36,10 @@ const maxMetricsIDs = 100
 // seconds, both optional): the samples in that window, oldest first. Without
 // end the answer includes a sample of the present.
 func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	start, err := unixSeconds("start", q.Get("start")) // bounds.go
+	start, end, err := parseMetricsWindow(r.URL.Query()) // bodies.go
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
-	}
-	end, err := unixSeconds("end", q.Get("end"))
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	if !start.IsZero() && !end.IsZero() && end.Before(start) {
-		s.writeErr(w, r, errdefs.InvalidArgument("end (%d) is before start (%d)", end.Unix(), start.Unix()))
-		return
-	}
-	if !end.IsZero() {
-		end = end.Add(time.Second - time.Nanosecond) // the whole second named
 	}
 	ms, err := s.cfg.Manager.Metrics(caller(r), r.PathValue("id"), start, end, end.IsZero())
 	if err != nil {

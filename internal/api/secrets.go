@@ -115,21 +115,15 @@ const maxSecretPage = 100
 // last name of the page (base64url), so a page boundary stays put while
 // secrets are added or removed around it.
 func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request, sm *secrets.Manager) {
-	q := r.URL.Query()
-	limit, err := intParam(q, "limit", maxSecretPage, maxSecretPage) // json.go
+	limit, after, err := parseSecretPage(r.URL.Query()) // bodies.go
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
 	all := sm.List()
 	start := 0
-	if tok := q.Get("nextToken"); tok != "" {
-		after, err := base64.RawURLEncoding.DecodeString(tok)
-		if err != nil || len(after) == 0 {
-			s.writeErr(w, r, errdefs.InvalidArgument("invalid nextToken %q: pass the X-Next-Token header of the previous page", tok))
-			return
-		}
-		start = sort.Search(len(all), func(i int) bool { return all[i].Name > string(after) })
+	if after != "" {
+		start = sort.Search(len(all), func(i int) bool { return all[i].Name > after })
 	}
 	page := all[start:]
 	if len(page) > limit {

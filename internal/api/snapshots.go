@@ -38,14 +38,12 @@ func snapshotBody(in sandbox.SnapshotInfo) snapshotInfo {
 }
 
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Name string `json:"name"`
-	}
-	if err := decodeBody(r, &req); err != nil {
+	name, err := parseSnapshot(r) // bodies.go
+	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
-	in, err := s.cfg.Manager.Snapshot(r.Context(), caller(r), r.PathValue("id"), req.Name)
+	in, err := s.cfg.Manager.Snapshot(r.Context(), caller(r), r.PathValue("id"), name)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -59,22 +57,10 @@ const maxSnapshotPage = 100
 // next token is the offset of the next page, sent in X-Next-Token.
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	limit, offset := maxSnapshotPage, 0
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			s.writeErr(w, r, errdefs.InvalidArgument("limit must be a positive integer (got %q)", v))
-			return
-		}
-		limit = min(n, maxSnapshotPage)
-	}
-	if v := q.Get("nextToken"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			s.writeErr(w, r, errdefs.InvalidArgument("invalid nextToken %q", v))
-			return
-		}
-		offset = n
+	limit, offset, err := parseSnapshotPage(q) // bodies.go
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
 	}
 	all, err := s.cfg.Manager.ListSnapshots(r.Context(), caller(r), sandbox.SnapshotFilter{SandboxID: q.Get("sandboxID"), Name: q.Get("name")})
 	if err != nil {
@@ -127,29 +113,10 @@ type forkedSandbox struct {
 }
 
 func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Timeout *int64 `json:"timeout"`
-		Count   *int   `json:"count"`
-	}
-	if err := decodeBody(r, &req); err != nil {
+	count, timeout, err := parseFork(r) // bodies.go
+	if err != nil {
 		s.writeErr(w, r, err)
 		return
-	}
-	count := 1
-	if req.Count != nil {
-		count = *req.Count
-	}
-	if count < 1 || count > sandbox.MaxForkCount {
-		s.writeErr(w, r, errdefs.InvalidArgument("count must be between 1 and %d (got %d)", sandbox.MaxForkCount, count))
-		return
-	}
-	var timeout time.Duration
-	if req.Timeout != nil {
-		var err error
-		if timeout, err = seconds("timeout", *req.Timeout, sandbox.MaxTimeout); err != nil { // bounds.go
-			s.writeErr(w, r, err)
-			return
-		}
 	}
 	res, err := s.cfg.Manager.Fork(r.Context(), caller(r), r.PathValue("id"), count, timeout)
 	if err != nil {

@@ -79,34 +79,12 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 	if vm == nil {
 		return
 	}
-	var req struct {
-		Name   string  `json:"name"`
-		SizeMB *int64  `json:"sizeMB"`
-		Size   *string `json:"size"`
-	}
-	if err := decodeBody(r, &req); err != nil {
+	name, size, err := parseVolumeCreate(r) // bodies.go
+	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
-	var size int64
-	switch {
-	case req.SizeMB != nil && req.Size != nil:
-		s.writeErr(w, r, errdefs.InvalidArgument("give sizeMB or size, not both"))
-		return
-	case req.SizeMB != nil:
-		if *req.SizeMB <= 0 || *req.SizeMB > volume.MaxSizeBytes>>20 {
-			s.writeErr(w, r, errdefs.InvalidArgument("sizeMB must be between %d and %d (got %d)", volume.MinSizeBytes>>20, volume.MaxSizeBytes>>20, *req.SizeMB))
-			return
-		}
-		size = *req.SizeMB << 20
-	case req.Size != nil:
-		var err error
-		if size, err = parseSize(*req.Size); err != nil {
-			s.writeErr(w, r, err)
-			return
-		}
-	}
-	v, err := vm.Create(r.Context(), caller(r).Owner(), req.Name, size)
+	v, err := vm.Create(r.Context(), caller(r).Owner(), name, size)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

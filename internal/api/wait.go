@@ -59,36 +59,9 @@ func parseWaitTimeout(raw json.RawMessage) (time.Duration, error) {
 // line; the agent inside the sandbox does the watching (GET /cella/wait).
 // 200 {"ready":true,...}; 408 on timeout; 409 when the process ended first.
 func (s *Server) waitSandbox(w http.ResponseWriter, r *http.Request) {
-	var req waitRequest
-	if err := decodeBody(r, &req); err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	timeout, err := parseWaitTimeout(req.Timeout)
+	q, err := parseWait(r) // bodies.go
 	if err != nil {
 		s.writeErr(w, r, err)
-		return
-	}
-	q := url.Values{"timeout": {timeout.String()}}
-	switch {
-	case req.Port != 0 && req.Log != "":
-		s.writeErr(w, r, errdefs.InvalidArgument("wait for either a port or a log line, not both"))
-		return
-	case req.Port != 0:
-		if req.Port < 0 || req.Port > 65535 {
-			s.writeErr(w, r, errdefs.InvalidArgument("port %d is out of range", req.Port))
-			return
-		}
-		q.Set("port", strconv.Itoa(req.Port))
-	case req.Log != "":
-		if req.PID <= 0 {
-			s.writeErr(w, r, errdefs.InvalidArgument("a log wait needs the pid of the process to watch"))
-			return
-		}
-		q.Set("log", req.Log)
-		q.Set("pid", strconv.Itoa(req.PID))
-	default:
-		s.writeErr(w, r, errdefs.InvalidArgument(`wait for what? send {"port":N} or {"log":"REGEXP","pid":P}`))
 		return
 	}
 	s.forwardAgent(w, r, "/cella/wait", q)
