@@ -6,6 +6,7 @@ package secrets_test
 // ./internal/secrets/` explores.
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strings"
@@ -142,6 +143,59 @@ func FuzzRedact(f *testing.F) {
 		}
 		if !strings.Contains(text, a) && !strings.Contains(text, b) && out != text {
 			t.Fatalf("a text without values changed: %q → %q", text, out)
+		}
+	})
+}
+
+// FuzzManager: POST /secrets and POST /secrets/{id} bodies reach the
+// manager as name, value and metadata: it stores a secret or refuses with
+// InvalidArgument (or Conflict for a taken name) without naming the value;
+// what it stores reads back as given, and an update keeps the metadata
+// when none is sent.
+func FuzzManager(f *testing.F) {
+	f.Add("GH_TOKEN", "ghp_secretvalue", "owner", "ci")
+	f.Add("", "x", "", "")
+	f.Add("sec_abc", "value-of-it", "k", "v")
+	f.Add("a b", "value-of-it", "k", "v")
+	f.Add("X", "", "k", "v")
+	f.Add("X", "value-of-it", strings.Repeat("k", 129), "v")
+	f.Add("X", "value-of-it", "k", strings.Repeat("v", 1025))
+	f.Add("..", "value-of-it", "", "")
+	f.Add("X", "\x00\xff", "k\x00", "v")
+	m, _ := openManager(f, f.TempDir())
+	ctx := context.Background()
+	f.Fuzz(func(t *testing.T, name, value, mdKey, mdValue string) {
+		md := map[string]string{mdKey: mdValue}
+		if mdKey == "" {
+			md = nil
+		}
+		info, err := m.Create(ctx, name, value, md)
+		if err != nil {
+			if !errdefs.Is(err, errdefs.KindInvalidArgument) && !errdefs.Is(err, errdefs.KindConflict) {
+				t.Fatalf("Create(%q): %v is neither InvalidArgument nor Conflict", name, err)
+			}
+			if len(value) >= 8 && strings.Contains(err.Error(), value) && !strings.Contains(name+mdKey+mdValue, value) {
+				t.Fatalf("Create's error names the value: %v", err)
+			}
+			return
+		}
+		defer func() {
+			if err := m.Delete(ctx, info.ID); err != nil {
+				t.Fatal(err)
+			}
+		}()
+		if err := secrets.ValidateName(name); err != nil {
+			t.Fatalf("stored a secret named %q: %v", name, err)
+		}
+		if got, err := m.Get(name); err != nil || got != value {
+			t.Fatalf("Get(%q) = %q, %v; want the value stored", name, got, err)
+		}
+		up, err := m.Update(ctx, info.ID, value+"2", nil)
+		if err != nil || up.Version != 2 || len(up.Metadata) != len(info.Metadata) {
+			t.Fatalf("Update: %+v, %v (created %+v)", up, err, info)
+		}
+		if got, _ := m.Get(name); got != value+"2" {
+			t.Fatalf("after update: %q", got)
 		}
 	})
 }

@@ -147,7 +147,7 @@ func TestMasterKeyCreateRace(t *testing.T) {
 	}
 }
 
-func openManager(t *testing.T, dir string) (*secrets.Manager, *store.Store) {
+func openManager(t testing.TB, dir string) (*secrets.Manager, *store.Store) {
 	t.Helper()
 	st, err := store.Open(filepath.Join(dir, "cella.db"))
 	if err != nil {
