@@ -10,7 +10,7 @@ LISTEN ?= 127.0.0.1:3000
 export CELLA_DATA_DIR := $(DATA_DIR)
 export CELLA_CACHE_DIR := $(CACHE_DIR)
 
-.PHONY: all deps build ui run test bench clean stop proto
+.PHONY: all deps build ui run test bench soak clean stop proto
 
 all: build
 
@@ -82,6 +82,12 @@ test: deps build
 # Benchmarks start their own daemons; not part of CI.
 bench: deps build
 	$(BIN)/cella bench all
+
+# 50 agents × 100 commands on a `cella serve` child, then kill -9 of it
+# mid-load and a restart: zero errors and nothing leaked, or it fails.
+# SOAK_FLAGS=--runtime=namespaces (or --smoke) to change it.
+soak: deps build
+	$(BIN)/cella bench soak $(SOAK_FLAGS)
 
 clean:
 	rm -rf $(BIN)

@@ -104,6 +104,7 @@ func newBenchCmd() *cobra.Command {
 	})
 	cmd.AddCommand(append(benches, all)...)
 	cmd.AddCommand(newBenchStateCmd(&b)) // bench_state.go
+	cmd.AddCommand(newBenchSoakCmd(&b))  // bench_soak.go
 	f := cmd.PersistentFlags()
 	f.IntVar(&b.cfg.N, "n", 20, "iterations per figure")
 	f.StringVar(&b.runtimes, "runtimes", "gvisor,namespaces", "runtimes to measure")

@@ -207,10 +207,19 @@ func (c *Client) Get(ctx context.Context, id string) (Detail, error) {
 
 // List returns the running (and paused) sandboxes.
 func (c *Client) List(ctx context.Context) ([]Detail, error) {
+	return c.ListStates(ctx, "")
+}
+
+// ListStates returns the sandboxes in the given states, comma-separated
+// ("running,paused,dead"); "" is the API's default, running and paused.
+func (c *Client) ListStates(ctx context.Context, states string) ([]Detail, error) {
 	var out []Detail
 	next := ""
 	for {
 		path := "/v2/sandboxes?limit=100"
+		if states != "" {
+			path += "&state=" + url.QueryEscape(states)
+		}
 		if next != "" {
 			path += "&nextToken=" + url.QueryEscape(next)
 		}
