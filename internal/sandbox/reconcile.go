@@ -9,11 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/diskimage"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
+	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
@@ -58,6 +60,12 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	keep := map[string]bool{}          // sandbox IDs whose host resources (dir, mounts) stay
 	keepContainer := map[string]bool{} // sandbox IDs whose container and cgroups stay
 
+	type found struct {
+		row store.Sandbox
+		rec record
+		sb  *Sandbox
+	}
+	var recs []found
 	for _, row := range rows {
 		var rec record
 		if err := json.Unmarshal(row.Record, &rec); err != nil {
@@ -77,17 +85,47 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 			pauseMode: rec.PauseMode,
 		}
 		sb.restoreLifecycle(rec) // lifecycle.go
-		if row.State == StateRunning && row.Runtime == m.cfg.Runtime.Name() && live[row.ID] {
-			if st, err := m.cfg.Runtime.State(ctx, row.ID); err == nil && st == runtime.StatusRunning {
-				if err := m.adopt(sb, rec.NetSlot); err == nil {
-					keep[row.ID] = true
-					keepContainer[row.ID] = true
-					rep.Adopted = append(rep.Adopted, row.ID)
-					continue
-				} else {
-					m.log.Warn("cannot adopt sandbox", "id", row.ID, "err", err)
-				}
+		recs = append(recs, found{row, rec, sb})
+	}
+
+	// Running sandboxes are adopted all at once: each adoption waits for its
+	// agent to dial back, which the agent does on its own redial backoff (up
+	// to 2 s), so adopting them one after the other kept a restarted daemon
+	// from serving for about a second per sandbox (53 s for 50), and an agent
+	// late by the time its turn came was taken for dead.
+	// The runtime's state commands are processes: a few at a time.
+	adopted := make([]bool, len(recs))
+	var wg sync.WaitGroup
+	states := make(chan struct{}, 8)
+	for i, f := range recs {
+		if f.row.State != StateRunning || f.row.Runtime != m.cfg.Runtime.Name() || !live[f.row.ID] {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			states <- struct{}{}
+			st, err := m.cfg.Runtime.State(ctx, f.row.ID)
+			<-states
+			if err != nil || st != runtime.StatusRunning {
+				return
 			}
+			if err := m.adopt(f.sb, f.rec.NetSlot); err != nil {
+				m.log.Warn("cannot adopt sandbox", "id", f.row.ID, "err", err)
+				return
+			}
+			adopted[i] = true
+		}()
+	}
+	wg.Wait()
+
+	for i, f := range recs {
+		row, rec, sb := f.row, f.rec, f.sb
+		if adopted[i] {
+			keep[row.ID] = true
+			keepContainer[row.ID] = true
+			rep.Adopted = append(rep.Adopted, row.ID)
+			continue
 		}
 		if row.State == StatePaused && row.Runtime == m.cfg.Runtime.Name() {
 			err := m.adoptPaused(ctx, sb, live[row.ID], rec.NetSlot)
