@@ -22,13 +22,14 @@ const (
 	// endRetention is how long a finished process keeps its end event for
 	// a late Connect.
 	endRetention = 30 * time.Second
-	// drainGrace bounds how long the end event waits for the output pipes
-	// after the process exited. Output already written is in the pipe and
-	// is read within microseconds; the pipes only stay open longer when a
-	// background grandchild inherited them (`sleep 100 &`), and that must
-	// not hold the command's result hostage.
-	drainGrace = 200 * time.Millisecond
+	// maxDrain bounds how long the end event waits, once the process
+	// exited, for output still in its pipes: a background grandchild that
+	// keeps writing into them (`yes &`) must not hold the result hostage.
+	maxDrain = 5 * time.Second
 )
+
+// defaultDrainGrace is Options.DrainGrace's default.
+const defaultDrainGrace = 200 * time.Millisecond
 
 // defaultPath is the PATH of commands (and of the agent as PID 1).
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -43,6 +44,12 @@ type proc struct {
 	outCap int64
 	// log keeps the last output for the logs endpoint (proclog.go).
 	log *procLog
+
+	// drainMu is held by an output reader from the read of a chunk until
+	// it is forwarded, so that with it held, what the pipes hold
+	// (FIONREAD) is all the output not yet sent (waitProcess).
+	drainMu sync.Mutex
+	pipes   []*os.File // the stdout and stderr read ends (not a pty's)
 
 	// inputMu serializes writes to stdin / the pty so that concurrent
 	// SendInput calls do not interleave within a chunk.

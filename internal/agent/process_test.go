@@ -644,3 +644,26 @@ func TestKeepaliveIntervalBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestOutputWrittenBeforeExitIsNeverCut: what a command wrote before it
+// exited reaches the client whole even when its output readers get the CPU
+// late (a grace of 1 ns stands for readers that did not run within the
+// 200 ms of a loaded host, where `make soak` saw `sha256sum` and `curl`
+// end with exit 0 and no output), and a background grandchild holding the
+// pipes does not hold the result.
+func TestOutputWrittenBeforeExitIsNeverCut(t *testing.T) {
+	e := newTestEnv(t, func(_ *Config, o *Options) { o.DrainGrace = time.Nanosecond })
+	want := strings.Repeat("x", 60000) // in the pipe at exit: two chunks
+	for i := range 20 {
+		r := e.run(ctxT(t, 30*time.Second), bashReq(`head -c 60000 /dev/zero | tr '\0' x; echo err >&2`))
+		if r.stdout != want || r.stderr != "err\n" || r.end.ExitCode != 0 {
+			t.Fatalf("run %d: %d bytes of stdout, stderr %q, end %+v", i, len(r.stdout), r.stderr, r.end)
+		}
+	}
+	// The sleep keeps both pipes open for two minutes; the result comes
+	// with the shell's exit (the context would end the test first).
+	r := e.run(ctxT(t, 60*time.Second), bashReq("echo done; sleep 120 &"))
+	if r.stdout != "done\n" || r.end.ExitCode != 0 {
+		t.Fatalf("stdout %q, end %+v", r.stdout, r.end)
+	}
+}

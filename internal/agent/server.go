@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
@@ -38,6 +39,12 @@ type Options struct {
 	SandboxWide bool
 	// DiskPath is the filesystem checked for the disk limit (default /).
 	DiskPath string
+	// DrainGrace is how long an exited command's end waits for its output
+	// readers to reach EOF before it asks whether anything it wrote is
+	// still unread (default 200 ms): the pipes stay open past the exit when
+	// a background grandchild inherited them (`sleep 100 &`), and that must
+	// not hold the command's result hostage.
+	DrainGrace time.Duration
 }
 
 // DefaultExecHelper is where the cella binary is mounted in a sandbox.

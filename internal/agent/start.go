@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -164,6 +165,7 @@ func (s *Server) startProcess(spec *startSpec) (*proc, *subscriber, error) {
 		}
 		childFiles = append(childFiles, inR, outW, errW)
 		parentReads = append(parentReads, outR, errR)
+		p.pipes = parentReads
 		files = [3]uintptr{inR.Fd(), outW.Fd(), errW.Fd()}
 		readers = append(readers,
 			func() { p.readLoop(outR, outStdout) },
@@ -232,10 +234,7 @@ func (s *Server) waitProcess(p *proc, waitCh <-chan unix.WaitStatus, readWG *syn
 	ws := <-waitCh
 	drained := make(chan struct{})
 	go func() { readWG.Wait(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(drainGrace):
-	}
+	p.awaitOutput(drained, cmp.Or(s.opts.DrainGrace, defaultDrainGrace))
 	if p.ptmx != nil {
 		// Closing the master ends a reader still blocked on a tty that a
 		// background grandchild keeps open.
@@ -281,46 +280,139 @@ func (s *Server) waitProcess(p *proc, waitCh <-chan unix.WaitStatus, readWG *syn
 	time.AfterFunc(endRetention, func() { s.procs.forget(p) })
 }
 
-// readLoop forwards one output stream in chunks of at most maxChunk.
-func (p *proc) readLoop(f *os.File, kind int) {
-	if kind != outPty {
-		defer f.Close()
+// awaitOutput returns once the output of the exited process is forwarded:
+// when its readers reach EOF, or, if something else keeps a pipe open (a
+// background grandchild), once grace passed and nothing is left in the
+// pipes nor held by a reader. Output the process wrote before it
+// exited is never cut off by a reader that was slow to run (a loaded
+// host: 200 ms was not always enough); only maxDrain bounds the wait, for
+// a grandchild that keeps writing.
+func (p *proc) awaitOutput(drained <-chan struct{}, grace time.Duration) {
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-drained:
+		return
+	case <-t.C:
 	}
-	buf := make([]byte, maxChunk)
-	// tail keeps the end of the previous stderr chunk so that the ENOSPC
-	// message is found even when split across reads.
-	var tail []byte
-	const enospc = "No space left on device"
-	for {
-		n, err := f.Read(buf)
-		if n > 0 {
-			if kind == outStderr {
-				p.mu.Lock()
-				seen := p.sawENOSPC
-				p.mu.Unlock()
-				if !seen {
-					hay := append(tail, buf[:n]...)
-					if bytes.Contains(hay, []byte(enospc)) {
-						p.mu.Lock()
-						p.sawENOSPC = true
-						p.mu.Unlock()
-					}
-					if len(hay) > len(enospc) {
-						hay = hay[len(hay)-len(enospc):]
-					}
-					tail = bytes.Clone(hay)
-				}
-			}
-			p.output(kind, buf[:n])
-		}
-		if err != nil {
-			// EIO on a pty master means the last slave fd was closed.
-			if !errors.Is(err, io.EOF) && !errors.Is(err, syscall.EIO) && !errors.Is(err, os.ErrClosed) {
-				slog.Debug("read process output", "pid", p.pid, "err", err)
-			}
+	deadline := time.Now().Add(maxDrain)
+	for time.Now().Before(deadline) {
+		p.drainMu.Lock()
+		empty := p.pipesEmpty()
+		p.drainMu.Unlock()
+		if empty {
 			return
 		}
+		select {
+		case <-drained:
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
+	slog.Warn("output still unread after the process exited; ending it", "pid", p.pid, "waited", maxDrain+grace)
+}
+
+// pipesEmpty reports whether the output pipes hold no unread byte (a
+// closed one holds none).
+func (p *proc) pipesEmpty() bool {
+	for _, f := range p.pipes {
+		rc, err := f.SyscallConn()
+		if err != nil {
+			continue
+		}
+		n := 0
+		// TIOCINQ is FIONREAD, which pipes answer too: the bytes unread.
+		if rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.TIOCINQ) }) == nil && n > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// readLoop forwards one output stream in chunks of at most maxChunk. A
+// pipe's chunk is read and forwarded under drainMu (awaitOutput); the
+// poller waits for data without it.
+func (p *proc) readLoop(f *os.File, kind int) {
+	fw := forwarder{p: p, kind: kind, buf: make([]byte, maxChunk)}
+	var err error
+	if kind == outPty {
+		for err == nil {
+			var n int
+			n, err = f.Read(fw.buf)
+			fw.forward(n)
+		}
+	} else {
+		defer f.Close()
+		var rc syscall.RawConn
+		if rc, err = f.SyscallConn(); err == nil {
+			for err == nil {
+				err = p.readChunk(rc, &fw)
+			}
+		}
+	}
+	// EIO on a pty master means the last slave fd was closed.
+	if !errors.Is(err, io.EOF) && !errors.Is(err, syscall.EIO) && !errors.Is(err, os.ErrClosed) {
+		slog.Debug("read process output", "pid", p.pid, "err", err)
+	}
+}
+
+// readChunk reads one chunk of a pipe and forwards it, under drainMu.
+func (p *proc) readChunk(rc syscall.RawConn, fw *forwarder) error {
+	var rerr error
+	err := rc.Read(func(fd uintptr) bool {
+		p.drainMu.Lock()
+		defer p.drainMu.Unlock()
+		var n int
+		n, rerr = unix.Read(int(fd), fw.buf)
+		if rerr == unix.EAGAIN || rerr == unix.EINTR {
+			return false // wait for data again
+		}
+		if rerr == nil && n == 0 {
+			rerr = io.EOF
+		}
+		fw.forward(n)
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	return rerr
+}
+
+// forwarder sends a stream's chunks to the process's subscribers.
+type forwarder struct {
+	p    *proc
+	kind int
+	buf  []byte
+	// tail keeps the end of the previous stderr chunk so that the ENOSPC
+	// message is found even when split across reads.
+	tail []byte
+}
+
+func (fw *forwarder) forward(n int) {
+	if n <= 0 {
+		return
+	}
+	p := fw.p
+	if fw.kind == outStderr {
+		const enospc = "No space left on device"
+		p.mu.Lock()
+		seen := p.sawENOSPC
+		p.mu.Unlock()
+		if !seen {
+			hay := append(fw.tail, fw.buf[:n]...)
+			if bytes.Contains(hay, []byte(enospc)) {
+				p.mu.Lock()
+				p.sawENOSPC = true
+				p.mu.Unlock()
+			}
+			if len(hay) > len(enospc) {
+				hay = hay[len(hay)-len(enospc):]
+			}
+			fw.tail = bytes.Clone(hay)
+		}
+	}
+	p.output(fw.kind, fw.buf[:n])
 }
 
 // adjustOOM undoes the agent's own OOM protection, which children inherit:
