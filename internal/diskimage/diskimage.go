@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -265,6 +266,13 @@ func (d *Detached) Fd() int { return int(d.f.Fd()) }
 // Close releases d: unmounts it if it was never attached.
 func (d *Detached) Close() error { return d.f.Close() }
 
+// loopMu serializes this process's claims of a free loop device: between
+// LOOP_CTL_GET_FREE and LOOP_CONFIGURE every concurrent caller is told the
+// same free device and all but one lose it (EBUSY); under a burst of creates
+// a loser could lose every round. Other processes (other daemons, the cella
+// CLI) can still take a device in between, which the retries absorb.
+var loopMu sync.Mutex
+
 // attach attaches img to a free loop device and runs use with the device's
 // path while the device is held open: with AUTOCLEAR, a device that is
 // neither mounted nor open is detached again.
@@ -279,11 +287,28 @@ func attach(img string, use func(dev string) error) error {
 		return err
 	}
 	defer backing.Close()
+	lf, dev, err := claimLoop(ctl, backing, img)
+	if err != nil {
+		return err
+	}
+	err = use(dev)
+	lf.Close()
+	return err
+}
+
+// claimLoop configures a free loop device onto backing and returns it open.
+func claimLoop(ctl, backing *os.File, img string) (*os.File, string, error) {
+	loopMu.Lock()
+	defer loopMu.Unlock()
 	var lastErr error
-	for range 10 {
+	for attempt := range 50 {
+		if attempt > 0 {
+			// Another process took the device: let it finish configuring.
+			time.Sleep(time.Duration(attempt) * time.Millisecond)
+		}
 		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
 		if err != nil {
-			return fmt.Errorf("find a free loop device: %w", err)
+			return nil, "", fmt.Errorf("find a free loop device: %w", err)
 		}
 		dev := "/dev/loop" + strconv.Itoa(n)
 		if _, err := os.Stat(dev); errors.Is(err, os.ErrNotExist) {
@@ -291,7 +316,7 @@ func attach(img string, use func(dev string) error) error {
 		}
 		lf, err := os.OpenFile(dev, os.O_RDWR|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return fmt.Errorf("open %s: %w", dev, err)
+			return nil, "", fmt.Errorf("open %s: %w", dev, err)
 		}
 		cfg := unix.LoopConfig{Fd: uint32(backing.Fd())}
 		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR | unix.LO_FLAGS_DIRECT_IO
@@ -302,13 +327,11 @@ func attach(img string, use func(dev string) error) error {
 			if errors.Is(err, unix.EBUSY) {
 				continue // another process took it first
 			}
-			return lastErr
+			return nil, "", lastErr
 		}
-		err = use(dev)
-		lf.Close()
-		return err
+		return lf, dev, nil
 	}
-	return lastErr
+	return nil, "", lastErr
 }
 
 // FindLoop returns the loop device whose backing file is img, or "".

@@ -3,8 +3,10 @@ package diskimage
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -196,5 +198,50 @@ func TestLoops(t *testing.T) {
 	}
 	if FindLoop(img) != "" {
 		t.Fatal("FindLoop returned the device of a deleted image")
+	}
+}
+
+// A burst of concurrent mounts in one process each gets a loop device of
+// its own: every caller is told the same free device, and without the
+// process's lock a loser could lose every retry (make soak saw "configure
+// /dev/loopN: device or resource busy").
+func TestConcurrentMounts(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src.img")
+	must(t, Format(context.Background(), src, Spec{Size: 16 << 20, Lazy: true}))
+	const n = 32
+	imgs := make([]string, n)
+	for i := range imgs {
+		imgs[i] = filepath.Join(dir, fmt.Sprintf("%02d.img", i))
+		must(t, Clone(src, imgs[i]))
+	}
+	errs := make(chan error, n)
+	ds := make(chan *Detached, n)
+	var wg sync.WaitGroup
+	for _, img := range imgs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d, err := MountDetached(img, 0)
+			errs <- err
+			if err == nil {
+				ds <- d
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	close(ds)
+	for d := range ds {
+		defer d.Close()
+	}
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l := Loops(dir); len(l) != n {
+		t.Fatalf("%d loop devices for %d mounts", len(l), n)
 	}
 }
