@@ -574,7 +574,9 @@ func listShort(s []string) string {
 }
 
 func (c *compiledPolicy) allowsHost(name string) (bool, string) {
-	if a, err := netip.ParseAddr(name); err == nil {
+	// Normalized first, as the proxy does: "1.2.3.4." is the address, not
+	// a name that "*" would allow.
+	if a, err := netip.ParseAddr(normalizeName(name)); err == nil {
 		return c.allowsAddr(a)
 	}
 	return c.allowsName(name)

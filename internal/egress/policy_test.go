@@ -79,6 +79,11 @@ func TestAllowsHost(t *testing.T) {
 	if ok, _ := (Policy{AllowOut: []string{"*"}}).AllowsHost("anything.invalid"); !ok {
 		t.Error(`"*" does not allow any domain`)
 	}
+	// An address with a trailing dot is the address, as the proxy reads it:
+	// "*" (any name) does not allow it.
+	if ok, rule := (Policy{AllowOut: []string{"*"}}).AllowsHost("1.2.3.4."); ok {
+		t.Errorf(`"*" allows the address 1.2.3.4. (rule %q)`, rule)
+	}
 	if ok, _ := (Policy{AllowOut: []string{"*"}, DenyOut: []string{"evil.test"}}).AllowsHost("evil.test"); ok {
 		t.Error("deny does not win over allow")
 	}

@@ -33,6 +33,15 @@ const (
 	DefaultMaxPids = 32768
 )
 
+// Bounds on the maxima themselves: what limits can be turned into host
+// ceilings without overflowing (the memory ceiling is limit×1.25 plus
+// headroom, in bytes; the pids ceiling 4×limit), far above any machine.
+const (
+	hardMaxCPUs = 4096
+	hardMaxMiB  = 1 << 30 // 1 PiB
+	hardMaxPids = 1 << 22 // PID_MAX_LIMIT
+)
+
 // Maxima are the operator's upper bounds on a sandbox's resources (cella
 // serve --max-cpus, --max-memory, --max-disk, --max-pids): every create,
 // fork, snapshot restore and warm pool is normalized against them, and a
@@ -46,8 +55,8 @@ type Maxima struct {
 
 // HostMaxima are the maxima a daemon on dataDir has unless told otherwise:
 // the host's cores; its RAM for memory; for disk the smaller of its RAM and
-// the data dir's free space (the writable layer is a tmpfs, host RAM as it
-// fills, under a directory of the data dir); DefaultMaxPids processes.
+// the data dir's free space (the writable layer is a sparse image in the
+// data dir); DefaultMaxPids processes.
 func HostMaxima(dataDir string) Maxima {
 	m := Maxima{CPUs: float64(goruntime.NumCPU()), Pids: DefaultMaxPids}
 	var si unix.Sysinfo_t
@@ -83,6 +92,14 @@ func (m Maxima) Resolve(dataDir string) (Maxima, error) {
 		m.Pids = host.Pids
 	}
 	switch {
+	case m.CPUs > hardMaxCPUs:
+		return m, fmt.Errorf("--max-cpus %g is above the most cella can enforce, %d", m.CPUs, hardMaxCPUs)
+	case m.MemoryMB > hardMaxMiB:
+		return m, fmt.Errorf("--max-memory %d MiB is above the most cella can enforce, %d MiB", m.MemoryMB, hardMaxMiB)
+	case m.DiskMB > hardMaxMiB:
+		return m, fmt.Errorf("--max-disk %d MiB is above the most cella can enforce, %d MiB", m.DiskMB, hardMaxMiB)
+	case m.Pids > hardMaxPids:
+		return m, fmt.Errorf("--max-pids %d is above the most cella can enforce, %d (the kernel's PID_MAX_LIMIT)", m.Pids, hardMaxPids)
 	case math.IsNaN(m.CPUs) || m.CPUs < DefaultCPUs:
 		return m, fmt.Errorf("--max-cpus %g is below the default sandbox CPUs of %g", m.CPUs, DefaultCPUs)
 	case m.MemoryMB < DefaultMemoryMB:

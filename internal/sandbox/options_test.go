@@ -59,6 +59,11 @@ func TestResolveMaxima(t *testing.T) {
 		{MemoryMB: 256}: "--max-memory 256 MiB is below the default sandbox memory of 512 MiB",
 		{DiskMB: 512}:   "--max-disk 512 MiB is below the default sandbox disk of 1024 MiB",
 		{Pids: 100}:     "--max-pids 100 is below the default sandbox pids limit of 256",
+		// A maximum whose host ceiling would overflow (--max-memory 8E).
+		{MemoryMB: 1 << 43}: "--max-memory 8796093022208 MiB is above the most cella can enforce, 1073741824 MiB",
+		{DiskMB: 1 << 43}:   "--max-disk 8796093022208 MiB is above the most cella can enforce, 1073741824 MiB",
+		{Pids: 1 << 40}:     "--max-pids 1099511627776 is above the most cella can enforce, 4194304 (the kernel's PID_MAX_LIMIT)",
+		{CPUs: 1e9}:         "--max-cpus 1e+09 is above the most cella can enforce, 4096",
 	} {
 		if _, err := m.Resolve(dir); err == nil || err.Error() != want {
 			t.Errorf("%+v: %v; want %q", m, err, want)
