@@ -8,27 +8,9 @@ import (
 	"strings"
 	"sync"
 	"time"
-)
 
-// AuditEvent is one thing the agent did on the API's behalf that the
-// daemon's audit log keeps: a process started or ended, a file written,
-// made, moved or removed. The daemon follows them with GET /cella/events
-// and stores them outside the sandbox, so deleting anything inside does not
-// rewrite history.
-type AuditEvent struct {
-	Seq      uint64    `json:"seq"`
-	Time     time.Time `json:"time"`
-	Kind     string    `json:"kind"` // process.start, process.exit, file.write, file.mkdir, file.move, file.remove
-	PID      int       `json:"pid,omitempty"`
-	Cmd      string    `json:"cmd,omitempty"`
-	User     string    `json:"user,omitempty"`
-	Cwd      string    `json:"cwd,omitempty"`
-	ExitCode *int32    `json:"exitCode,omitempty"`
-	Status   string    `json:"status,omitempty"`
-	Path     string    `json:"path,omitempty"`
-	Size     int64     `json:"size,omitempty"`
-	Error    string    `json:"error,omitempty"`
-}
+	"github.com/cella-sandbox/cella/internal/agentapi"
+)
 
 // auditKeep bounds the events held for a daemon that is not following
 // (restarting): older ones are dropped and the gap shows in the sequence.
@@ -37,12 +19,12 @@ const auditKeep = 4096
 // auditFeed holds the newest events and wakes followers.
 type auditFeed struct {
 	mu     sync.Mutex
-	events []AuditEvent // oldest first, at most auditKeep
-	next   uint64       // Seq of the next event
+	events []agentapi.AuditEvent // oldest first, at most auditKeep
+	next   uint64                // Seq of the next event
 	wake   chan struct{}
 }
 
-func (f *auditFeed) emit(e AuditEvent) {
+func (f *auditFeed) emit(e agentapi.AuditEvent) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.wake == nil {
@@ -73,7 +55,7 @@ func (f *auditFeed) forget() {
 }
 
 // since returns the events after seq and a channel closed by the next emit.
-func (f *auditFeed) since(seq uint64) ([]AuditEvent, <-chan struct{}) {
+func (f *auditFeed) since(seq uint64) ([]agentapi.AuditEvent, <-chan struct{}) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.wake == nil {
@@ -119,7 +101,7 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-wake:
 		case <-tick.C:
-			if err := enc.Encode(AuditEvent{Kind: "keepalive", Seq: after}); err != nil {
+			if err := enc.Encode(agentapi.AuditEvent{Kind: agentapi.KindKeepalive, Seq: after}); err != nil {
 				return
 			}
 		case <-r.Context().Done():

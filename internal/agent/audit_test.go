@@ -14,6 +14,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/envd/filesystem"
 )
 
@@ -69,7 +70,7 @@ func TestAuditFeed(t *testing.T) {
 }
 
 // follow reads n audit events (skipping keepalives) after seq.
-func follow(t *testing.T, e *testEnv, seq uint64, n int) []AuditEvent {
+func follow(t *testing.T, e *testEnv, seq uint64, n int) []agentapi.AuditEvent {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -79,10 +80,10 @@ func follow(t *testing.T, e *testEnv, seq uint64, n int) []AuditEvent {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var out []AuditEvent
+	var out []agentapi.AuditEvent
 	sc := bufio.NewScanner(resp.Body)
 	for len(out) < n && sc.Scan() {
-		var ev AuditEvent
+		var ev agentapi.AuditEvent
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			t.Fatalf("line %q: %v", sc.Text(), err)
 		}
@@ -110,7 +111,7 @@ func TestAuditFeedKeepsTheNewest(t *testing.T) {
 	var f auditFeed
 	const n = auditKeep + 904
 	for range n {
-		f.emit(AuditEvent{Kind: "file.write"})
+		f.emit(agentapi.AuditEvent{Kind: "file.write"})
 	}
 	all, _ := f.since(0)
 	if len(all) != auditKeep || all[0].Seq != n-auditKeep+1 || all[len(all)-1].Seq != n {
@@ -129,7 +130,7 @@ func TestAuditFeedKeepsTheNewest(t *testing.T) {
 	}
 	// A returned slice is the caller's: later emits do not change it.
 	tail, _ := f.since(n - 1)
-	f.emit(AuditEvent{Kind: "file.mkdir"})
+	f.emit(agentapi.AuditEvent{Kind: "file.mkdir"})
 	if len(tail) != 1 || tail[0].Seq != n || tail[0].Kind != "file.write" {
 		t.Fatalf("returned events changed: %+v", tail)
 	}
@@ -147,13 +148,13 @@ func TestAuditFeedForgetsAnotherSandboxsEvents(t *testing.T) {
 			t.Fatalf("init %s: %d %s", id, resp.StatusCode, b)
 		}
 	}
-	e.srv.audit.emit(AuditEvent{Kind: "file.write", Path: "/home/user/original"})
+	e.srv.audit.emit(agentapi.AuditEvent{Kind: "file.write", Path: "/home/user/original"})
 	init("sbxtest") // the same identity (a warm sandbox handed out): kept
 	if evs := follow(t, e, 0, 1); evs[0].Path != "/home/user/original" {
 		t.Fatalf("after an init with the same identity: %+v", evs)
 	}
 	init("sbxfork")
-	e.srv.audit.emit(AuditEvent{Kind: "file.write", Path: "/home/user/fork"})
+	e.srv.audit.emit(agentapi.AuditEvent{Kind: "file.write", Path: "/home/user/fork"})
 	evs := follow(t, e, 0, 1)
 	if evs[0].Path != "/home/user/fork" || evs[0].Seq != 2 {
 		t.Fatalf("the fork's feed from the start: first event %+v, want its own write with seq 2", evs[0])

@@ -22,6 +22,7 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/envd/process"
 	"github.com/cella-sandbox/cella/internal/envd/process/processconnect"
@@ -40,7 +41,7 @@ func runTestAgent() int {
 	}
 	reaper := NewReaper()
 	go reaper.Run(ctx)
-	srv := NewServer(Config{SandboxID: "sbxchan", DefaultUser: "root", ChannelToken: os.Getenv("CELLA_TEST_AGENT_TOKEN")}, Options{Reaper: reaper})
+	srv := NewServer(agentapi.Config{SandboxID: "sbxchan", DefaultUser: "root", ChannelToken: os.Getenv("CELLA_TEST_AGENT_TOKEN")}, Options{Reaper: reaper})
 	defer srv.Close()
 	if err := serveChannel(ctx, os.Getenv("CELLA_TEST_AGENT_SOCKET"), srv.hello, srv.Handler()); err != nil && ctx.Err() == nil {
 		fmt.Fprintln(os.Stderr, "serve channel:", err)
@@ -54,7 +55,7 @@ func TestChannelAndReaping(t *testing.T) {
 		t.Skip("agent tests run as root")
 	}
 	dir := t.TempDir()
-	sock := filepath.Join(dir, channel.SocketName)
+	sock := filepath.Join(dir, agentapi.SocketName)
 	const token = "chan-token"
 	var tokenMu sync.Mutex
 	tokens := []string{token}
@@ -90,7 +91,7 @@ func TestChannelAndReaping(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if hello.PID != cmd.Process.Pid || hello.SandboxID != "sbxchan" || hello.Version != Version {
+	if hello.PID != cmd.Process.Pid || hello.SandboxID != "sbxchan" || hello.Version != agentapi.Version {
 		t.Fatalf("hello %+v", hello)
 	}
 	hc := &http.Client{Transport: conn.Transport()}
@@ -153,7 +154,7 @@ func TestChannelAndReaping(t *testing.T) {
 	// drops the session; the agent redials with the new one, which is the
 	// only one the daemon takes now.
 	next := strings.Repeat("n", 40)
-	resp, err = hc.Post(ChannelTokenURL, "application/json", strings.NewReader(`{"token":"`+next+`"}`))
+	resp, err = hc.Post(channel.AgentURL+agentapi.ChannelTokenPath, "application/json", strings.NewReader(`{"token":"`+next+`"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +240,7 @@ func TestLocalHandlerHasNoChannelToken(t *testing.T) {
 	local := httptest.NewServer(e.srv.LocalHandler())
 	defer local.Close()
 	before := e.srv.hello().Token
-	resp, err := http.Post(local.URL+channelTokenPath, "application/json", strings.NewReader(`{"token":"`+strings.Repeat("x", 40)+`"}`))
+	resp, err := http.Post(local.URL+agentapi.ChannelTokenPath, "application/json", strings.NewReader(`{"token":"`+strings.Repeat("x", 40)+`"}`))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"slices"
 	"strconv"
 	"syscall"
 
@@ -15,17 +14,9 @@ import (
 	"github.com/cella-sandbox/cella/internal/agent/codeinterp"
 )
 
-// ServiceCodeInterpreter is the Config.Services entry that makes the agent
-// run the code-interpreter server (the template package sets it for
-// code-interpreter-v1).
-const ServiceCodeInterpreter = "code-interpreter"
-
 // CodeInterpreterAddr is where the code interpreter listens inside the
 // sandbox; the daemon reaches it like any port (E2b-Sandbox-Port: 49999).
 var CodeInterpreterAddr = "127.0.0.1:" + strconv.Itoa(codeinterp.Port)
-
-// hasService reports whether the template asked for a service.
-func (c Config) hasService(name string) bool { return slices.Contains(c.Services, name) }
 
 // startCodeInterpreter serves the code interpreter until ctx ends. It is
 // called only for templates that ask for it, so other sandboxes pay nothing

@@ -2,11 +2,11 @@ package agent
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
 
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/channel"
 )
 
@@ -19,33 +19,21 @@ import (
 // So no process inside a sandbox ever holds a credential it could dial
 // the daemon with.
 
-// channelTokenPath is where the daemon sends the next credential; only the
-// channel's handler serves it.
-const channelTokenPath = "/cella/channel-token"
-
-// ChannelTokenURL is the endpoint's URL for channel.Conn's transport.
-const ChannelTokenURL = channel.AgentURL + channelTokenPath
-
-// ChannelTokenRequest is the body of POST /cella/channel-token.
-type ChannelTokenRequest struct {
-	Token string `json:"token"`
-}
-
 // hello is the agent's next hello to the daemon.
 func (s *Server) hello() channel.Hello {
 	cfg := s.config()
-	return channel.Hello{SandboxID: cfg.SandboxID, Token: cfg.ChannelToken, Version: Version, PID: os.Getpid()}
+	return channel.Hello{SandboxID: cfg.SandboxID, Token: cfg.ChannelToken, Version: agentapi.Version, PID: os.Getpid()}
 }
 
 // handleChannelToken replaces the credential of the agent's next hello.
 func (s *Server) handleChannelToken(w http.ResponseWriter, r *http.Request) {
-	var req ChannelTokenRequest
+	var req agentapi.ChannelTokenRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&req); err != nil {
 		jsonError(w, http.StatusBadRequest, fmt.Errorf("parse channel token request: %w", err))
 		return
 	}
-	if len(req.Token) < 32 {
-		jsonError(w, http.StatusBadRequest, errors.New("token: want at least 32 characters"))
+	if len(req.Token) < agentapi.MinChannelToken {
+		jsonError(w, http.StatusBadRequest, fmt.Errorf("token: want at least %d characters", agentapi.MinChannelToken))
 		return
 	}
 	s.mu.Lock()

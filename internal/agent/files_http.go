@@ -2,9 +2,7 @@ package agent
 
 import (
 	"compress/gzip"
-	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +19,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cella-sandbox/cella/internal/agentapi"
 )
 
 // fileEntry is an element of POST /files' answer.
@@ -31,18 +31,6 @@ type fileEntry struct {
 	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
-// Signature builds the v1 signature of a signed /files URL, as the SDKs do:
-// v1_ + base64(sha256("<path>:<read|write>:<user>:<token>[:<exp>]")) without
-// padding. expiration 0 means none.
-func Signature(path, operation, username, token string, expiration int64) string {
-	parts := []string{path, operation, username, token}
-	if expiration != 0 {
-		parts = append(parts, strconv.FormatInt(expiration, 10))
-	}
-	sum := sha256.Sum256([]byte(strings.Join(parts, ":")))
-	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
-}
-
 // checkFilesAuth implements envd's validateSigning: with a token set, the
 // request needs the token header or a valid, unexpired signature.
 func (s *Server) checkFilesAuth(r *http.Request, operation string) error {
@@ -50,7 +38,7 @@ func (s *Server) checkFilesAuth(r *http.Request, operation string) error {
 	if token == "" {
 		return nil
 	}
-	if h := r.Header.Get("X-Access-Token"); h != "" {
+	if h := r.Header.Get(agentapi.AccessTokenHeader); h != "" {
 		if !tokenEqual(h, token) {
 			return errors.New("access token present in header but does not match")
 		}
@@ -59,7 +47,7 @@ func (s *Server) checkFilesAuth(r *http.Request, operation string) error {
 	q := r.URL.Query()
 	sig := q.Get("signature")
 	if sig == "" {
-		return errors.New(unauthorizedMessage)
+		return errors.New(agentapi.UnauthorizedMessage)
 	}
 	var exp int64
 	if v := q.Get("signature_expiration"); v != "" {
@@ -69,7 +57,7 @@ func (s *Server) checkFilesAuth(r *http.Request, operation string) error {
 		}
 		exp = n
 	}
-	want := Signature(q.Get("path"), operation, q.Get("username"), token, exp)
+	want := agentapi.Signature(q.Get("path"), operation, q.Get("username"), token, exp)
 	if subtle.ConstantTimeCompare([]byte(want), []byte(sig)) != 1 {
 		return errors.New("invalid signature")
 	}
@@ -396,10 +384,10 @@ func (s *Server) writeUpload(target string, data io.Reader, u *sandboxUser, meta
 		if code == 0 {
 			code = http.StatusInternalServerError
 		}
-		s.audit.emit(AuditEvent{Kind: "file.write", Path: p, Size: n, User: u.Name, Error: err.Error()})
+		s.audit.emit(agentapi.AuditEvent{Kind: "file.write", Path: p, Size: n, User: u.Name, Error: err.Error()})
 		return fileEntry{}, code, err
 	}
-	s.audit.emit(AuditEvent{Kind: "file.write", Path: p, Size: n, User: u.Name})
+	s.audit.emit(agentapi.AuditEvent{Kind: "file.write", Path: p, Size: n, User: u.Name})
 	e := fileEntry{Path: p, Name: filepath.Base(p), Type: "file"}
 	if len(meta) > 0 {
 		e.Metadata = meta

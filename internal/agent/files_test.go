@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cella-sandbox/cella/internal/agentapi"
 )
 
 func do(t *testing.T, req *http.Request) (*http.Response, []byte) {
@@ -185,7 +187,7 @@ func TestUploadOctetStreamGzipAndDownload(t *testing.T) {
 
 func TestAuth(t *testing.T) {
 	const token = "s3cret"
-	e := newTestEnv(t, func(c *Config, _ *Options) { c.AccessToken = token })
+	e := newTestEnv(t, func(c *agentapi.Config, _ *Options) { c.AccessToken = token })
 	get := func(path string, hdr ...string) (*http.Response, []byte) {
 		req, _ := http.NewRequest("GET", e.ts.URL+path, nil)
 		for i := 0; i+1 < len(hdr); i += 2 {
@@ -232,28 +234,28 @@ func TestAuth(t *testing.T) {
 	if resp, b := get(q, "X-Access-Token", token); resp.StatusCode != 200 || string(b) != "signed" {
 		t.Fatalf("files with token: %d", resp.StatusCode)
 	}
-	sig := Signature(target, "read", "", token, 0)
+	sig := agentapi.Signature(target, "read", "", token, 0)
 	if resp, b := get(q + "&signature=" + url.QueryEscape(sig)); resp.StatusCode != 200 || string(b) != "signed" {
 		t.Fatalf("signed: %d %s", resp.StatusCode, b)
 	}
 	exp := time.Now().Add(time.Minute).Unix()
-	sig = Signature(target, "read", "root", token, exp)
+	sig = agentapi.Signature(target, "read", "root", token, exp)
 	if resp, b := get(fmt.Sprintf("%s&username=root&signature=%s&signature_expiration=%d", q, url.QueryEscape(sig), exp)); resp.StatusCode != 200 {
 		t.Fatalf("signed with user and expiry: %d %s", resp.StatusCode, b)
 	}
 	old := time.Now().Add(-time.Minute).Unix()
-	sig = Signature(target, "read", "", token, old)
+	sig = agentapi.Signature(target, "read", "", token, old)
 	if resp, _ := get(fmt.Sprintf("%s&signature=%s&signature_expiration=%d", q, url.QueryEscape(sig), old)); resp.StatusCode != 401 {
 		t.Fatalf("expired: %d", resp.StatusCode)
 	}
 	// A read signature does not allow writing.
-	sig = Signature(target, "read", "", token, 0)
+	sig = agentapi.Signature(target, "read", "", token, 0)
 	req, _ = http.NewRequest("POST", e.ts.URL+q+"&signature="+url.QueryEscape(sig), strings.NewReader("x"))
 	req.Header.Set("Content-Type", "application/octet-stream")
 	if resp, _ := do(t, req); resp.StatusCode != 401 {
 		t.Fatalf("write with read signature: %d", resp.StatusCode)
 	}
-	sig = Signature(target, "write", "", token, 0)
+	sig = agentapi.Signature(target, "write", "", token, 0)
 	req, _ = http.NewRequest("POST", e.ts.URL+q+"&signature="+url.QueryEscape(sig), strings.NewReader("rewritten"))
 	req.Header.Set("Content-Type", "application/octet-stream")
 	if resp, b := do(t, req); resp.StatusCode != 200 {
@@ -267,7 +269,7 @@ func TestAuth(t *testing.T) {
 	}
 	req, _ = http.NewRequest("POST", e.ts.URL+"/init", strings.NewReader(`{"envVars":{"NEW":"1"},"accessToken":"rotated","defaultUser":"user","timestamp":"2026-01-01T00:00:00Z"}`))
 	req.Header.Set("X-Access-Token", token)
-	if resp, _ := do(t, req); resp.StatusCode != 204 || resp.Header.Get("X-Envd-Version") != Version {
+	if resp, _ := do(t, req); resp.StatusCode != 204 || resp.Header.Get("X-Envd-Version") != agentapi.Version {
 		t.Fatalf("init: %d", resp.StatusCode)
 	}
 	resp, b = get("/envs", "X-Access-Token", "rotated")
@@ -382,7 +384,7 @@ func mustReq(method, u string, body io.Reader) *http.Request {
 }
 
 func TestUploadDiskFull(t *testing.T) {
-	e := newTestEnv(t, func(c *Config, o *Options) { c.Limits.DiskBytes = 1 << 30 })
+	e := newTestEnv(t, func(c *agentapi.Config, o *Options) { c.Limits.DiskBytes = 1 << 30 })
 	mnt := filepath.Join(e.rootDir, "small")
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		t.Fatal(err)

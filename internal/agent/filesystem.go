@@ -14,6 +14,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/envd/filesystem"
 	"github.com/cella-sandbox/cella/internal/envd/filesystem/filesystemconnect"
 )
@@ -97,7 +98,7 @@ func (fsvc filesystemService) MakeDir(ctx context.Context, req *connect.Request[
 	if err != nil {
 		return nil, err
 	}
-	fsvc.s.audit.emit(AuditEvent{Kind: "file.mkdir", Path: p, User: u.Name})
+	fsvc.s.audit.emit(agentapi.AuditEvent{Kind: "file.mkdir", Path: p, User: u.Name})
 	return connect.NewResponse(&filesystem.MakeDirResponse{Entry: e}), nil
 }
 
@@ -130,7 +131,7 @@ func (fsvc filesystemService) Move(ctx context.Context, req *connect.Request[fil
 	if err != nil {
 		return nil, err
 	}
-	fsvc.s.audit.emit(AuditEvent{Kind: "file.move", Path: src + " -> " + dst, User: u.Name})
+	fsvc.s.audit.emit(agentapi.AuditEvent{Kind: "file.move", Path: src + " -> " + dst, User: u.Name})
 	return connect.NewResponse(&filesystem.MoveResponse{Entry: e}), nil
 }
 
@@ -203,7 +204,7 @@ func (fsvc filesystemService) Remove(ctx context.Context, req *connect.Request[f
 	if err := u.do(func() error { return os.RemoveAll(p) }); err != nil {
 		return nil, fsError(u.denied("remove", p, err))
 	}
-	fsvc.s.audit.emit(AuditEvent{Kind: "file.remove", Path: p, User: u.Name})
+	fsvc.s.audit.emit(agentapi.AuditEvent{Kind: "file.remove", Path: p, User: u.Name})
 	return connect.NewResponse(&filesystem.RemoveResponse{}), nil
 }
 

@@ -34,6 +34,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/cella-sandbox/cella/internal/agentapi"
 )
 
 // jailEnv names the jail's root in the environment of the child that
@@ -58,7 +60,7 @@ func runJail(root string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	srv := NewServer(Config{SandboxID: "sbxfuzz", TemplateID: "tpl", Runtime: "gvisor", DefaultUser: "root"},
+	srv := NewServer(agentapi.Config{SandboxID: "sbxfuzz", TemplateID: "tpl", Runtime: "gvisor", DefaultUser: "root"},
 		Options{PasswdPath: "/etc/passwd", GroupPath: "/etc/group"})
 	defer srv.Close()
 	h := srv.Handler()

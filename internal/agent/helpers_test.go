@@ -20,6 +20,7 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/envd/filesystem/filesystemconnect"
 	"github.com/cella-sandbox/cella/internal/envd/process"
 	"github.com/cella-sandbox/cella/internal/envd/process/processconnect"
@@ -68,7 +69,7 @@ type testEnv struct {
 	rootDir string // a scratch dir
 }
 
-type envOpt func(*Config, *Options)
+type envOpt func(*agentapi.Config, *Options)
 
 func newTestEnv(t *testing.T, opts ...envOpt) *testEnv {
 	t.Helper()
@@ -98,7 +99,7 @@ func newTestEnv(t *testing.T, opts ...envOpt) *testEnv {
 	writeFile(t, passwd, fmt.Sprintf("root:x:0:0:root:/root:/bin/bash\nuser:x:%d:%d::%s:/bin/bash\nbomb:x:%d:%d::/tmp:/bin/bash\n", testUID, testUID, home, bombUID, bombUID))
 	writeFile(t, group, fmt.Sprintf("root:x:0:\nuser:x:%d:\nextra:x:4242:user\nbomb:x:%d:\n", testUID, bombUID))
 
-	cfg := Config{SandboxID: "sbxtest", TemplateID: "tpl", Runtime: "gvisor", DefaultUser: "root", EnvVars: map[string]string{"GLOBAL_VAR": "g"}}
+	cfg := agentapi.Config{SandboxID: "sbxtest", TemplateID: "tpl", Runtime: "gvisor", DefaultUser: "root", EnvVars: map[string]string{"GLOBAL_VAR": "g"}}
 	o := Options{PasswdPath: passwd, GroupPath: group}
 	for _, f := range opts {
 		f(&cfg, &o)

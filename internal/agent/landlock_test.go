@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cella-sandbox/cella/internal/agentapi"
 )
 
 func landlockABI() int {
@@ -43,7 +45,7 @@ func TestLandlockHelper(t *testing.T) {
 	if err := os.WriteFile(helper, bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	e := newTestEnv(t, func(c *Config, o *Options) {
+	e := newTestEnv(t, func(c *agentapi.Config, o *Options) {
 		c.Runtime = "namespaces"
 		o.ExecHelper = helper
 	})

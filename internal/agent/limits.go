@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cella-sandbox/cella/internal/agentapi"
 )
 
 // defaultOutputBytes caps a command's output when the config has no cap.
@@ -118,12 +120,6 @@ const guestCgroupDir = "/sys/fs/cgroup"
 // commandCgroupName is the guest cgroup every command starts in.
 const commandCgroupName = "cella-commands"
 
-// CommandPidsSlack is how many tasks the commands' cgroup allows above the
-// sandbox's pids limit: threads count there as in any pids cgroup (the
-// namespaces runtime's host ceiling is the same limit + 64), and the count
-// must be able to pass the limit for the watchdog to see it and name it.
-const CommandPidsSlack = 64
-
 // commandCgroup caps the tasks of all commands of a gVisor sandbox at fork
 // time. The watchdog alone cannot stop a fork bomb there: the bomb's
 // runnable processes starve the agent (each is one more guest task the
@@ -174,7 +170,7 @@ func (c *commandCgroup) dir(s *Server) (int, bool) {
 	if c.fd < 0 {
 		return 0, false
 	}
-	if want := cfg.Limits.Pids + CommandPidsSlack; c.max != want {
+	if want := cfg.Limits.Pids + agentapi.CommandPidsSlack; c.max != want {
 		if err := writeCgroupFile(c.fd, "pids.max", strconv.FormatInt(want, 10)); err != nil {
 			slog.Warn("set the commands' pids.max", "max", want, "err", err)
 		} else {

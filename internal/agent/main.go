@@ -17,12 +17,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/channel"
 )
 
 // LocalAddr is where programs inside the sandbox reach the agent (envd's
 // port on loopback; the code interpreter calls /envs there).
-var LocalAddr = "127.0.0.1:" + strconv.Itoa(channel.AgentPort)
+var LocalAddr = "127.0.0.1:" + strconv.Itoa(agentapi.Port)
 
 // Main runs the agent as PID 1 of a sandbox: it reads the config the daemon
 // wrote, reaps orphans, connects to the daemon and serves the API until
@@ -36,7 +37,7 @@ func Main(ctx context.Context) error {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("make the agent undumpable: %w", err)
 	}
-	cfg, err := ReadConfig(channel.GuestRunDir)
+	cfg, err := agentapi.ReadConfig(agentapi.GuestRunDir)
 	if err != nil {
 		return err
 	}
@@ -65,7 +66,7 @@ func Main(ctx context.Context) error {
 	srv := NewServer(cfg, Options{Reaper: reaper, SandboxWide: true})
 	defer srv.Close()
 
-	if cfg.hasService(ServiceCodeInterpreter) {
+	if cfg.HasService(agentapi.ServiceCodeInterpreter) {
 		ciCtx, ciCancel := context.WithCancel(ctx)
 		if done, err := startCodeInterpreter(ciCtx, srv); err != nil {
 			ciCancel()
@@ -88,8 +89,8 @@ func Main(ctx context.Context) error {
 		go func() { <-ctx.Done(); _ = hs.Close() }()
 	}
 
-	slog.Info("agent starting", "sandbox", cfg.SandboxID, "runtime", cfg.Runtime, "version", Version)
-	err = serveChannel(ctx, SocketPath(), srv.hello, srv.Handler())
+	slog.Info("agent starting", "sandbox", cfg.SandboxID, "runtime", cfg.Runtime, "version", agentapi.Version)
+	err = serveChannel(ctx, agentapi.GuestSocketPath, srv.hello, srv.Handler())
 	wg.Wait()
 	slog.Info("agent stopped")
 	if errors.Is(err, context.Canceled) {
@@ -172,7 +173,7 @@ func serveSession(sess *channel.AgentSession, ln *streamListener) {
 		if err != nil {
 			return
 		}
-		if port == channel.AgentPort {
+		if port == agentapi.Port {
 			if !ln.deliver(conn) {
 				conn.Close()
 			}
@@ -251,4 +252,4 @@ func (l *streamListener) Addr() net.Addr { return channelAddr{} }
 type channelAddr struct{}
 
 func (channelAddr) Network() string { return "cella-channel" }
-func (channelAddr) String() string  { return fmt.Sprintf("channel:%d", channel.AgentPort) }
+func (channelAddr) String() string  { return fmt.Sprintf("channel:%d", agentapi.Port) }

@@ -15,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/envd/process"
 	"github.com/cella-sandbox/cella/internal/envd/process/processconnect"
 )
@@ -455,7 +456,7 @@ func TestPTY(t *testing.T) {
 }
 
 func TestOutputCap(t *testing.T) {
-	e := newTestEnv(t, func(c *Config, _ *Options) { c.Limits.OutputBytes = 1000 })
+	e := newTestEnv(t, func(c *agentapi.Config, _ *Options) { c.Limits.OutputBytes = 1000 })
 	r := e.run(ctxT(t, 10*time.Second), bashReq("head -c 5000 /dev/zero | tr '\\0' a; echo; echo still-running > /dev/null; exit 4"))
 	if len(r.stdout) != 1000 || strings.Trim(r.stdout, "a") != "" {
 		t.Fatalf("stdout has %d bytes", len(r.stdout))
@@ -470,7 +471,7 @@ func TestOutputCap(t *testing.T) {
 }
 
 func TestMemoryLimit(t *testing.T) {
-	e := newTestEnv(t, func(c *Config, _ *Options) { c.Limits.MemoryBytes = 100 << 20 })
+	e := newTestEnv(t, func(c *agentapi.Config, _ *Options) { c.Limits.MemoryBytes = 100 << 20 })
 	start := time.Now()
 	r := e.run(ctxT(t, 30*time.Second), bashReq("head -c 700M /dev/zero | tail; echo not-reached"), "Connect-Timeout-Ms", "25000")
 	want := "killed: sandbox memory limit 100 MiB reached (raise with --memory)"
@@ -503,7 +504,7 @@ func TestPidsLimitForkBomb(t *testing.T) {
 		<-reaperDone
 		_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 	})
-	e := newTestEnv(t, func(c *Config, o *Options) {
+	e := newTestEnv(t, func(c *agentapi.Config, o *Options) {
 		c.Limits.Pids = 50
 		o.Reaper = reaper
 	})
@@ -547,7 +548,7 @@ func TestPidsLimitForkBomb(t *testing.T) {
 }
 
 func TestDiskLimitNamed(t *testing.T) {
-	e := newTestEnv(t, func(c *Config, _ *Options) { c.Limits.DiskBytes = 1 << 30 })
+	e := newTestEnv(t, func(c *agentapi.Config, _ *Options) { c.Limits.DiskBytes = 1 << 30 })
 	r := e.run(ctxT(t, 10*time.Second), bashReq("echo 'write error: No space left on device' >&2; exit 1"))
 	if r.end.GetError() != "sandbox disk limit 1 GiB reached (raise with --disk)" || r.end.ExitCode != 1 || r.end.Status != "exit status 1" {
 		t.Fatalf("end %+v", r.end)
@@ -652,7 +653,7 @@ func TestKeepaliveIntervalBounds(t *testing.T) {
 // end with exit 0 and no output), and a background grandchild holding the
 // pipes does not hold the result.
 func TestOutputWrittenBeforeExitIsNeverCut(t *testing.T) {
-	e := newTestEnv(t, func(_ *Config, o *Options) { o.DrainGrace = time.Nanosecond })
+	e := newTestEnv(t, func(_ *agentapi.Config, o *Options) { o.DrainGrace = time.Nanosecond })
 	want := strings.Repeat("x", 60000) // in the pipe at exit: two chunks
 	for i := range 20 {
 		r := e.run(ctxT(t, 30*time.Second), bashReq(`head -c 60000 /dev/zero | tr '\0' x; echo err >&2`))

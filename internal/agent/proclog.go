@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/envd/process"
 )
 
@@ -182,30 +183,8 @@ func (st *logStore) get(pid int) *procLog {
 
 // registerCellaExtras adds the log and wait endpoints to the agent's mux.
 func (s *Server) registerCellaExtras(mux *http.ServeMux) {
-	mux.HandleFunc("GET /cella/processes/{pid}/logs", s.handleProcLogs)
-	mux.HandleFunc("GET /cella/wait", s.handleWait)
-}
-
-// LogEntry is one line of GET /cella/processes/{pid}/logs?format=json.
-type LogEntry struct {
-	Time    time.Time `json:"time"`
-	Stream  string    `json:"stream"`
-	Line    string    `json:"line"`
-	Partial bool      `json:"partial,omitempty"`
-}
-
-// ProcessLogs is the JSON body of the logs endpoint.
-type ProcessLogs struct {
-	PID          int        `json:"pid"`
-	Cmd          string     `json:"cmd"`
-	Running      bool       `json:"running"`
-	ExitCode     *int32     `json:"exitCode,omitempty"`
-	Status       string     `json:"status,omitempty"`
-	StartedAt    time.Time  `json:"startedAt"`
-	EndedAt      *time.Time `json:"endedAt,omitempty"`
-	DroppedBytes int64      `json:"droppedBytes"`
-	MaxBytes     int        `json:"maxBytes"`
-	Lines        []LogEntry `json:"lines"`
+	mux.HandleFunc("GET "+agentapi.ProcessLogsPattern, s.handleProcLogs)
+	mux.HandleFunc("GET "+agentapi.WaitPath, s.handleWait)
 }
 
 func (s *Server) handleProcLogs(w http.ResponseWriter, r *http.Request) {
@@ -235,7 +214,7 @@ func (s *Server) handleProcLogs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	l.mu.Lock()
-	out := ProcessLogs{PID: pid, Cmd: l.cmd, Running: end == nil, StartedAt: l.started, DroppedBytes: l.dropped, MaxBytes: procLogMax, Lines: []LogEntry{}}
+	out := agentapi.ProcessLogs{PID: pid, Cmd: l.cmd, Running: end == nil, StartedAt: l.started, DroppedBytes: l.dropped, MaxBytes: procLogMax, Lines: []agentapi.LogEntry{}}
 	if end != nil {
 		code := end.ExitCode
 		out.ExitCode, out.Status = &code, end.Status
@@ -245,27 +224,15 @@ func (s *Server) handleProcLogs(w http.ResponseWriter, r *http.Request) {
 	l.mu.Unlock()
 	for _, ln := range lines {
 		if stream == "" || ln.stream == stream {
-			out.Lines = append(out.Lines, LogEntry{Time: ln.ts, Stream: ln.stream, Line: ln.text})
+			out.Lines = append(out.Lines, agentapi.LogEntry{Time: ln.ts, Stream: ln.stream, Line: ln.text})
 		}
 	}
 	for _, ln := range partial {
 		if stream == "" || ln.stream == stream {
-			out.Lines = append(out.Lines, LogEntry{Time: ln.ts, Stream: ln.stream, Line: ln.text, Partial: true})
+			out.Lines = append(out.Lines, agentapi.LogEntry{Time: ln.ts, Stream: ln.stream, Line: ln.text, Partial: true})
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
-}
-
-// WaitResult is the body of a wait: 200 when ready, 408 on timeout, 409
-// when the watched process ended first.
-type WaitResult struct {
-	Ready     bool   `json:"ready"`
-	Port      int    `json:"port,omitempty"`
-	PID       int    `json:"pid,omitempty"`
-	Line      string `json:"line,omitempty"`
-	ElapsedMs int64  `json:"elapsedMs"`
-	Code      int    `json:"code,omitempty"`
-	Message   string `json:"message,omitempty"`
 }
 
 const maxWait = 1 * time.Hour
@@ -308,14 +275,14 @@ func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
 		defer tick.Stop()
 		for {
 			if portListening(port) {
-				writeJSON(w, http.StatusOK, WaitResult{Ready: true, Port: port, ElapsedMs: time.Since(start).Milliseconds()})
+				writeJSON(w, http.StatusOK, agentapi.WaitResult{Ready: true, Port: port, ElapsedMs: time.Since(start).Milliseconds()})
 				return
 			}
 			select {
 			case <-ctx.Done():
 				return
 			case <-deadline.C:
-				writeJSON(w, http.StatusRequestTimeout, WaitResult{Port: port, ElapsedMs: time.Since(start).Milliseconds(), Code: http.StatusRequestTimeout,
+				writeJSON(w, http.StatusRequestTimeout, agentapi.WaitResult{Port: port, ElapsedMs: time.Since(start).Milliseconds(), Code: http.StatusRequestTimeout,
 					Message: fmt.Sprintf("timeout: nothing listened on port %d within %v", port, timeout)})
 				return
 			case <-tick.C:
@@ -342,7 +309,7 @@ func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
 			lines, partial, end, changed := l.snapshot(from)
 			for _, ln := range append(lines, partial...) {
 				if re.MatchString(ln.text) {
-					writeJSON(w, http.StatusOK, WaitResult{Ready: true, PID: pid, Line: ln.text, ElapsedMs: time.Since(start).Milliseconds()})
+					writeJSON(w, http.StatusOK, agentapi.WaitResult{Ready: true, PID: pid, Line: ln.text, ElapsedMs: time.Since(start).Milliseconds()})
 					return
 				}
 			}
@@ -350,7 +317,7 @@ func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
 				from = lines[len(lines)-1].seq + 1
 			}
 			if end != nil {
-				writeJSON(w, http.StatusConflict, WaitResult{PID: pid, ElapsedMs: time.Since(start).Milliseconds(), Code: http.StatusConflict,
+				writeJSON(w, http.StatusConflict, agentapi.WaitResult{PID: pid, ElapsedMs: time.Since(start).Milliseconds(), Code: http.StatusConflict,
 					Message: fmt.Sprintf("process %d ended (%s) without printing a line matching %q", pid, end.Status, re.String())})
 				return
 			}
@@ -358,7 +325,7 @@ func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
 			case <-ctx.Done():
 				return
 			case <-deadline.C:
-				writeJSON(w, http.StatusRequestTimeout, WaitResult{PID: pid, ElapsedMs: time.Since(start).Milliseconds(), Code: http.StatusRequestTimeout,
+				writeJSON(w, http.StatusRequestTimeout, agentapi.WaitResult{PID: pid, ElapsedMs: time.Since(start).Milliseconds(), Code: http.StatusRequestTimeout,
 					Message: fmt.Sprintf("timeout: process %d printed no line matching %q within %v", pid, re.String(), timeout)})
 				return
 			case <-changed:

@@ -16,6 +16,7 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/envd/filesystem/filesystemconnect"
 	"github.com/cella-sandbox/cella/internal/envd/process/processconnect"
 )
@@ -66,12 +67,12 @@ type Server struct {
 
 	// mu guards cfg, which /init updates while requests read it.
 	mu  sync.RWMutex
-	cfg Config
+	cfg agentapi.Config
 }
 
 // NewServer makes a server for cfg. It starts no goroutines until a
 // command runs.
-func NewServer(cfg Config, opts Options) *Server {
+func NewServer(cfg agentapi.Config, opts Options) *Server {
 	if opts.PasswdPath == "" {
 		opts.PasswdPath = "/etc/passwd"
 	}
@@ -109,7 +110,7 @@ func (s *Server) Close() {
 	s.watchers.closeAll()
 }
 
-func (s *Server) config() Config {
+func (s *Server) config() agentapi.Config {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.cfg
@@ -217,45 +218,31 @@ func (s *Server) handler(trusted bool) http.Handler {
 	path, h = filesystemconnect.NewFilesystemHandler(filesystemService{s})
 	mux.Handle(path, h)
 
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET "+agentapi.HealthPath, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
 		w.WriteHeader(http.StatusNoContent)
 	})
-	mux.HandleFunc("GET /envs", s.handleEnvs)
-	mux.HandleFunc("POST /init", func(w http.ResponseWriter, r *http.Request) { s.handleInit(w, r, trusted) })
-	mux.HandleFunc("GET /files", s.handleDownload)
-	mux.HandleFunc("POST /files", s.handleUpload)
-	mux.HandleFunc("GET /cella/tar", s.handleTarGet)
-	mux.HandleFunc("POST /cella/tar", s.handleTarPut)
+	mux.HandleFunc("GET "+agentapi.EnvsPath, s.handleEnvs)
+	mux.HandleFunc("POST "+agentapi.InitPath, func(w http.ResponseWriter, r *http.Request) { s.handleInit(w, r, trusted) })
+	mux.HandleFunc("GET "+agentapi.FilesPath, s.handleDownload)
+	mux.HandleFunc("POST "+agentapi.FilesPath, s.handleUpload)
+	mux.HandleFunc("GET "+agentapi.TarPath, s.handleTarGet)
+	mux.HandleFunc("POST "+agentapi.TarPath, s.handleTarPut)
 	s.registerCellaExtras(mux)
 	if trusted {
 		// Only the daemon follows the audit feed and hands out the
 		// channel's next credential (credential.go).
-		mux.HandleFunc("GET /cella/events", s.handleEvents)
-		mux.HandleFunc("POST "+channelTokenPath, s.handleChannelToken)
+		mux.HandleFunc("GET "+agentapi.EventsPath, s.handleEvents)
+		mux.HandleFunc("POST "+agentapi.ChannelTokenPath, s.handleChannelToken)
 	}
 	return s.withAuth(mux)
 }
 
-// authExempt are the endpoints that do their own auth (or need none), as in
-// envd's WithAuthorization.
-var authExempt = map[string]bool{
-	"GET /health": true,
-	"GET /files":  true,
-	"POST /files": true,
-	"POST /init":  true,
-	// Served on the channel only, which authenticated the daemon; a fork
-	// gets it before its own access token.
-	"POST " + channelTokenPath: true,
-}
-
-const unauthorizedMessage = "unauthorized access, please provide a valid access token or method signing if supported"
-
 func (s *Server) withAuth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token := s.config().AccessToken
-		if token != "" && !authExempt[r.Method+" "+r.URL.Path] && !tokenEqual(r.Header.Get("X-Access-Token"), token) {
-			jsonError(w, http.StatusUnauthorized, errors.New(unauthorizedMessage))
+		if token != "" && !agentapi.AuthExempt(r.Method, r.URL.Path) && !tokenEqual(r.Header.Get(agentapi.AccessTokenHeader), token) {
+			jsonError(w, http.StatusUnauthorized, errors.New(agentapi.UnauthorizedMessage))
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -287,31 +274,20 @@ func (s *Server) handleEnvs(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.globalEnv())
 }
 
-// initRequest is envd's /init body; the fields cella does not use are
-// accepted and ignored.
-type initRequest struct {
-	EnvVars        map[string]string `json:"envVars"`
-	AccessToken    *string           `json:"accessToken"`
-	DefaultUser    *string           `json:"defaultUser"`
-	DefaultWorkdir *string           `json:"defaultWorkdir"`
-	// cella: a fork restored from a snapshot learns its own identity.
-	SandboxID *string `json:"cellaSandboxID"`
-}
-
 // handleInit updates the running config, e.g. when a warm sandbox is handed
 // to its owner. Once a token is set, only a caller that knows it may change
 // anything; without one only the daemon (trusted) may.
 func (s *Server) handleInit(w http.ResponseWriter, r *http.Request, trusted bool) {
 	cur := s.config().AccessToken
 	switch {
-	case cur != "" && !tokenEqual(r.Header.Get("X-Access-Token"), cur):
-		jsonError(w, http.StatusUnauthorized, errors.New(unauthorizedMessage))
+	case cur != "" && !tokenEqual(r.Header.Get(agentapi.AccessTokenHeader), cur):
+		jsonError(w, http.StatusUnauthorized, errors.New(agentapi.UnauthorizedMessage))
 		return
 	case cur == "" && !trusted:
 		jsonError(w, http.StatusUnauthorized, errors.New("init is only available to the sandbox's daemon"))
 		return
 	}
-	var req initRequest
+	var req agentapi.InitRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil {
 		jsonError(w, http.StatusBadRequest, fmt.Errorf("parse init request: %w", err))
 		return
@@ -351,6 +327,6 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request, trusted bool
 	if newIdentity {
 		s.audit.forget()
 	}
-	w.Header().Set("X-Envd-Version", Version)
+	w.Header().Set("X-Envd-Version", agentapi.Version)
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -18,6 +18,7 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/envd/process"
 )
 
@@ -212,7 +213,7 @@ func (s *Server) startProcess(spec *startSpec) (*proc, *subscriber, error) {
 	}
 	adjustOOM(pid)
 	slog.Info("process started", "pid", pid, "cmd", spec.config.GetCmd(), "user", spec.user.Name, "cwd", spec.cwd)
-	s.audit.emit(AuditEvent{Kind: "process.start", PID: pid, Cmd: auditCmd(append([]string{spec.config.GetCmd()}, spec.config.GetArgs()...)), User: spec.user.Name, Cwd: spec.cwd})
+	s.audit.emit(agentapi.AuditEvent{Kind: "process.start", PID: pid, Cmd: auditCmd(append([]string{spec.config.GetCmd()}, spec.config.GetArgs()...)), User: spec.user.Name, Cwd: spec.cwd})
 
 	var readWG sync.WaitGroup
 	for _, r := range readers {
@@ -267,7 +268,7 @@ func (s *Server) waitProcess(p *proc, waitCh <-chan unix.WaitStatus, readWG *syn
 	// The audit feed hears of the exit before any client does, so that a
 	// client looking up the command's span right after its end finds it.
 	code := end.ExitCode
-	s.audit.emit(AuditEvent{Kind: "process.exit", PID: p.pid, ExitCode: &code, Status: end.Status, Error: end.GetError()})
+	s.audit.emit(agentapi.AuditEvent{Kind: "process.exit", PID: p.pid, ExitCode: &code, Status: end.Status, Error: end.GetError()})
 	ev := endEvent(end)
 	for sub := range p.subs {
 		sub.push(ev, true)

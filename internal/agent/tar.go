@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cella-sandbox/cella/internal/agentapi"
 )
 
 // GET /cella/tar?path=DIR streams DIR as an uncompressed tar whose names
@@ -188,7 +190,7 @@ func (s *Server) handleTarPut(w http.ResponseWriter, r *http.Request) {
 		jsonError(w, code, err)
 		return
 	}
-	s.audit.emit(AuditEvent{Kind: "file.write", Path: dir + " (tar, " + strconv.Itoa(n) + " entries)", User: u.Name})
+	s.audit.emit(agentapi.AuditEvent{Kind: "file.write", Path: dir + " (tar, " + strconv.Itoa(n) + " entries)", User: u.Name})
 	writeJSON(w, http.StatusOK, map[string]any{"path": dir, "entries": n})
 }
 

@@ -3,6 +3,7 @@ package api
 import (
 	"net/http"
 
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/envd/process/processconnect"
 	"github.com/cella-sandbox/cella/internal/errdefs"
@@ -24,10 +25,10 @@ func (t agentTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	r = r.Clone(r.Context())
 	if t.sb.EnvdAccessToken != "" {
-		r.Header.Set("X-Access-Token", t.sb.EnvdAccessToken)
+		r.Header.Set(agentapi.AccessTokenHeader, t.sb.EnvdAccessToken)
 	}
 	if t.user != "" {
-		r.Header.Set("Authorization", userBasic(t.user))
+		r.Header.Set("Authorization", agentapi.UserAuthorization(t.user))
 	}
 	return conn.Transport().RoundTrip(r)
 }
@@ -50,5 +51,5 @@ func agentHTTP(sb *sandbox.Sandbox, user string) *http.Client {
 }
 
 func agentProcessClient(sb *sandbox.Sandbox, user string) processconnect.ProcessClient {
-	return processconnect.NewProcessClient(agentHTTP(sb, user), channel.PortURL(channel.AgentPort))
+	return processconnect.NewProcessClient(agentHTTP(sb, user), channel.AgentURL)
 }

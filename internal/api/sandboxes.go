@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cella-sandbox/cella/internal/agent"
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 )
@@ -64,7 +64,7 @@ const v1DefaultTimeout = 15 * time.Second
 func (s *Server) sandboxBody(in sandbox.Info) sandboxResponse {
 	return sandboxResponse{
 		SandboxID: in.ID, TemplateID: in.TemplateID, Alias: in.TemplateID, ClientID: clientID,
-		EnvdVersion: agent.Version, EnvdAccessToken: in.EnvdAccessToken, Domain: s.cfg.Domain,
+		EnvdVersion: agentapi.Version, EnvdAccessToken: in.EnvdAccessToken, Domain: s.cfg.Domain,
 		TrafficAccessToken: trafficTokenPtr(in.Options), // traffic.go
 	}
 }
@@ -323,7 +323,7 @@ func listed(in sandbox.Info) listedSandbox {
 	return listedSandbox{
 		SandboxID: in.ID, TemplateID: in.TemplateID, Alias: in.TemplateID, ClientID: clientID,
 		CPUCount: in.Options.CPUs, MemoryMB: in.Options.MemoryMB, DiskSizeMB: in.Options.DiskMB,
-		StartedAt: in.StartedAt, EndAt: in.EndAt, EnvdVersion: agent.Version, Metadata: md, State: in.State,
+		StartedAt: in.StartedAt, EndAt: in.EndAt, EnvdVersion: agentapi.Version, Metadata: md, State: in.State,
 		VolumeMounts: volumeMountsOf(in), Runtime: in.Runtime,
 	}
 }

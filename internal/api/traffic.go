@@ -7,7 +7,7 @@ import (
 	"encoding/json"
 	"net/http"
 
-	"github.com/cella-sandbox/cella/internal/channel"
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 )
 
@@ -38,7 +38,7 @@ func trafficTokenFor(network json.RawMessage) string {
 // agent — genuine or not — without its owner's token; the traffic token for
 // the others, when the sandbox has one. It answers the refusal itself.
 func trafficAllowed(w http.ResponseWriter, r *http.Request, sb *sandbox.Sandbox, port int) bool {
-	if port == channel.AgentPort {
+	if port == agentapi.Port {
 		return envdAllowed(w, r, sb)
 	}
 	want := sb.Options.TrafficAccessToken
@@ -65,19 +65,19 @@ func envdAllowed(w http.ResponseWriter, r *http.Request, sb *sandbox.Sandbox) bo
 	if sb.EnvdAccessToken == "" {
 		return true
 	}
-	got := r.Header.Get("X-Access-Token")
+	got := r.Header.Get(agentapi.AccessTokenHeader)
 	switch {
 	case got != "":
 		if subtle.ConstantTimeCompare([]byte(got), []byte(sb.EnvdAccessToken)) == 1 {
 			return true
 		}
-	case r.Method == http.MethodGet && r.URL.Path == "/health":
+	case r.Method == http.MethodGet && r.URL.Path == agentapi.HealthPath:
 		return true
-	case (r.Method == http.MethodGet || r.Method == http.MethodPost) && r.URL.Path == "/files" && r.URL.Query().Get("signature") != "":
+	case (r.Method == http.MethodGet || r.Method == http.MethodPost) && r.URL.Path == agentapi.FilesPath && r.URL.Query().Get("signature") != "":
 		return true
 	}
 	writeJSON(w, http.StatusUnauthorized, errorBody{Code: http.StatusUnauthorized,
-		Message: "unauthorized access, please provide a valid access token or method signing if supported"})
+		Message: agentapi.UnauthorizedMessage})
 	return false
 }
 

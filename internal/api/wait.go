@@ -1,7 +1,6 @@
 package api
 
 import (
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,10 +12,6 @@ import (
 	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 )
-
-func userBasic(user string) string {
-	return "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"))
-}
 
 // waitRequest is the body of POST /sandboxes/{id}/wait.
 type waitRequest struct {
@@ -91,7 +86,7 @@ func (s *Server) forwardAgent(w http.ResponseWriter, r *http.Request, path strin
 		s.writeErr(w, r, err)
 		return
 	}
-	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, channel.PortURL(channel.AgentPort)+path+"?"+q.Encode(), nil)
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, channel.AgentURL+path+"?"+q.Encode(), nil)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

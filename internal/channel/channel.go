@@ -2,8 +2,10 @@
 // sandbox: the agent dials a unix socket that the daemon listens on (the
 // sandbox has no network route to the host at all), says hello, and then the
 // connection carries yamux streams opened by the daemon. Each stream starts
-// with the target port inside the sandbox: AgentPort reaches the agent's own
-// HTTP API (envd), any other port is piped to 127.0.0.1:<port> in the sandbox.
+// with the target port inside the sandbox: the agent serves its own API on
+// its port (agentapi.Port) and pipes any other port to 127.0.0.1:<port> in
+// the sandbox. What is spoken over the streams is not this package's
+// business (internal/agentapi is the agent's contract).
 //
 // Because the agent connects out, its readiness is pushed to the daemon the
 // moment it starts, and every request afterwards reuses one persistent
@@ -26,16 +28,6 @@ import (
 
 	"github.com/hashicorp/yamux"
 )
-
-// AgentPort is the port of the agent's own API, the same as E2B's envd.
-const AgentPort = 49983
-
-// SocketName is the socket's file name in the sandbox's run directory, which
-// is mounted at GuestRunDir inside the sandbox.
-const SocketName = "agent.sock"
-
-// GuestRunDir is where the sandbox's run directory appears inside it.
-const GuestRunDir = "/run/cella"
 
 // Hello is the first line the agent sends, as JSON.
 type Hello struct {

@@ -64,7 +64,7 @@ func (k *tokens) put(s ...string) {
 
 func listen(t *testing.T, k *tokens, r *refusals) (*Listener, string) {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), SocketName)
+	sock := filepath.Join(t.TempDir(), "agent.sock")
 	ln, err := Listen(sock, ListenOptions{Tokens: k.get, OnRefuse: r.add})
 	if err != nil {
 		t.Fatal(err)

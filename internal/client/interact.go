@@ -4,12 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/cella-sandbox/cella/internal/agent"
 	"io"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/cella-sandbox/cella/internal/agentapi"
 
 	"github.com/coder/websocket"
 )
@@ -44,8 +45,8 @@ func (c *Client) Wait(ctx context.Context, id string, req WaitRequest) (WaitResu
 // LogLine is one retained line of a process's output; ProcessLogs is
 // GET /sandboxes/{id}/processes/{pid}/logs. Both are the agent's wire types.
 type (
-	LogLine     = agent.LogEntry
-	ProcessLogs = agent.ProcessLogs
+	LogLine     = agentapi.LogEntry
+	ProcessLogs = agentapi.ProcessLogs
 )
 
 // ProcessLogs reads the retained output of a process started in the sandbox.

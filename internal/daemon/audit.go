@@ -5,7 +5,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/cella-sandbox/cella/internal/agent"
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/audit"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 )
@@ -13,7 +13,7 @@ import (
 // agentAudit stores what agents report (sandbox.AgentAudit) in the audit log.
 type agentAudit struct{ log *audit.Log }
 
-func (a agentAudit) AgentEvent(sandboxID string, ev agent.AuditEvent) {
+func (a agentAudit) AgentEvent(sandboxID string, ev agentapi.AuditEvent) {
 	e := audit.Entry{
 		Time: ev.Time, SandboxID: sandboxID, Kind: ev.Kind, Source: audit.SourceAgent, Seq: ev.Seq,
 		PID: ev.PID, Cmd: ev.Cmd, User: ev.User, Cwd: ev.Cwd, Status: ev.Status,

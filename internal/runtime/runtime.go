@@ -62,7 +62,7 @@ type Spec struct {
 	AgentBinary string
 	Args        []string // argv of PID 1 (Args[0] is AgentGuestPath)
 	Env         []string // environment of PID 1 only
-	// RunDir is the host directory mounted at channel.GuestRunDir inside;
+	// RunDir is the host directory mounted at agentapi.GuestRunDir inside;
 	// the agent finds its config and the daemon's socket there.
 	RunDir   string
 	Hostname string

@@ -10,14 +10,14 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cella-sandbox/cella/internal/agent"
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/channel"
 )
 
 // AgentAudit receives what the agents report doing on the API's behalf
 // (processes started and ended, files written) for the audit log.
 type AgentAudit interface {
-	AgentEvent(sandboxID string, ev agent.AuditEvent)
+	AgentEvent(sandboxID string, ev agentapi.AuditEvent)
 	// LastAgentSeq is the newest agent sequence number already kept for a
 	// sandbox, so a daemon that restarts does not log events twice.
 	LastAgentSeq(sandboxID string) uint64
@@ -73,12 +73,12 @@ func (m *Manager) followAgent(sb *Sandbox, conn *channel.Conn) {
 }
 
 func (m *Manager) readAgentFeed(ctx context.Context, hc *http.Client, sb *Sandbox) error {
-	u := channel.AgentURL + "/cella/events?after=" + strconv.FormatUint(sb.follow.seq.Load(), 10)
+	u := channel.AgentURL + agentapi.EventsPath + "?after=" + strconv.FormatUint(sb.follow.seq.Load(), 10)
 	req, err := http.NewRequestWithContext(ctx, "GET", u, nil)
 	if err != nil {
 		return err
 	}
-	req.Header.Set("X-Access-Token", sb.EnvdAccessToken)
+	req.Header.Set(agentapi.AccessTokenHeader, sb.EnvdAccessToken)
 	resp, err := hc.Do(req)
 	if err != nil {
 		return err
@@ -90,11 +90,11 @@ func (m *Manager) readAgentFeed(ctx context.Context, hc *http.Client, sb *Sandbo
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		var ev agent.AuditEvent
+		var ev agentapi.AuditEvent
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			return err
 		}
-		if ev.Kind == "keepalive" || ev.Seq <= sb.follow.seq.Load() {
+		if ev.Kind == agentapi.KindKeepalive || ev.Seq <= sb.follow.seq.Load() {
 			continue
 		}
 		sb.follow.seq.Store(ev.Seq)

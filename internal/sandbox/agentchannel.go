@@ -38,7 +38,7 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/cella-sandbox/cella/internal/agent"
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/channel"
 )
 
@@ -66,7 +66,7 @@ func (s *Sandbox) currentToken() string {
 
 // listen opens sb's agent socket (replacing a stale one).
 func (m *Manager) listen(sb *Sandbox) (*channel.Listener, error) {
-	sock := filepath.Join(sb.Dir, "run", channel.SocketName)
+	sock := filepath.Join(sb.Dir, "run", agentapi.SocketName)
 	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("agent channel for %s: %w", sb.ID, err)
 	}
@@ -137,10 +137,10 @@ func (m *Manager) rotateChannel(ctx context.Context, sb *Sandbox, conn *channel.
 }
 
 func sendChannelToken(ctx context.Context, conn *channel.Conn, token string) error {
-	body, _ := json.Marshal(agent.ChannelTokenRequest{Token: token})
+	body, _ := json.Marshal(agentapi.ChannelTokenRequest{Token: token})
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, agent.ChannelTokenURL, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, channel.AgentURL+agentapi.ChannelTokenPath, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
@@ -160,25 +160,25 @@ func sendChannelToken(ctx context.Context, conn *channel.Conn, token string) err
 // writeAgentConfig keeps cfg as the sandbox's agent config: the host-only
 // copy always, and with boot also the file the agent about to start reads,
 // carrying the current channel credential.
-func (m *Manager) writeAgentConfig(sb *Sandbox, cfg agent.Config, boot bool) error {
+func (m *Manager) writeAgentConfig(sb *Sandbox, cfg agentapi.Config, boot bool) error {
 	cfg.ChannelToken = ""
-	if err := agent.WriteConfigFile(filepath.Join(sb.Dir, savedConfigName), cfg); err != nil {
+	if err := agentapi.WriteConfigFile(filepath.Join(sb.Dir, savedConfigName), cfg); err != nil {
 		return err
 	}
 	if !boot {
 		return nil
 	}
 	cfg.ChannelToken = sb.currentToken()
-	return agent.WriteConfig(filepath.Join(sb.Dir, "run"), cfg)
+	return agentapi.WriteConfig(filepath.Join(sb.Dir, "run"), cfg)
 }
 
 // bootConfig writes the config of a cold boot of an existing sandbox (a
 // resume without memory) from its host-only copy.
 func (m *Manager) bootConfig(sb *Sandbox) error {
-	cfg, err := agent.ReadConfigFile(filepath.Join(sb.Dir, savedConfigName))
+	cfg, err := agentapi.ReadConfigFile(filepath.Join(sb.Dir, savedConfigName))
 	if errors.Is(err, os.ErrNotExist) {
 		// Paused by a daemon that kept the config in the run dir only.
-		cfg, err = agent.ReadConfig(filepath.Join(sb.Dir, "run"))
+		cfg, err = agentapi.ReadConfig(filepath.Join(sb.Dir, "run"))
 	}
 	if err != nil {
 		return fmt.Errorf("agent config of %s: %w", sb.ID, err)
@@ -191,9 +191,9 @@ func (m *Manager) bootConfig(sb *Sandbox) error {
 // has read it. A sandbox made before the host-only copy existed gets its
 // copy from the file first.
 func (m *Manager) retireConfig(sb *Sandbox) error {
-	runCfg := filepath.Join(sb.Dir, "run", agent.ConfigName)
+	runCfg := filepath.Join(sb.Dir, "run", agentapi.ConfigName)
 	if _, err := os.Stat(filepath.Join(sb.Dir, savedConfigName)); errors.Is(err, os.ErrNotExist) {
-		if cfg, err := agent.ReadConfig(filepath.Join(sb.Dir, "run")); err == nil {
+		if cfg, err := agentapi.ReadConfig(filepath.Join(sb.Dir, "run")); err == nil {
 			if err := m.writeAgentConfig(sb, cfg, false); err != nil {
 				return err
 			}

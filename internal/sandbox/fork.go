@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/runtime"
@@ -267,13 +268,13 @@ func reinitAgent(ctx context.Context, conn *channel.Conn, oldToken string, sb *S
 	body, _ := json.Marshal(map[string]any{"accessToken": sb.EnvdAccessToken, "envVars": env, "cellaSandboxID": sb.ID})
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, channel.PortURL(channel.AgentPort)+"/init", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, channel.AgentURL+agentapi.InitPath, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if oldToken != "" {
-		req.Header.Set("X-Access-Token", oldToken)
+		req.Header.Set(agentapi.AccessTokenHeader, oldToken)
 	}
 	resp, err := (&http.Client{Transport: conn.Transport()}).Do(req)
 	if err != nil {

@@ -15,7 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cella-sandbox/cella/internal/agent"
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
@@ -386,7 +386,7 @@ func (m *Manager) spec(sb *Sandbox) runtime.Spec {
 	}
 }
 
-func (m *Manager) agentConfig(sb *Sandbox, tpl *template.Template) agent.Config {
+func (m *Manager) agentConfig(sb *Sandbox, tpl *template.Template) agentapi.Config {
 	env := map[string]string{}
 	for _, kv := range tpl.Env {
 		if k, v, ok := strings.Cut(kv, "="); ok {
@@ -402,7 +402,7 @@ func (m *Manager) agentConfig(sb *Sandbox, tpl *template.Template) agent.Config 
 		env[k] = v
 	}
 	// No secret values: the config is a file (secretenv.go).
-	return agent.Config{
+	return agentapi.Config{
 		SandboxID:      sb.ID,
 		TemplateID:     sb.TemplateID,
 		Runtime:        m.cfg.Runtime.Name(),
@@ -411,7 +411,7 @@ func (m *Manager) agentConfig(sb *Sandbox, tpl *template.Template) agent.Config 
 		DefaultUser:    tpl.User,
 		DefaultWorkdir: tpl.Workdir,
 		Services:       tpl.Services,
-		Limits: agent.Limits{
+		Limits: agentapi.Limits{
 			CPUs:        sb.Options.CPUs,
 			MemoryBytes: mib(sb.Options.MemoryMB),
 			Pids:        sb.Options.Pids,
@@ -431,7 +431,7 @@ func (m *Manager) ceilings(o Options) runtime.Limits {
 	// address space's stub process, kept in gVisor's pool after the process
 	// ends), plus the sentry's threads, and gVisor dies when this ceiling
 	// refuses one. What keeps a fork bomb below it is the guest's own pids
-	// cgroup, which the agent caps at the limit + agent.CommandPidsSlack
+	// cgroup, which the agent caps at the limit + agentapi.CommandPidsSlack
 	// tasks: measured, a bomb under pids 64 (cap 128) peaks at 300-380 host
 	// tasks of 512, under the default 256 (cap 320) at ~720 of 1280.
 	l := runtime.Limits{CPUs: o.CPUs, MemoryBytes: mem + mem/4 + mib(256), Pids: o.Pids*4 + 256}

@@ -7,7 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/cella-sandbox/cella/internal/agent"
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 )
 
@@ -35,7 +35,7 @@ func runDir(sb *Sandbox) string { return filepath.Join(sb.Dir, "run") }
 func (m *Manager) openRunDir(sb *Sandbox) (string, error) {
 	dir := runDir(sb)
 	if _, err := os.Stat(filepath.Join(sb.Dir, savedConfigName)); errors.Is(err, fs.ErrNotExist) {
-		if cfg, err := agent.ReadConfig(dir); err == nil {
+		if cfg, err := agentapi.ReadConfig(dir); err == nil {
 			if err := m.writeAgentConfig(sb, cfg, false); err != nil {
 				return "", fmt.Errorf("run dir of %s: %w", sb.ID, err)
 			}

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/runtime"
@@ -388,7 +389,7 @@ func (m *Manager) waitAgent(ctx context.Context, sb *Sandbox, old *channel.Conn)
 func agentHealthy(ctx context.Context, c *channel.Conn) bool {
 	ctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, channel.PortURL(channel.AgentPort)+"/health", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, channel.AgentURL+agentapi.HealthPath, nil)
 	if err != nil {
 		return false
 	}

@@ -52,6 +52,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/fslock"
 	"github.com/cella-sandbox/cella/internal/image"
 	"github.com/cella-sandbox/cella/internal/layerstore"
@@ -99,8 +100,9 @@ var BaseRecipe = Recipe{
 const CodeInterpreterName = "code-interpreter-v1"
 
 // ServiceCodeInterpreter is the service name that makes the agent run the
-// code-interpreter server (port 49999) in sandboxes of a template.
-const ServiceCodeInterpreter = "code-interpreter"
+// code-interpreter server (port 49999) in sandboxes of a template: the
+// agent's contract names it.
+const ServiceCodeInterpreter = agentapi.ServiceCodeInterpreter
 
 // CodeInterpreterRecipe is base plus Debian's scientific Python stack, so
 // that pandas DataFrames and matplotlib figures work out of the box.

@@ -22,7 +22,7 @@ func (r *Runtime) CheckpointRunning(ctx context.Context, id, imageDir string) er
 		return fmt.Errorf("gvisor checkpoint --leave-running %s: %w", id, err)
 	}
 	// The save broke the agent's host socket; tell it to redial now
-	// (agent.RedialSignal) rather than at its next keepalive.
+	// (agentapi.RedialSignal) rather than at its next keepalive.
 	if err := r.cli.Signal(ctx, id, "USR1"); err != nil {
 		return fmt.Errorf("gvisor checkpoint --leave-running %s: signal the agent: %w", id, err)
 	}

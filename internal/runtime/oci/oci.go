@@ -25,8 +25,8 @@ import (
 )
 
 // GuestRunDir is where Spec.RunDir appears inside the container. It must
-// equal channel.GuestRunDir (not imported to keep this package free of the
-// channel's dependencies; a test checks they agree).
+// equal agentapi.GuestRunDir (not imported: the runtimes know nothing of the
+// agent's contract; a test checks they agree).
 const GuestRunDir = "/run/cella"
 
 // ConfigName is the bundle's spec file.

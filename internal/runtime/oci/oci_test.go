@@ -10,7 +10,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/cella-sandbox/cella/internal/channel"
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/runtime"
 )
 
@@ -30,8 +30,8 @@ func testSpec() *runtime.Spec {
 }
 
 func TestGuestRunDir(t *testing.T) {
-	if GuestRunDir != channel.GuestRunDir {
-		t.Fatalf("oci.GuestRunDir %q != channel.GuestRunDir %q", GuestRunDir, channel.GuestRunDir)
+	if GuestRunDir != agentapi.GuestRunDir {
+		t.Fatalf("oci.GuestRunDir %q != agentapi.GuestRunDir %q", GuestRunDir, agentapi.GuestRunDir)
 	}
 }
 

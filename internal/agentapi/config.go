@@ -1,23 +1,19 @@
-package agent
+package agentapi
 
 import (
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
-
-	"github.com/cella-sandbox/cella/internal/channel"
+	"slices"
 )
 
 // ConfigName is the config file's name in the sandbox's run directory
-// (channel.GuestRunDir inside, read-only). The daemon writes it before a
-// cold boot and removes it once the agent has said hello: the agent reads
-// it once, at start.
+// (GuestRunDir inside, read-only). The daemon writes it before a cold boot
+// and removes it once the agent has said hello: the agent reads it once, at
+// start. The daemon keeps a copy without the channel credential on the host
+// (WriteConfigFile, ReadConfigFile) that later cold boots start from.
 const ConfigName = "config.json"
-
-// Version is the envd protocol version the agent implements, reported to
-// SDKs as envdVersion.
-const Version = "0.5.7"
 
 // Limits are the sandbox's nominal limits, enforced by the agent below the
 // host's cgroup ceilings so that a runaway command is killed with a named
@@ -39,7 +35,7 @@ type Config struct {
 	Runtime    string `json:"runtime"` // gvisor | namespaces
 	// ChannelToken authenticates the agent's first hello to the daemon
 	// (channel.Hello); the daemon replaces it over the channel after every
-	// hello (credential.go).
+	// hello (ChannelTokenPath).
 	ChannelToken string `json:"channel_token"`
 	// AccessToken is envd's X-Access-Token; empty means no check.
 	AccessToken    string            `json:"access_token"`
@@ -48,9 +44,12 @@ type Config struct {
 	DefaultWorkdir string            `json:"default_workdir"` // "" = the user's home
 	Limits         Limits            `json:"limits"`
 	// Services are what the agent runs besides its own API, from the
-	// template ("code-interpreter": the server on 127.0.0.1:49999).
+	// template (ServiceCodeInterpreter: the server on 127.0.0.1:49999).
 	Services []string `json:"services,omitempty"`
 }
+
+// HasService reports whether the template asked for a service.
+func (c Config) HasService(name string) bool { return slices.Contains(c.Services, name) }
 
 // WriteConfig writes cfg into a sandbox's host-side run directory, readable by
 // root only.
@@ -91,6 +90,3 @@ func ReadConfigFile(path string) (Config, error) {
 	}
 	return cfg, nil
 }
-
-// SocketPath is the daemon's socket as the agent sees it.
-func SocketPath() string { return filepath.Join(channel.GuestRunDir, channel.SocketName) }
