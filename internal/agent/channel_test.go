@@ -23,9 +23,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cella-sandbox/cella/internal/agentapi"
+	"github.com/cella-sandbox/cella/internal/agentclient"
 	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/envd/process"
-	"github.com/cella-sandbox/cella/internal/envd/process/processconnect"
 )
 
 // runTestAgent is the test binary acting as a sandbox's agent: a child
@@ -94,17 +94,13 @@ func TestChannelAndReaping(t *testing.T) {
 	if hello.PID != cmd.Process.Pid || hello.SandboxID != "sbxchan" || hello.Version != agentapi.Version {
 		t.Fatalf("hello %+v", hello)
 	}
-	hc := &http.Client{Transport: conn.Transport()}
-
-	// The agent's API over the channel.
-	resp, err := hc.Get(channel.AgentURL + "/health")
-	if err != nil {
+	// The agent's API over the channel, through the daemon's client.
+	agent := agentclient.New("sbxchan", agentclient.On(conn), "")
+	if err := agent.Health(ctx); err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		t.Fatalf("health: %d", resp.StatusCode)
-	}
+	hc := &http.Client{Transport: conn.Transport()}
+	portURL := func(port int) string { return "http://sandbox:" + strconv.Itoa(port) }
 
 	// A port inside the sandbox (the agent runs in our netns here).
 	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -112,7 +108,7 @@ func TestChannelAndReaping(t *testing.T) {
 	}))
 	defer backend.Close()
 	port, _ := strconv.Atoi(backend.URL[strings.LastIndex(backend.URL, ":")+1:])
-	resp, err = hc.Get(channel.PortURL(port) + "/x")
+	resp, err := hc.Get(portURL(port) + "/x")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,14 +118,13 @@ func TestChannelAndReaping(t *testing.T) {
 		t.Fatalf("port forward: %q", body)
 	}
 	// A closed port: the stream is closed, the request fails.
-	if resp, err := hc.Get(channel.PortURL(1) + "/"); err == nil {
+	if resp, err := hc.Get(portURL(1) + "/"); err == nil {
 		resp.Body.Close()
 		t.Fatal("request to a closed port succeeded")
 	}
 
 	// Zombie reaping: grandchildren orphaned to the agent are reaped.
-	pc := processconnect.NewProcessClient(hc, channel.AgentURL, connect.WithProtoJSON())
-	stream, err := pc.Start(ctx, connect.NewRequest(bashReq("for i in 1 2 3 4 5; do (sleep 1 >/dev/null 2>&1 &); done; echo spawned")))
+	stream, err := agent.Process("").Start(ctx, connect.NewRequest(bashReq("for i in 1 2 3 4 5; do (sleep 1 >/dev/null 2>&1 &); done; echo spawned")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,13 +149,8 @@ func TestChannelAndReaping(t *testing.T) {
 	// drops the session; the agent redials with the new one, which is the
 	// only one the daemon takes now.
 	next := strings.Repeat("n", 40)
-	resp, err = hc.Post(channel.AgentURL+agentapi.ChannelTokenPath, "application/json", strings.NewReader(`{"token":"`+next+`"}`))
-	if err != nil {
+	if err := agent.SetChannelToken(ctx, next); err != nil {
 		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		t.Fatalf("channel token: %d", resp.StatusCode)
 	}
 	tokenMu.Lock()
 	tokens = []string{next}
@@ -179,14 +169,12 @@ func TestChannelAndReaping(t *testing.T) {
 		t.Fatalf("the agent's own hellos were refused: %+v", refusals)
 	}
 	tokenMu.Unlock()
-	hc2 := &http.Client{Transport: conn2.Transport()}
-	resp, err = hc2.Get(channel.AgentURL + "/health")
-	if err != nil {
-		t.Fatal(err)
+	if err := agentclient.New("sbxchan", agentclient.On(conn2), "").Health(ctx); err != nil {
+		t.Fatalf("health after reconnect: %v", err)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		t.Fatalf("health after reconnect: %d", resp.StatusCode)
+	// The first connection is gone: its client says so instead of waiting.
+	if err := agent.Health(ctx); err == nil || !strings.Contains(err.Error(), "not connected") {
+		t.Fatalf("health over the closed connection: %v", err)
 	}
 }
 

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -11,9 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"time"
 
-	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 	"github.com/cella-sandbox/cella/internal/tenant"
 )
@@ -117,8 +114,8 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target) {
 		writeBadGateway(w, t.id, "The sandbox was not found")
 		return
 	}
-	conn := waitConn(r.Context(), sb)
-	if conn == nil {
+	conn, err := sb.Agent().Conn(r.Context()) // waits for an agent that is re-dialing
+	if err != nil {
 		writeBadGateway(w, t.id, "The sandbox's agent is not connected")
 		return
 	}
@@ -147,19 +144,4 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target) {
 	// body until it is done with it.
 	_ = http.NewResponseController(w).EnableFullDuplex()
 	rp.ServeHTTP(w, r)
-}
-
-// waitConn gives an agent that is re-dialing (after a daemon restart) a
-// moment to come back before the request fails.
-func waitConn(ctx context.Context, sb *sandbox.Sandbox) *channel.Conn {
-	deadline := time.Now().Add(3 * time.Second)
-	for {
-		if c := sb.Conn(); c != nil && !c.IsClosed() {
-			return c
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil || sb.State() != sandbox.StateRunning {
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

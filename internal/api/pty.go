@@ -183,7 +183,7 @@ func (s *Server) startPTY(ctx context.Context, sb *sandbox.Sandbox, user string,
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	ss := &ptySession{
 		id: newSessionID(), sandboxID: sb.ID, sb: sb, table: &s.pty,
-		proc: agentProcessClient(sb, user), cancel: cancel,
+		proc: sb.Agent().Process(user), cancel: cancel,
 		ring: ring{buf: make([]byte, ptyRingSize)}, clients: map[*ptyClient]struct{}{},
 	}
 	req := connect.NewRequest(&process.StartRequest{

@@ -459,3 +459,16 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, out)
 }
+
+// runningSandbox returns a running sandbox of the caller's or the error to
+// answer.
+func (s *Server) runningSandbox(r *http.Request, id string) (*sandbox.Sandbox, error) {
+	sb, err := s.cfg.Manager.Lookup(caller(r), id)
+	if err != nil {
+		return nil, err
+	}
+	if st := sb.State(); st != sandbox.StateRunning {
+		return nil, errdefs.Conflict("sandbox %s is %s, not running", id, st)
+	}
+	return sb, nil
+}

@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/cella-sandbox/cella/internal/channel"
+	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 )
 
@@ -59,7 +59,7 @@ func (s *Server) waitSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	s.forwardAgent(w, r, "/cella/wait", q)
+	s.forwardAgent(w, r, agentapi.WaitPath, q)
 }
 
 // processLogs serves GET /sandboxes/{id}/processes/{pid}/logs: the retained
@@ -76,7 +76,7 @@ func (s *Server) processLogs(w http.ResponseWriter, r *http.Request) {
 			q.Set(k, v)
 		}
 	}
-	s.forwardAgent(w, r, "/cella/processes/"+strconv.Itoa(pid)+"/logs", q)
+	s.forwardAgent(w, r, agentapi.ProcessLogsPath(pid), q)
 }
 
 // forwardAgent makes a GET to the sandbox's agent and copies the answer.
@@ -86,15 +86,11 @@ func (s *Server) forwardAgent(w http.ResponseWriter, r *http.Request, path strin
 		s.writeErr(w, r, err)
 		return
 	}
-	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, channel.AgentURL+path+"?"+q.Encode(), nil)
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
+	h := http.Header{}
 	if a := r.Header.Get("Accept"); a != "" {
-		req.Header.Set("Accept", a)
+		h.Set("Accept", a)
 	}
-	resp, err := agentHTTP(sb, "").Do(req)
+	resp, err := sb.Agent().Get(r.Context(), path, q, h)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return

@@ -446,8 +446,9 @@ func (c *Conn) DialPort(ctx context.Context, port int) (net.Conn, error) {
 }
 
 // Transport is an HTTP transport whose connections are streams of this
-// channel; the request URL's port picks the port inside the sandbox
-// (http://agent:49983/...). Idle streams are kept for reuse.
+// channel; the request URL's port picks the port inside the sandbox (the
+// host is only a name: http://sandbox:8080/...). Idle streams are kept for
+// reuse.
 func (c *Conn) Transport() *http.Transport { return c.transport }
 
 // Closed is closed when the agent's connection ends.
@@ -475,9 +476,3 @@ func (c *Conn) Close() error {
 	c.transport.CloseIdleConnections()
 	return c.sess.Close()
 }
-
-// AgentURL is the base URL to use with Transport for the agent's API.
-const AgentURL = "http://agent:49983"
-
-// PortURL is the base URL to use with Transport for a port in the sandbox.
-func PortURL(port int) string { return "http://sandbox:" + strconv.Itoa(port) }

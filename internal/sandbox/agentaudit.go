@@ -1,16 +1,13 @@
 package sandbox
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
-	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/agentapi"
+	"github.com/cella-sandbox/cella/internal/agentclient"
 	"github.com/cella-sandbox/cella/internal/channel"
 )
 
@@ -57,9 +54,15 @@ func (m *Manager) followAgent(sb *Sandbox, conn *channel.Conn) {
 		<-conn.Closed()
 		cancel()
 	}()
-	hc := &http.Client{Transport: conn.Transport()}
+	agent := agentclient.New(sb.ID, agentclient.On(conn), sb.EnvdAccessToken)
 	for ctx.Err() == nil {
-		err := m.readAgentFeed(ctx, hc, sb)
+		err := agent.Events(ctx, sb.follow.seq.Load(), func(ev agentapi.AuditEvent) error {
+			if ev.Seq > sb.follow.seq.Load() {
+				sb.follow.seq.Store(ev.Seq)
+				m.cfg.AgentAudit.AgentEvent(sb.ID, ev)
+			}
+			return nil
+		})
 		if ctx.Err() != nil {
 			return
 		}
@@ -71,38 +74,3 @@ func (m *Manager) followAgent(sb *Sandbox, conn *channel.Conn) {
 		}
 	}
 }
-
-func (m *Manager) readAgentFeed(ctx context.Context, hc *http.Client, sb *Sandbox) error {
-	u := channel.AgentURL + agentapi.EventsPath + "?after=" + strconv.FormatUint(sb.follow.seq.Load(), 10)
-	req, err := http.NewRequestWithContext(ctx, "GET", u, nil)
-	if err != nil {
-		return err
-	}
-	req.Header.Set(agentapi.AccessTokenHeader, sb.EnvdAccessToken)
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return &statusError{code: resp.StatusCode}
-	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		var ev agentapi.AuditEvent
-		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return err
-		}
-		if ev.Kind == agentapi.KindKeepalive || ev.Seq <= sb.follow.seq.Load() {
-			continue
-		}
-		sb.follow.seq.Store(ev.Seq)
-		m.cfg.AgentAudit.AgentEvent(sb.ID, ev)
-	}
-	return sc.Err()
-}
-
-type statusError struct{ code int }
-
-func (e *statusError) Error() string { return "agent answered " + strconv.Itoa(e.code) }

@@ -23,13 +23,9 @@ package sandbox
 //     refusal is a security entry in the sandbox's audit log.
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -39,6 +35,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/cella-sandbox/cella/internal/agentapi"
+	"github.com/cella-sandbox/cella/internal/agentclient"
 	"github.com/cella-sandbox/cella/internal/channel"
 )
 
@@ -120,7 +117,10 @@ func (m *Manager) rotateChannel(ctx context.Context, sb *Sandbox, conn *channel.
 			m.log.Error("persist the agent's next channel credential", "id", sb.ID, "err", err)
 		}
 	}
-	if err := sendChannelToken(ctx, conn, next); err != nil {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	err := agentclient.New(sb.ID, agentclient.On(conn), sb.EnvdAccessToken).SetChannelToken(sctx, next)
+	cancel()
+	if err != nil {
 		m.log.Warn("agent channel credential not rotated; the current one stays valid", "id", sb.ID, "err", err)
 		return
 	}
@@ -134,27 +134,6 @@ func (m *Manager) rotateChannel(ctx context.Context, sb *Sandbox, conn *channel.
 			m.log.Error("persist the agent's channel credential", "id", sb.ID, "err", err)
 		}
 	}
-}
-
-func sendChannelToken(ctx context.Context, conn *channel.Conn, token string) error {
-	body, _ := json.Marshal(agentapi.ChannelTokenRequest{Token: token})
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, channel.AgentURL+agentapi.ChannelTokenPath, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := (&http.Client{Transport: conn.Transport()}).Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("agent answered %s: %s", resp.Status, bytes.TrimSpace(b))
-	}
-	return nil
 }
 
 // writeAgentConfig keeps cfg as the sandbox's agent config: the host-only

@@ -1,14 +1,10 @@
 package sandbox
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"maps"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/agentapi"
+	"github.com/cella-sandbox/cella/internal/agentclient"
 	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/runtime"
@@ -234,7 +231,7 @@ func (m *Manager) fromSnapshot(ctx context.Context, p tenant.Principal, opts Opt
 		return fail(fmt.Errorf("sandbox %s: agent did not answer within %v (%w); agent log: %s",
 			sb.ID, m.cfg.AgentTimeout, err, tail(spec.LogPath, 800)))
 	}
-	sb.conn = conn
+	sb.setConn(conn)
 	if memory {
 		if err := reinitAgent(ctx, conn, rec.EnvdAccessToken, sb, opts.EnvVars); err != nil {
 			return fail(fmt.Errorf("sandbox %s from snapshot %s: %w", sb.ID, row.ID, err))
@@ -261,29 +258,16 @@ func (m *Manager) fromSnapshot(ctx context.Context, p tenant.Principal, opts Opt
 	return sb, nil
 }
 
-// reinitAgent gives a restored agent its sandbox's own identity: the new
-// envd access token (the restored one is the original's, which authorizes
-// the call), env vars, and sandbox ID.
+// reinitAgent gives a running agent its sandbox's own identity: the envd
+// access token (for a restored agent the original's, oldToken, authorizes
+// the call), env vars merged into its environment, and sandbox ID.
 func reinitAgent(ctx context.Context, conn *channel.Conn, oldToken string, sb *Sandbox, env map[string]string) error {
-	body, _ := json.Marshal(map[string]any{"accessToken": sb.EnvdAccessToken, "envVars": env, "cellaSandboxID": sb.ID})
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, channel.AgentURL+agentapi.InitPath, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if oldToken != "" {
-		req.Header.Set(agentapi.AccessTokenHeader, oldToken)
-	}
-	resp, err := (&http.Client{Transport: conn.Transport()}).Do(req)
-	if err != nil {
+	token, id := sb.EnvdAccessToken, sb.ID
+	req := agentapi.InitRequest{AccessToken: &token, EnvVars: env, SandboxID: &id}
+	if err := agentclient.New(sb.ID, agentclient.On(conn), oldToken).Init(ctx, req); err != nil {
 		return fmt.Errorf("re-init restored agent: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return errors.New("re-init restored agent: " + resp.Status + ": " + string(b))
 	}
 	return nil
 }

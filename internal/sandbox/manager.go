@@ -343,7 +343,7 @@ func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template
 	st.step("agent_hello")
 	m.rotateChannel(ctx, sb, conn, hello.Token, false)
 	st.step("channel_credential")
-	sb.conn = conn
+	sb.setConn(conn)
 	if err := m.sendSecretEnv(ctx, sb, conn); err != nil { // secretenv.go
 		return err
 	}
@@ -511,7 +511,7 @@ func (m *Manager) supervise(sb *Sandbox, gen uint64) {
 		sb.mu.Lock()
 		current := sb.gen == gen
 		if current {
-			sb.conn = newConn
+			sb.setConnLocked(newConn)
 		}
 		sb.mu.Unlock()
 		if !m.isTracked(sb) || !current {
@@ -570,7 +570,7 @@ func (m *Manager) markDead(sb *Sandbox, gen uint64, reason string) {
 		sb.mu.Unlock() // a pause or kill took over
 		return
 	}
-	sb.state = StateDead
+	sb.setStateLocked(StateDead)
 	sb.err = reason
 	sb.mu.Unlock()
 	m.log.Warn("sandbox died", "id", sb.ID, "reason", reason)
@@ -737,7 +737,7 @@ func (m *Manager) Extend(ctx context.Context, p tenant.Principal, id string, d t
 // cleanup removes everything of a sandbox: container, mounts, files, record.
 func (m *Manager) cleanup(ctx context.Context, sb *Sandbox) {
 	sb.mu.Lock()
-	sb.state = StateDead
+	sb.setStateLocked(StateDead)
 	sb.mu.Unlock()
 	m.releaseHost(ctx, sb)
 	sb.persistMu.Lock()
@@ -753,7 +753,8 @@ func (m *Manager) cleanup(ctx context.Context, sb *Sandbox) {
 func (m *Manager) releaseHost(ctx context.Context, sb *Sandbox) {
 	sb.mu.Lock()
 	conn, ln := sb.conn, sb.listener
-	sb.conn, sb.listener = nil, nil
+	sb.setConnLocked(nil)
+	sb.listener = nil
 	sb.mu.Unlock()
 	if conn != nil {
 		conn.Close()

@@ -94,8 +94,9 @@ func (m *Manager) Pause(ctx context.Context, p tenant.Principal, id string, keep
 		ln.Close()
 	}
 	sb.mu.Lock()
-	sb.conn, sb.listener = nil, nil
-	sb.state = StatePaused
+	sb.setConnLocked(nil)
+	sb.listener = nil
+	sb.setStateLocked(StatePaused)
 	sb.pauseMode = mode
 	sb.markPausedLocked() // lifecycle.go
 	sb.mu.Unlock()
@@ -236,8 +237,9 @@ func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, kee
 		}
 	}
 	sb.mu.Lock()
-	sb.conn, sb.listener = conn, ln
-	sb.state = StateRunning
+	sb.setConnLocked(conn)
+	sb.listener = ln
+	sb.setStateLocked(StateRunning)
 	sb.pauseMode = ""
 	sb.markResumedLocked() // lifecycle.go
 	sb.gen++

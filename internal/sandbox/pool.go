@@ -392,7 +392,7 @@ func (m *Manager) fromPool(ctx context.Context, opts Options) (*Sandbox, bool) {
 // handOut turns a pooled sandbox into the sandbox of a create request.
 func (m *Manager) handOut(ctx context.Context, pd *pooled, opts Options) (*Sandbox, error) {
 	sb := pd.sb
-	conn := sb.Conn()
+	conn := sb.currentConn()
 	if conn == nil || conn.IsClosed() {
 		return nil, errors.New("its agent channel closed while it waited in the pool")
 	}
@@ -583,7 +583,7 @@ func (m *Manager) prunePools(ctx context.Context) {
 	for _, p := range ps.byTpl {
 		kept := p.ready[:0]
 		for _, pd := range p.ready {
-			if c := pd.sb.Conn(); c == nil || c.IsClosed() {
+			if c := pd.sb.currentConn(); c == nil || c.IsClosed() {
 				dead = append(dead, pd)
 				p.lastErr = "pooled sandbox " + pd.sb.ID + " lost its agent while it waited"
 				continue

@@ -259,7 +259,7 @@ func (m *Manager) adopt(sb *Sandbox, netSlot string) error {
 		ln.Close()
 		return fmt.Errorf("agent did not dial back: %w", err)
 	}
-	sb.conn = conn
+	sb.setConn(conn)
 	m.adoptNetwork(sb, netSlot) // network.go
 	m.mu.Lock()
 	m.sandboxes[sb.ID] = sb

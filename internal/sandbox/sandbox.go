@@ -6,11 +6,14 @@
 package sandbox
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"sync"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/agentclient"
 	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/tenant"
@@ -44,13 +47,16 @@ type Sandbox struct {
 	// opMu serializes lifecycle transitions (pause, resume, kill).
 	opMu sync.Mutex
 
-	mu        sync.Mutex
-	state     string
-	endAt     time.Time
-	err       string
-	conn      *channel.Conn
-	listener  *channel.Listener
-	pauseMode string // PauseCheckpoint, PauseFrozen or PauseStopped while paused
+	mu       sync.Mutex
+	state    string
+	endAt    time.Time
+	err      string
+	conn     *channel.Conn
+	listener *channel.Listener
+	// connChanged is closed (and dropped) whenever conn or state changes:
+	// what WaitConn waits on. Made by the first waiter.
+	connChanged chan struct{}
+	pauseMode   string // PauseCheckpoint, PauseFrozen or PauseStopped while paused
 	// gen counts channel supervisions: a pause bumps it so that the
 	// supervisor of the running sandbox stands down instead of taking the
 	// channel's end for a death.
@@ -110,14 +116,80 @@ func (s *Sandbox) Err() string {
 	return s.err
 }
 
-// Conn returns the agent channel, or nil when the sandbox is not running.
-func (s *Sandbox) Conn() *channel.Conn {
+// currentConn returns the agent channel, or nil when the sandbox is not
+// running.
+func (s *Sandbox) currentConn() *channel.Conn {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.state != StateRunning {
 		return nil
 	}
 	return s.conn
+}
+
+// WaitConn returns the agent's live channel connection. While the sandbox
+// runs without one (its agent is re-dialing: a daemon restart, a snapshot,
+// a redial after a broken session) it waits for the supervisor to take the
+// next, until ctx ends; once the sandbox is not running it fails at once.
+// Nothing polls: every change of the connection or the state wakes it.
+func (s *Sandbox) WaitConn(ctx context.Context) (*channel.Conn, error) {
+	for {
+		s.mu.Lock()
+		state, conn := s.state, s.conn
+		if state != StateRunning {
+			err := fmt.Errorf("sandbox %s is %s: %s", s.ID, state, s.err)
+			s.mu.Unlock()
+			return nil, err
+		}
+		if conn != nil && !conn.IsClosed() {
+			s.mu.Unlock()
+			return conn, nil
+		}
+		if s.connChanged == nil {
+			s.connChanged = make(chan struct{})
+		}
+		changed := s.connChanged
+		s.mu.Unlock()
+		// A connection that closed is replaced by the supervisor's next
+		// accept (setConnLocked), which is what wakes us.
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// setConn makes c the agent's connection and wakes WaitConn.
+func (s *Sandbox) setConn(c *channel.Conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.setConnLocked(c)
+}
+
+// setConnLocked makes c the agent's connection and wakes WaitConn.
+func (s *Sandbox) setConnLocked(c *channel.Conn) {
+	s.conn = c
+	s.changedLocked()
+}
+
+// setStateLocked moves the sandbox to state and wakes WaitConn.
+func (s *Sandbox) setStateLocked(state string) {
+	s.state = state
+	s.changedLocked()
+}
+
+func (s *Sandbox) changedLocked() {
+	if s.connChanged != nil {
+		close(s.connChanged)
+		s.connChanged = nil
+	}
+}
+
+// Agent is the daemon's client of the sandbox's agent: over its current
+// channel connection (WaitConn), with its envd access token.
+func (s *Sandbox) Agent() *agentclient.Client {
+	return agentclient.New(s.ID, s, s.EnvdAccessToken)
 }
 
 // Info is a snapshot of a sandbox for the API.

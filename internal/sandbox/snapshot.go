@@ -6,14 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"sync"
 	"time"
 
-	"github.com/cella-sandbox/cella/internal/agentapi"
+	"github.com/cella-sandbox/cella/internal/agentclient"
 	"github.com/cella-sandbox/cella/internal/channel"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/runtime"
@@ -367,36 +366,32 @@ func (m *Manager) layersOf(rec snapshotRecord, templateLayers []string) ([]strin
 
 // waitAgent waits until a running sandbox's agent answers over its channel
 // after a checkpoint: on a new connection, or on old if that one survived.
-func (m *Manager) waitAgent(ctx context.Context, sb *Sandbox, old *channel.Conn) error {
-	deadline := time.Now().Add(m.cfg.AgentTimeout)
-	for time.Now().Before(deadline) {
-		c := sb.Conn()
-		if c != nil && !c.IsClosed() && (c != old || agentHealthy(ctx, c)) {
+// It waits on signals, not a clock: the sandbox's connection changing
+// (WaitConn) and old's end. A checkpoint that broke old leaves the health
+// call on it hanging until old's end, which the agent brings about at once
+// (the runtime's redial signal: it finds its session dead and redials).
+func (m *Manager) waitAgent(parent context.Context, sb *Sandbox, old *channel.Conn) error {
+	ctx, cancel := context.WithTimeout(parent, m.cfg.AgentTimeout)
+	defer cancel()
+	for {
+		c, err := sb.WaitConn(ctx)
+		switch {
+		case err != nil && parent.Err() != nil:
+			return parent.Err()
+		case err != nil && ctx.Err() != nil:
+			return fmt.Errorf("the agent did not answer within %v after the checkpoint", m.cfg.AgentTimeout)
+		case err != nil:
+			return err
+		case c != old:
 			return nil
 		}
-		if sb.State() != StateRunning {
-			return fmt.Errorf("sandbox %s is %s: %s", sb.ID, sb.State(), sb.Err())
+		if agentclient.New(sb.ID, agentclient.On(c), sb.EnvdAccessToken).Health(ctx) == nil {
+			return nil
 		}
+		// Broken by the checkpoint: WaitConn returns the redialed one.
 		select {
+		case <-c.Closed():
 		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	return fmt.Errorf("the agent did not answer within %v after the checkpoint", m.cfg.AgentTimeout)
-}
-
-func agentHealthy(ctx context.Context, c *channel.Conn) bool {
-	ctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, channel.AgentURL+agentapi.HealthPath, nil)
-	if err != nil {
-		return false
-	}
-	resp, err := (&http.Client{Transport: c.Transport()}).Do(req)
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode < 300
 }
