@@ -84,6 +84,26 @@ func (c *Client) Conn(ctx context.Context) (*channel.Conn, error) {
 	return conn, nil
 }
 
+// Link is the agent's connection as the way into the sandbox for traffic
+// to any of its ports (internal/edge): no credential is added, the proxy
+// checked the request's own.
+type Link struct{ conn *channel.Conn }
+
+// Link returns the way into the sandbox over the agent's live connection,
+// waiting as Conn does.
+func (c *Client) Link(ctx context.Context) (Link, error) {
+	conn, err := c.Conn(ctx)
+	return Link{conn}, err
+}
+
+// RoundTrip sends r to the port of its URL inside the sandbox.
+func (l Link) RoundTrip(r *http.Request) (*http.Response, error) {
+	return l.conn.Transport().RoundTrip(r)
+}
+
+// Closed reports whether the connection ended.
+func (l Link) Closed() bool { return l.conn.IsClosed() }
+
 // transport sends requests over the agent's current connection (looked up
 // per request, so a re-dialed agent is picked up) with the access token and
 // the user.

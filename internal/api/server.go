@@ -1,6 +1,6 @@
 // Package api is cella's HTTP surface: the control-plane REST API (a superset
-// of E2B's) and the sandbox traffic proxy that routes envd and port requests
-// to the agent channel of the right sandbox.
+// of E2B's) on the listener it shares with the sandbox traffic proxy
+// (internal/edge), to which ServeHTTP hands sandbox traffic.
 package api
 
 import (
@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/cella-sandbox/cella/internal/audit"
+	"github.com/cella-sandbox/cella/internal/edge"
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/mcpserver"
@@ -50,7 +51,10 @@ type Server struct {
 	cfg Config
 	log *slog.Logger
 	mux *http.ServeMux
-	pty ptyTable // interactive shells (pty.go)
+	// edge is the sandbox traffic proxy; pty the interactive shells
+	// (pty.go), both internal/edge's.
+	edge *edge.Proxy
+	pty  edge.Shells
 	// self is the API's in-process client (selfclient.go), MCP's way in.
 	self *selfClient
 }
@@ -60,7 +64,8 @@ func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	s := &Server{cfg: cfg, log: cfg.Log, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, log: cfg.Log, mux: http.NewServeMux(),
+		edge: edge.New(edge.Config{Router: cfg.Manager.TrafficRouter(), Domain: cfg.Domain})}
 	s.self = newSelfClient(s)
 	s.routes()
 	return s
@@ -128,12 +133,7 @@ func (s *Server) Close() { s.self.close() }
 
 // ServeHTTP routes sandbox traffic to the proxy and the rest to the API.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if target, ok, err := s.sandboxTarget(r); ok {
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		s.proxy(w, r, target)
+	if s.edge.Handle(w, r) {
 		return
 	}
 	s.mux.ServeHTTP(&jsonStatusWriter{ResponseWriter: w}, r)

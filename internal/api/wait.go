@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/agentapi"
+	"github.com/cella-sandbox/cella/internal/edge"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 )
 
@@ -95,7 +96,7 @@ func (s *Server) forwardAgent(w http.ResponseWriter, r *http.Request, path strin
 		if r.Context().Err() != nil {
 			return
 		}
-		writeBadGateway(w, sb.ID, fmt.Sprintf("the agent of sandbox %s did not answer: %v", sb.ID, err))
+		edge.BadGateway(w, sb.ID, fmt.Sprintf("the agent of sandbox %s did not answer: %v", sb.ID, err))
 		return
 	}
 	defer resp.Body.Close()
