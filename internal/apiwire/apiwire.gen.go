@@ -1431,8 +1431,7 @@ type ListSandboxesParams struct {
 // ListSandboxesMetricsParams defines parameters for ListSandboxesMetrics.
 type ListSandboxesMetricsParams struct {
 	// SandboxIds Comma-separated sandbox IDs, at most 100. IDs that are unknown,
-	// the caller's team's not, or not sampled yet are left out of the
-	// answer.
+	// another team's, or not sampled yet are left out of the answer.
 	SandboxIds []string `form:"sandbox_ids" json:"sandbox_ids"`
 }
 
@@ -1476,11 +1475,11 @@ type GetSandboxMetricsParams struct {
 
 // GetProcessLogsParams defines parameters for GetProcessLogs.
 type GetProcessLogsParams struct {
-	// Format `json` (default) or `text` (the lines only, newline-terminated).
-	// An `Accept` header naming `text/plain` also gives text.
+	// Format `text`: the lines only, newline-terminated; anything else is
+	// JSON, unless an `Accept` header names `text/plain`.
 	Format GetProcessLogsParamsFormat `form:"format,omitempty" json:"format,omitempty,omitzero"`
 
-	// Stream Only the lines of this stream (default all).
+	// Stream Only the lines of this stream (default all; another value matches no line).
 	Stream ProcessStream `form:"stream,omitempty" json:"stream,omitempty,omitzero"`
 }
 
