@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/audit"
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
@@ -49,7 +50,7 @@ type Config struct {
 type Server struct {
 	cfg Config
 	log *slog.Logger
-	mux *http.ServeMux
+	mux *routeMux
 	pty ptyTable // interactive shells (pty.go)
 	// self is the API's in-process client (selfclient.go), MCP's way in.
 	self *selfClient
@@ -60,7 +61,7 @@ func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	s := &Server{cfg: cfg, log: cfg.Log, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, log: cfg.Log, mux: newRouteMux()}
 	s.self = newSelfClient(s)
 	s.routes()
 	return s
@@ -73,6 +74,7 @@ type principalCtx struct{}
 func (s *Server) routes() {
 	m := s.mux
 	m.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	m.Handle("GET /openapi.json", apiwire.Handler())
 	m.Handle("GET /ui/", ui.Handler("/ui/")) // the web console (internal/ui); public assets, the app asks for a key
 
 	auth := s.requireKey
