@@ -50,7 +50,7 @@ $(UI_DIST): $(shell find ui/src -type f) ui/build.mjs ui/package.json ui/package
 	fi && npm run --silent build
 	@touch $@
 
-$(BIN)/cella: $(shell find cmd internal -name '*.go' -o -path '*/codeinterp/drivers/*') internal/apiwire/openapi.yaml go.mod go.sum $(UI_DIST)
+$(BIN)/cella: $(shell find cmd internal -name '*.go' -o -path '*/codeinterp/drivers/*') internal/apiwire/openapi.yaml internal/apiwire/openapi.json go.mod go.sum $(UI_DIST)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $@ ./cmd/cella
 
 # gVisor is a pinned Go module (tools/runsc/go.mod). It must be built with
@@ -67,7 +67,7 @@ proto:
 	  --connect-go_out=. --connect-go_opt=module=github.com/cella-sandbox/cella \
 	  proto/process/process.proto proto/filesystem/filesystem.proto
 
-# Regenerate the REST API's Go types (internal/apiwire/apiwire.gen.go) from its
+# Regenerate the REST API's Go types (internal/apiwire/apiwire.gen.go) and the served JSON (openapi.json) from its
 # OpenAPI document with oapi-codegen, pinned in tools/oapi-codegen/go.mod (the
 # output is committed; TestGeneratedUpToDate fails when it is stale).
 api:

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cella-sandbox/cella/internal/apiwire"
+	"github.com/cella-sandbox/cella/internal/apiwire/spec"
 )
 
 // paramRe matches a path parameter of either syntax: ServeMux's {id} and
@@ -27,7 +27,7 @@ func route(method, path string) string {
 func TestOpenAPIRoutes(t *testing.T) {
 	s := New(Config{})
 	defer s.Close()
-	doc, err := apiwire.Load()
+	doc, err := spec.Load()
 	if err != nil {
 		t.Fatal(err)
 	}

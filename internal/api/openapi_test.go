@@ -17,7 +17,7 @@ import (
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
 
-	"github.com/cella-sandbox/cella/internal/apiwire"
+	"github.com/cella-sandbox/cella/internal/apiwire/spec"
 	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
 	"github.com/cella-sandbox/cella/internal/runtime"
@@ -39,7 +39,7 @@ type contract struct {
 func newContract(t *testing.T, base string) *contract {
 	t.Helper()
 	router := func(strict bool) routers.Router {
-		doc, err := apiwire.Load()
+		doc, err := spec.Load()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,8 +1,9 @@
-package apiwire
+package apiwire_test
 
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -13,13 +14,16 @@ import (
 	"testing"
 
 	"github.com/getkin/kin-openapi/openapi3"
+
+	"github.com/cella-sandbox/cella/internal/apiwire"
+	"github.com/cella-sandbox/cella/internal/apiwire/spec"
 )
 
 // TestDocument: the document is valid OpenAPI 3 (kin-openapi's validation:
 // references resolve, schemas are well formed, operation IDs unique, path
 // parameters declared), and every operation says what it answers.
 func TestDocument(t *testing.T) {
-	doc, err := Load()
+	doc, err := spec.Load()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +46,7 @@ func TestDocument(t *testing.T) {
 // to the same paths and schemas.
 func TestHandler(t *testing.T) {
 	rec := httptest.NewRecorder()
-	Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/openapi.json", nil))
+	apiwire.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/openapi.json", nil))
 	if rec.Code != http.StatusOK || rec.Header().Get("Content-Type") != "application/json" {
 		t.Fatalf("GET /openapi.json: %d %q", rec.Code, rec.Header().Get("Content-Type"))
 	}
@@ -53,7 +57,7 @@ func TestHandler(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the served JSON does not load: %v", err)
 	}
-	want, _ := Load()
+	want, _ := spec.Load()
 	if g, w := got.Paths.InMatchingOrder(), want.Paths.InMatchingOrder(); !slices.Equal(g, w) {
 		t.Fatalf("served paths %v, want %v", g, w)
 	}
@@ -106,5 +110,21 @@ func TestGeneratedUpToDate(t *testing.T) {
 			}
 		}
 		t.Fatalf("apiwire.gen.go is stale (run make api): %d lines, the generator writes %d", len(gl), len(wl))
+	}
+}
+
+// TestJSONUpToDate: openapi.json, what the daemon serves, is the YAML
+// document as JSON. Fix a failure with `make api`.
+func TestJSONUpToDate(t *testing.T) {
+	doc, err := spec.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := bytes.TrimSpace(apiwire.JSON()); !bytes.Equal(got, want) {
+		t.Fatalf("openapi.json is stale (run make api): %d bytes, the YAML makes %d", len(got), len(want))
 	}
 }
