@@ -10,7 +10,7 @@ LISTEN ?= 127.0.0.1:3000
 export CELLA_DATA_DIR := $(DATA_DIR)
 export CELLA_CACHE_DIR := $(CACHE_DIR)
 
-.PHONY: all deps build ui run test bench soak clean stop proto
+.PHONY: all deps build ui run test bench soak clean stop proto api
 
 all: build
 
@@ -50,7 +50,7 @@ $(UI_DIST): $(shell find ui/src -type f) ui/build.mjs ui/package.json ui/package
 	fi && npm run --silent build
 	@touch $@
 
-$(BIN)/cella: $(shell find cmd internal -name '*.go' -o -path '*/codeinterp/drivers/*') go.mod go.sum $(UI_DIST)
+$(BIN)/cella: $(shell find cmd internal -name '*.go' -o -path '*/codeinterp/drivers/*') internal/apiwire/openapi.yaml internal/apiwire/openapi.json go.mod go.sum $(UI_DIST)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $@ ./cmd/cella
 
 # gVisor is a pinned Go module (tools/runsc/go.mod). It must be built with
@@ -66,6 +66,12 @@ proto:
 	protoc -I proto -I /usr/include --go_out=. --go_opt=module=github.com/cella-sandbox/cella \
 	  --connect-go_out=. --connect-go_opt=module=github.com/cella-sandbox/cella \
 	  proto/process/process.proto proto/filesystem/filesystem.proto
+
+# Regenerate the REST API's Go types (internal/apiwire/apiwire.gen.go) and the served JSON (openapi.json) from its
+# OpenAPI document with oapi-codegen, pinned in tools/oapi-codegen/go.mod (the
+# output is committed; TestGeneratedUpToDate fails when it is stale).
+api:
+	$(GO) generate ./internal/apiwire
 
 # Build, start the daemon (if it is not already up), build the base template
 # on first use, and run the demo.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/audit"
 	"github.com/cella-sandbox/cella/internal/edge"
 	"github.com/cella-sandbox/cella/internal/egress"
@@ -50,7 +51,7 @@ type Config struct {
 type Server struct {
 	cfg Config
 	log *slog.Logger
-	mux *http.ServeMux
+	mux *routeMux
 	// edge is the sandbox traffic proxy; pty the interactive shells
 	// (pty.go), both internal/edge's.
 	edge *edge.Proxy
@@ -64,7 +65,7 @@ func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	s := &Server{cfg: cfg, log: cfg.Log, mux: http.NewServeMux(),
+	s := &Server{cfg: cfg, log: cfg.Log, mux: newRouteMux(),
 		edge: edge.New(edge.Config{Router: cfg.Manager.TrafficRouter(), Domain: cfg.Domain})}
 	s.self = newSelfClient(s)
 	s.routes()
@@ -78,6 +79,7 @@ type principalCtx struct{}
 func (s *Server) routes() {
 	m := s.mux
 	m.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	m.Handle("GET /openapi.json", apiwire.Handler())
 	m.Handle("GET /ui/", ui.Handler("/ui/")) // the web console (internal/ui); public assets, the app asks for a key
 
 	auth := s.requireKey

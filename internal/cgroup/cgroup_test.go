@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -178,9 +179,41 @@ func TestReadUsageCounters(t *testing.T) {
 		t.Fatalf("fresh cgroups: %+v", u)
 	}
 	// tail holding a 100 MB line (no newline: it keeps all of it) under a
-	// 32 MiB ceiling, then six sleeps where four processes fit (sh may end
-	// on a refused fork: how it ends is not the point).
-	cmd := exec.Command("sh", "-c", `read go; head -c 100000000 /dev/zero | tail >/dev/null; for i in 1 2 3 4 5 6; do sleep 1 & done; wait`)
+	// 32 MiB ceiling; the OOM killer ends it (or the shell: how it ends is
+	// not the point).
+	oom := startIn(t, id, `head -c 100000000 /dev/zero | tail >/dev/null`)
+	_ = oom.Wait()
+	// Then sleeps that outlive the test where four processes fit: the
+	// refused forks are counted while they still run, however slowly this
+	// machine forks, and Remove below ends them.
+	forks := startIn(t, id, `for i in 1 2 3 4 5 6; do sleep 600 & done; wait`)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if u, err = ReadUsage(id); err != nil {
+			t.Fatal(err)
+		}
+		if u.PidsMaxHits > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, pid := range mustPids(t, id) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	_ = forks.Wait()
+	if u.PidsMaxHits == 0 {
+		t.Errorf("PidsMaxHits = 0 after six forks at pids.max 4")
+	}
+	if u.OOMKills == 0 {
+		t.Errorf("OOMKills = 0 after 100 MB held under a 32 MiB ceiling")
+	}
+}
+
+// startIn starts script in a shell that joins the test's cgroups before
+// it runs anything, so every process it forks is counted there.
+func startIn(t *testing.T, id, script string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", "read go; "+script)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -190,22 +223,23 @@ func TestReadUsageCounters(t *testing.T) {
 	}
 	for _, h := range []string{"cpuacct", "memory", "pids"} {
 		if err := os.WriteFile(filepath.Join(Root, h, Parent, id, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
-			cmd.Process.Kill()
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
 			t.Fatalf("join %s: %v", h, err)
 		}
 	}
-	stdin.Write([]byte("go\n"))
-	stdin.Close()
-	_ = cmd.Wait()
-	if u, err = ReadUsage(id); err != nil {
+	_, _ = stdin.Write([]byte("go\n"))
+	_ = stdin.Close()
+	return cmd
+}
+
+func mustPids(t *testing.T, id string) []int {
+	t.Helper()
+	pids, err := Pids(id)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if u.PidsMaxHits == 0 {
-		t.Errorf("PidsMaxHits = 0 after six forks at pids.max 4")
-	}
-	if u.OOMKills == 0 {
-		t.Errorf("OOMKills = 0 after 100 MB held under a 32 MiB ceiling")
-	}
+	return pids
 }
 
 // TestRemoveOrphans: of the cgroups under the parent, only the empty, old

@@ -1,0 +1,23 @@
+package api
+
+import "net/http"
+
+// routeMux is the API's ServeMux, remembering every pattern registered on
+// it, so that TestOpenAPIRoutes can hold the routes the server serves
+// against the OpenAPI document (internal/apiwire/openapi.yaml) both ways.
+type routeMux struct {
+	*http.ServeMux
+	patterns []string
+}
+
+func newRouteMux() *routeMux { return &routeMux{ServeMux: http.NewServeMux()} }
+
+func (m *routeMux) Handle(pattern string, h http.Handler) {
+	m.patterns = append(m.patterns, pattern)
+	m.ServeMux.Handle(pattern, h)
+}
+
+func (m *routeMux) HandleFunc(pattern string, h func(http.ResponseWriter, *http.Request)) {
+	m.patterns = append(m.patterns, pattern)
+	m.ServeMux.HandleFunc(pattern, h)
+}
