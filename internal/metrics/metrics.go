@@ -35,6 +35,9 @@ const (
 // DeathCauses are every cause, in the order the dashboard shows them.
 var DeathCauses = []string{DeathOOM, DeathPids, DeathTimeout, DeathCrash, DeathKilled}
 
+// QuotaLimits are the limits a key's quota has (the API's field names).
+var QuotaLimits = []string{"maxSandboxes", "maxVcpus", "maxMemoryMB", "createRate", "requestRate"}
+
 // Metric names, as /metrics shows them and deploy/grafana/cella.json queries
 // them.
 const (
@@ -107,6 +110,9 @@ func New(runtime string, templates []string) *Metrics {
 	}
 	for _, c := range DeathCauses {
 		m.deaths.WithLabelValues(c, runtime)
+	}
+	for _, l := range QuotaLimits {
+		m.quota.WithLabelValues(l)
 	}
 	return m
 }
