@@ -1,12 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 )
@@ -14,18 +11,7 @@ import (
 // cellaAs runs the CLI with another key than the admin's.
 func (d *daemonProc) cellaAs(key string, args ...string) (string, string, int) {
 	d.t.Helper()
-	cmd := exec.Command(d.bin, args...)
-	cmd.Env = append(os.Environ(), "CELLA_URL="+d.url, "CELLA_API_KEY="+key)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		d.t.Fatal(err)
-	}
-	return out.String(), errb.String(), code
+	return d.cellaWith(key, "", args...)
 }
 
 // TestKeyQuotaCLI: `cella key create/update` set a key's quota; a key at

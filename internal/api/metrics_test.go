@@ -47,26 +47,24 @@ func labelsMatch(m *dto.Metric, want map[string]string) bool {
 	return n == len(want)
 }
 
-// histCount sums the sample counts of the histogram series of name with
-// the labels want.
-func histCount(fams map[string]*dto.MetricFamily, name string, want map[string]string) uint64 {
-	var n uint64
-	for _, m := range fams[name].GetMetric() {
-		if labelsMatch(m, want) {
-			n += m.GetHistogram().GetSampleCount()
-		}
-	}
-	return n
-}
-
-func counterValue(fams map[string]*dto.MetricFamily, name string, want map[string]string) float64 {
+// sumSeries adds up value over the series of name with the labels want.
+func sumSeries(fams map[string]*dto.MetricFamily, name string, want map[string]string, value func(*dto.Metric) float64) float64 {
 	var v float64
 	for _, m := range fams[name].GetMetric() {
 		if labelsMatch(m, want) {
-			v += m.GetCounter().GetValue()
+			v += value(m)
 		}
 	}
 	return v
+}
+
+// histCount is the sample count of a histogram's series.
+func histCount(fams map[string]*dto.MetricFamily, name string, want map[string]string) uint64 {
+	return uint64(sumSeries(fams, name, want, func(m *dto.Metric) float64 { return float64(m.GetHistogram().GetSampleCount()) }))
+}
+
+func counterValue(fams map[string]*dto.MetricFamily, name string, want map[string]string) float64 {
+	return sumSeries(fams, name, want, func(m *dto.Metric) float64 { return m.GetCounter().GetValue() })
 }
 
 // TestLifecycleMetrics does every lifecycle operation a known number of
