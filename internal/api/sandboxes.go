@@ -132,7 +132,8 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	noteSandbox(r, sb.ID) // accesslog.go
+	noteSandbox(r, sb.ID)        // accesslog.go
+	s.creates.add(time.Now(), 1) // overview.go
 	writeJSON(w, http.StatusCreated, s.sandboxBody(sb.Info()))
 }
 

@@ -68,6 +68,8 @@ type Server struct {
 	self *selfClient
 	// buckets hold keys to their rates (quotas.go).
 	buckets quota.Buckets
+	// creates counts creates per minute for GET /overview (overview.go).
+	creates createCounts
 }
 
 // New builds the server's routes.
@@ -123,6 +125,7 @@ func (s *Server) routes() {
 	s.auditRoutes(auth)    // audit.go
 	s.interactRoutes(auth) // pty.go, wait.go: PTY WebSocket, readiness waits, process logs
 	s.poolRoutes(auth)     // pools.go: warm pools
+	s.overviewRoutes(auth) // overview.go: the console's host page
 	m.Handle("/mcp", auth(mcpserver.HTTPHandler(mcpserver.HTTPConfig{
 		API: s.self.http, APIURL: selfURL, Budget: s.mcpBudget,
 		Network: func(r *http.Request) string { return s.egressText(apiKeyFrom(r.Context())) },

@@ -135,6 +135,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		_, mem := s.cfg.Manager.SnapshotOrigin(f.Sandbox)
+		s.creates.add(time.Now(), 1) // overview.go
 		out = append(out, forkResult{Sandbox: &forkedSandbox{sandboxResponse: s.sandboxBody(f.Sandbox.Info()), MemoryRestored: mem}})
 	}
 	writeJSON(w, http.StatusCreated, out)

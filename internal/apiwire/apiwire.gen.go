@@ -820,6 +820,39 @@ type NewVolume struct {
 	SizeMB *int64 `json:"sizeMB,omitempty"`
 }
 
+// Overview The daemon at a glance.
+type Overview struct {
+	Creates struct {
+		// PerMinute Sandboxes created (and forked) in each of the last 60 minutes, oldest first; the last is the current minute.
+		PerMinute []int `json:"perMinute"`
+
+		// Start Unix time of the first minute's start.
+		Start int64 `json:"start"`
+	} `json:"creates"`
+
+	// Egress The egress proxy's decisions since start; null when sandboxes have no network.
+	Egress struct {
+		Allowed int64 `json:"allowed"`
+		Blocked int64 `json:"blocked"`
+	} `json:"egress"`
+	Memory struct {
+		// CommittedMB The memory ceilings of the running sandboxes, summed (MiB).
+		CommittedMB int64 `json:"committedMB"`
+
+		// HostMB The host's RAM (MiB).
+		HostMB int64 `json:"hostMB"`
+
+		// MaxMB The daemon's per-sandbox memory maximum (`--max-memory`; MiB).
+		MaxMB int64 `json:"maxMB"`
+
+		// UsedMB What the running sandboxes use, file cache excluded, summed (MiB).
+		UsedMB int64 `json:"usedMB"`
+	} `json:"memory"`
+
+	// Sandboxes Sandboxes by state (running and paused always present).
+	Sandboxes map[string]int `json:"sandboxes"`
+}
+
 // Pool A template's warm pool.
 type Pool struct {
 	// Filling Sandboxes being made.
