@@ -359,6 +359,9 @@ test('pause and resume from the console', async () => {
   await page.locator('#terminal').scrollIntoViewIfNeeded();
   await page.locator('#terminal .xterm-rows').filter({ hasText: 'back-42' }).waitFor();
   await shot('resumed');
+  // The charts a minute on: the samples before the pause, none while paused.
+  await page.locator('#resources').scrollIntoViewIfNeeded();
+  await shot('resource-charts-later', page.locator('#resources'));
 });
 
 test('snapshot the sandbox, start a sandbox from the snapshot on the Snapshots page, delete it', async () => {

@@ -708,8 +708,8 @@ function sandboxView(id) {
     const start = Math.floor(Date.now() / 1000) - 3600;
     const ms = await api('GET', `/sandboxes/${encodeURIComponent(id)}/metrics?start=${start}`);
     const pts = (f) => ms.map((m) => [m.timestampUnix, f(m)]);
-    // The x axis covers the samples (at least a minute, at most the hour).
-    const span = ms.length ? Math.min(3600, Math.max(60, ms[ms.length - 1].timestampUnix - ms[0].timestampUnix)) : 3600;
+    // The x axis covers the samples (at least 30 s, at most the hour).
+    const span = ms.length ? Math.min(3600, Math.max(30, ms[ms.length - 1].timestampUnix - ms[0].timestampUnix)) : 3600;
     lineChart(cpuChart, [{ name: 'cpu', cls: 'cpu', points: pts((m) => m.cpuUsedPct) }], { max: 100, fmt: (v) => `${Math.round(v)}%`, span });
     const memMax = Math.max(...ms.map((m) => m.memTotal), 1);
     lineChart(memChart, [{ name: 'used', cls: 'used', points: pts((m) => m.memUsed) }, { name: 'cache', cls: 'cache', points: pts((m) => m.memCache) }],

@@ -62,7 +62,7 @@ export function templatesView() {
   page('Templates',
     h('p', { class: 'muted note' }, 'The templates on this machine (built with cella template on the host), with their warm pools. '
       + 'Start a sandbox from one here or on the Sandboxes page.'),
-    table('templates', ['Template', 'Aliases', 'Build', 'Warm pool', ''], tbody), st.el);
+    table('templates', ['Template', 'Aliases', 'Warm pool', ''], tbody), st.el);
   refresher(st, async () => {
     const [ts, pools] = await Promise.all([api('GET', '/templates'), api('GET', '/pools').catch(() => [])]);
     const pool = new Map(pools.map((p) => [p.template, p]));
@@ -73,7 +73,6 @@ export function templatesView() {
       return h('tr', { dataset: { template: t.templateID } },
         h('td', { class: 'mono name' }, t.templateID),
         h('td', {}, (t.aliases || []).filter((a) => a !== t.templateID).join(', ') || '—'),
-        h('td', {}, t.buildStatus ? `${t.buildStatus}${t.buildCount ? ` (${plural(t.buildCount, 'build')})` : ''}` : '—'),
         h('td', {}, p ? `${p.ready} ready of ${p.size}` : '—'),
         h('td', {}, btn));
     }));
