@@ -95,8 +95,19 @@ func New(cfg Config) *Server {
 	if cfg.MarkTimeout <= 0 {
 		cfg.MarkTimeout = 2 * time.Second
 	}
-	return &Server{cfg: cfg, contexts: map[string]*kernel{}, defaults: map[string]*kernel{}}
+	s := &Server{cfg: cfg, contexts: map[string]*kernel{}, defaults: map[string]*kernel{}}
+	// E2B's server creates the python and javascript contexts at start-up,
+	// so GET /contexts lists them before any cell ran. Their interpreters
+	// start on their first cell: the sandbox's env vars may still change
+	// until then (the daemon configures the agent after boot).
+	for _, name := range defaultLanguages {
+		_ = s.add(newKernel(s, languages[name], cfg.Workdir), true)
+	}
+	return s
 }
+
+// defaultLanguages have a context from the start, as in E2B.
+var defaultLanguages = []string{"python", "javascript"}
 
 // Close kills every interpreter; later requests fail.
 func (s *Server) Close() {
@@ -174,7 +185,10 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 	k := newKernel(s, lang, cwd)
 	// Start the interpreter now, as upstream starts a kernel: a context that
 	// cannot run fails here, not on its first cell.
-	if err := k.ensure(r.Context()); err != nil {
+	if err := k.ensure(r.Context()); errors.Is(err, errCwdDenied) {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	} else if err != nil {
 		writeError(w, http.StatusInternalServerError, err)
 		return
 	}
