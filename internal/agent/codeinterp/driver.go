@@ -36,6 +36,9 @@ var nodeDriver string
 //go:embed drivers/bash.sh
 var bashDriver string
 
+//go:embed drivers/r.R
+var rDriver string
+
 // language is how to start the interpreter of one language. The driver's
 // source is passed on the command line (-c / -e), so nothing is written
 // into the sandbox.
@@ -78,6 +81,12 @@ var languages = map[string]*language{
 		env:     []string{"CELLA_CI_TYPESCRIPT=1"},
 		needs:   []string{"esbuild"},
 		missing: "node and esbuild (Debian: nodejs, esbuild) are not installed in this sandbox's template",
+	},
+	"r": {
+		name:    "r",
+		exes:    []string{"Rscript"},
+		argv:    func(exe string) []string { return []string{exe, "--no-save", "--no-restore", "-e", rDriver} },
+		missing: "R with the evaluate, repr and jsonlite packages (Debian: r-base-core, r-cran-irkernel) is not installed in this sandbox's template",
 	},
 	"bash": {
 		name:           "bash",

@@ -262,7 +262,7 @@ func TestRefusals(t *testing.T) {
 	_, url := newTestServer(t, nil)
 	var body struct{ Message string }
 	if code := doJSONBody(t, "POST", url+"/contexts", map[string]any{"language": "cobol"}, &body); code != http.StatusBadRequest ||
-		!strings.Contains(body.Message, "bash, javascript, python, typescript") {
+		!strings.Contains(body.Message, "bash, javascript, python, r, typescript") {
 		t.Fatalf("unknown language: %d %q", code, body.Message)
 	}
 	res, _ := execute(t, t.Context(), url, map[string]any{"code": "1", "language": "cobol"})
@@ -309,4 +309,40 @@ func TestDefaultContextsAtBoot(t *testing.T) {
 			t.Fatalf("contexts = %+v", list)
 		}
 	}
+}
+
+func TestR(t *testing.T) {
+	needInterpreter(t, "Rscript")
+	_, url := newTestServer(t, nil)
+	r := func(code string) map[string]any { return map[string]any{"code": code, "language": "r"} }
+	run(t, url, r("x <- 41"))
+	wantText(t, run(t, url, r("x + 1")), "[1] 42")
+	wantText(t, run(t, url, r("getwd()")), `[1] "`+mustGetwd(t, url)+`"`)
+	res := run(t, url, r("cat('out\\n'); message('note'); data.frame(a = 1:2)"))
+	if res.stdout() != "out\n" || len(res.of("stderr")) != 1 {
+		t.Fatalf("lines = %v", res.lines)
+	}
+	rs := results(res)
+	if len(rs) != 1 || !strings.Contains(rs[0]["html"].(string), "<table") {
+		t.Fatalf("data.frame results = %v", rs)
+	}
+	e := run(t, url, r("stop('bad thing')")).errorLine()
+	if e == nil || e["value"] != "bad thing" || !strings.Contains(e["traceback"].(string), "bad thing") {
+		t.Fatalf("error = %v", e)
+	}
+	rs = results(run(t, url, r("plot(1:3)")))
+	if len(rs) != 1 || !strings.HasPrefix(rs[0]["png"].(string), "iVBORw0KGgo") {
+		t.Fatalf("plot results = %v", rs)
+	}
+	res = run(t, url, map[string]any{"code": "Sys.getenv('REQ_VAR')", "language": "r", "env_vars": map[string]string{"REQ_VAR": "v"}})
+	wantText(t, res, `[1] "v"`)
+	wantText(t, run(t, url, r("Sys.getenv('REQ_VAR', 'unset')")), `[1] "unset"`)
+}
+
+// mustGetwd is the default working directory of the test server's contexts.
+func mustGetwd(t *testing.T, url string) string {
+	t.Helper()
+	var list []contextInfo
+	doJSON(t, "GET", url+"/contexts", nil, &list)
+	return list[0].Cwd
 }
