@@ -8,9 +8,11 @@
 local({
   nonce <- Sys.getenv("CELLA_CI_MARK")
   Sys.unsetenv("CELLA_CI_MARK")
-  cmd <- file("/dev/fd/3", open = "rb", blocking = TRUE)
-  evt <- file("/dev/fd/4", open = "wb")
-  out <- list(stdout = file("/dev/fd/1", open = "wb"), stderr = file("/dev/fd/2", open = "wb"))
+  # R opens files by name only, and /dev/fd/N of the agent's pipes is not
+  # the sandbox user's to open: a cat that inherited the fd carries each.
+  cmd <- pipe("exec cat <&3", open = "rb")
+  evt <- pipe("exec cat >&4", open = "wb")
+  out <- list(stdout = pipe("exec cat", open = "wb"), stderr = pipe("exec cat >&2", open = "wb"))
   emit <- function(x) {
     writeLines(jsonlite::toJSON(x, auto_unbox = TRUE, null = "null", na = "null", digits = NA), evt, useBytes = TRUE)
     flush(evt)
