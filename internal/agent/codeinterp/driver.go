@@ -134,13 +134,16 @@ type Proc struct {
 type Spawner func(p Proc) (pid int, wait <-chan unix.WaitStatus, err error)
 
 // LocalSpawner forks p as the current user and waits for it by pid.
-func LocalSpawner(p Proc) (int, <-chan unix.WaitStatus, error) {
+func LocalSpawner(p Proc) (int, <-chan unix.WaitStatus, error) { return localSpawn(p, nil) }
+
+// localSpawn forks p, as cred's user if cred is set, and waits for it.
+func localSpawn(p Proc, cred *syscall.Credential) (int, <-chan unix.WaitStatus, error) {
 	fds := make([]uintptr, len(p.Files))
 	for i, f := range p.Files {
 		fds[i] = f.Fd()
 	}
 	pid, err := syscall.ForkExec(p.Argv[0], p.Argv, &syscall.ProcAttr{
-		Dir: p.Dir, Env: p.Env, Files: fds, Sys: &syscall.SysProcAttr{Setsid: true},
+		Dir: p.Dir, Env: p.Env, Files: fds, Sys: &syscall.SysProcAttr{Setsid: true, Credential: cred},
 	})
 	if err != nil {
 		return 0, nil, err

@@ -6,7 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // These cases hold the Python context to IPython's behaviour, as E2B's
@@ -345,4 +348,64 @@ func mustGetwd(t *testing.T, url string) string {
 	var list []contextInfo
 	doJSON(t, "GET", url+"/contexts", nil, &list)
 	return list[0].Cwd
+}
+
+// TestAsUnprivilegedUser runs every driver as nobody, as the agent runs
+// them as the sandbox user: pipes the agent (root) made, a home of the
+// user's own, a cwd it may not enter.
+func TestAsUnprivilegedUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run the drivers as another user")
+	}
+	const nobody = 65534
+	home, err := os.MkdirTemp("", "cella-ci-home-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(home) })
+	if err := os.Chmod(home, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(home, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	_, url := newTestServer(t, func(c *Config) {
+		c.Workdir = home
+		c.Env = func() []string { return []string{"PATH=" + testPATH, "HOME=" + home, "LANG=C.UTF-8"} }
+		c.Spawn = func(p Proc) (int, <-chan unix.WaitStatus, error) {
+			return localSpawn(p, &syscall.Credential{Uid: nobody, Gid: nobody})
+		}
+	})
+	for _, tc := range []struct{ lang, code, want, needs string }{
+		{"python", "import os\n!echo $HOME\nos.getuid()", "65534", "python3"},
+		{"javascript", "process.getuid()", "65534", "node"},
+		{"typescript", "(process.getuid() as number)", "65534", "esbuild"},
+		{"r", "Sys.getenv('HOME')", `[1] "` + home + `"`, "Rscript"},
+	} {
+		t.Run(tc.lang, func(t *testing.T) {
+			needInterpreter(t, tc.needs)
+			if tc.lang == "python" {
+				needIPython(t)
+			}
+			r := run(t, url, map[string]any{"code": tc.code, "language": tc.lang})
+			wantText(t, r, tc.want)
+			if e := r.of("stderr"); len(e) != 0 {
+				t.Fatalf("stderr: %v", e)
+			}
+		})
+	}
+	t.Run("bash", func(t *testing.T) {
+		if r := run(t, url, map[string]any{"code": "id -u", "language": "bash"}); r.stdout() != "65534\n" {
+			t.Fatalf("lines = %v", r.lines)
+		}
+	})
+	t.Run("cwd the user cannot enter", func(t *testing.T) {
+		needIPython(t)
+		private := t.TempDir() // root's, 0700
+		var body struct{ Message string }
+		code := doJSONBody(t, "POST", url+"/contexts", map[string]any{"cwd": private}, &body)
+		if code != http.StatusBadRequest || !strings.Contains(body.Message, private) || !strings.Contains(body.Message, "may not enter") {
+			t.Fatalf("create in %s: %d %q", private, code, body.Message)
+		}
+	})
 }
