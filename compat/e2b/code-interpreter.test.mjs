@@ -237,29 +237,25 @@ describe('@e2b/code-interpreter@2.8.0', () => {
   }, { timeout: 90_000 })
 
   // E2B's own chart cases (e2b-dev/code-interpreter js/tests/charts).
-  const chartOf = async (sdk, what, code) => {
+  // head: the chart's scalar fields that must be exactly so.
+  const chartOf = async (sdk, what, code, head) => {
     const e = await sdk(`runCode(${what}; plt.show())`, () => shared().runCode('import matplotlib.pyplot as plt\n' + code + '\nplt.show()'))
     assert.equal(e.error, undefined, `error: ${JSON.stringify(e.error)}`)
     assert.equal(e.results.length, 1, `results: ${JSON.stringify(e.results.map((r) => r.formats()))}`)
     assert.ok(e.results[0].png && e.results[0].text.startsWith('<Figure size'))
     assert.deepEqual(e.results[0].extra, {})
-    assert.ok(e.results[0].chart, 'no chart')
-    return e.results[0].chart
+    const c = e.results[0].chart
+    assert.ok(c, 'no chart')
+    assert.deepEqual(Object.fromEntries(Object.keys(head).map((k) => [k, c[k]])), head)
+    return c
   }
 
   step('issue 13: result.chart of a line chart', async ({ sdk }) => {
     const c = await chartOf(sdk, 'plt.plot(dates, sin/cos)',
       'import numpy as np, datetime\ndates = [datetime.date(2023, 9, 1) + datetime.timedelta(days=i) for i in range(100)]\n' +
       'x = np.linspace(0, 2 * np.pi, 100)\nplt.figure(figsize=(10, 6))\nplt.plot(dates, np.sin(x), label="sin(x)")\n' +
-      'plt.plot(dates, np.cos(x), label="cos(x)")\nplt.xlabel("Time (s)")\nplt.ylabel("Amplitude (Hz)")\nplt.title("Plot of sin(x) and cos(x)")')
-    assert.equal(c.type, 'line')
-    assert.equal(c.title, 'Plot of sin(x) and cos(x)')
-    assert.equal(c.x_label, 'Time (s)')
-    assert.equal(c.y_label, 'Amplitude (Hz)')
-    assert.equal(c.x_unit, 's')
-    assert.equal(c.y_unit, 'Hz')
-    assert.equal(c.x_scale, 'datetime')
-    assert.equal(c.y_scale, 'linear')
+      'plt.plot(dates, np.cos(x), label="cos(x)")\nplt.xlabel("Time (s)")\nplt.ylabel("Amplitude (Hz)")\nplt.title("Plot of sin(x) and cos(x)")',
+      { type: 'line', title: 'Plot of sin(x) and cos(x)', x_label: 'Time (s)', y_label: 'Amplitude (Hz)', x_unit: 's', y_unit: 'Hz', x_scale: 'datetime', y_scale: 'linear' })
     assert.ok(c.x_ticks.every((t) => typeof t === 'string' && !isNaN(new Date(t))))
     assert.ok(c.y_ticks.every((t) => typeof t === 'number'))
     assert.ok(c.x_tick_labels.every((l) => typeof l === 'string'))
@@ -271,24 +267,16 @@ describe('@e2b/code-interpreter@2.8.0', () => {
   step('issue 13: result.chart of a bar chart', async ({ sdk }) => {
     const c = await chartOf(sdk, 'plt.bar',
       'plt.figure(figsize=(10, 6))\nplt.bar(["Author A", "Author B", "Author C", "Author D"], [100, 200, 300, 400], label="Books Sold")\n' +
-      'plt.xlabel("Authors")\nplt.ylabel("Number of Books Sold")\nplt.title("Book Sales by Authors")')
-    assert.equal(c.type, 'bar')
-    assert.equal(c.title, 'Book Sales by Authors')
-    assert.equal(c.x_label, 'Authors')
-    assert.equal(c.y_label, 'Number of Books Sold')
-    assert.equal(c.x_unit, null)
-    assert.equal(c.y_unit, null)
+      'plt.xlabel("Authors")\nplt.ylabel("Number of Books Sold")\nplt.title("Book Sales by Authors")',
+      { type: 'bar', title: 'Book Sales by Authors', x_label: 'Authors', y_label: 'Number of Books Sold', x_unit: null, y_unit: null })
     assert.deepEqual(c.elements, ['A', 'B', 'C', 'D'].map((a, i) => ({ label: `Author ${a}`, group: 'Books Sold', value: 100 * (i + 1) })))
   })
 
   step('issue 13: result.chart of a scatter chart', async ({ sdk }) => {
     const c = await chartOf(sdk, 'plt.scatter',
       'import numpy as np\nplt.xlabel("A")\nplt.ylabel("B")\n' +
-      'plt.scatter(np.random.rand(5), np.random.rand(5), c="blue", label="Dataset 1")\nplt.scatter(np.random.rand(10), np.random.rand(10), c="red", label="Dataset 2")')
-    assert.equal(c.type, 'scatter')
-    assert.equal(c.title, null)
-    assert.equal(c.x_label, 'A')
-    assert.equal(c.y_label, 'B')
+      'plt.scatter(np.random.rand(5), np.random.rand(5), c="blue", label="Dataset 1")\nplt.scatter(np.random.rand(10), np.random.rand(10), c="red", label="Dataset 2")',
+      { type: 'scatter', title: null, x_label: 'A', y_label: 'B' })
     assert.ok(c.x_ticks.every((t) => typeof t === 'number') && c.y_ticks.every((t) => typeof t === 'number'))
     assert.deepEqual(c.elements.map((d) => [d.label, d.points.length]), [['Dataset 1', 5], ['Dataset 2', 10]])
     assert.ok(c.elements.every((d) => d.points.every(([x, y]) => typeof x === 'number' && typeof y === 'number')))
@@ -297,9 +285,8 @@ describe('@e2b/code-interpreter@2.8.0', () => {
   step('issue 13: result.chart of a pie chart', async ({ sdk }) => {
     const c = await chartOf(sdk, 'ax.pie',
       'fig, ax = plt.subplots(figsize=(8, 8))\nplt.xlabel("x")\nplt.ylabel("y")\n' +
-      'ax.pie([90, 10], labels=["No", "No, in blue"], autopct="%1.1f%%", startangle=90)\nax.axis("equal")\nplt.title("Will I wake up early tomorrow?")')
-    assert.equal(c.type, 'pie')
-    assert.equal(c.title, 'Will I wake up early tomorrow?')
+      'ax.pie([90, 10], labels=["No", "No, in blue"], autopct="%1.1f%%", startangle=90)\nax.axis("equal")\nplt.title("Will I wake up early tomorrow?")',
+      { type: 'pie', title: 'Will I wake up early tomorrow?' })
     assert.deepEqual(c.elements, [{ label: 'No', angle: 324, radius: 1 }, { label: 'No, in blue', angle: 36, radius: 1 }])
   })
 
@@ -307,11 +294,8 @@ describe('@e2b/code-interpreter@2.8.0', () => {
     const c = await chartOf(sdk, 'ax.boxplot',
       'data = {"Class A": [85, 90, 78, 92, 88], "Class B": [95, 89, 76, 91, 84, 87], "Class C": [75, 82, 88, 79, 86]}\n' +
       'fig, ax = plt.subplots(figsize=(10, 6))\nax.set_title("Exam Scores Distribution")\nax.set_xlabel("Class")\nax.set_ylabel("Score")\n' +
-      'ax.boxplot(data.values(), labels=data.keys(), patch_artist=True)\nplt.tight_layout()')
-    assert.equal(c.type, 'box_and_whisker')
-    assert.equal(c.title, 'Exam Scores Distribution')
-    assert.equal(c.x_label, 'Class')
-    assert.equal(c.y_label, 'Score')
+      'ax.boxplot(data.values(), labels=data.keys(), patch_artist=True)\nplt.tight_layout()',
+      { type: 'box_and_whisker', title: 'Exam Scores Distribution', x_label: 'Class', y_label: 'Score', x_unit: null, y_unit: null })
     assert.deepEqual(c.elements.map((b) => b.label), ['Class A', 'Class B', 'Class C'])
     assert.deepEqual(c.elements.map((b) => b.outliers), [[], [76], []])
     assert.deepEqual(c.elements.map((b) => b.min), [78, 84, 75])
@@ -383,6 +367,9 @@ describe('@e2b/code-interpreter@2.8.0', () => {
     assert.equal(res.status, 502)
     const ps = await sdk("commands.run('ps -e -o comm=')", () => base.commands.run('ps -e -o comm='))
     assert.doesNotMatch(ps.stdout, /python|node/)
+    const tools = await sdk("commands.run('python --version && sudo -n id -u && git --version && curl --version')", () =>
+      base.commands.run('python --version && sudo -n id -u && git --version | cut -d" " -f1 && curl --version | head -c 4; echo'))
+    assert.match(tools.stdout, /^Python 3\.\d+\.\d+\n0\ngit\ncurl\n$/, 'the base template has python, sudo for user, git and curl')
     await sdk('base.kill()', () => base.kill())
   }, { timeout: 120_000 })
 
