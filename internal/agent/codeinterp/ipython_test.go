@@ -1,6 +1,7 @@
 package codeinterp
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -406,6 +408,44 @@ func TestAsUnprivilegedUser(t *testing.T) {
 		code := doJSONBody(t, "POST", url+"/contexts", map[string]any{"cwd": private}, &body)
 		if code != http.StatusBadRequest || !strings.Contains(body.Message, private) || !strings.Contains(body.Message, "may not enter") {
 			t.Fatalf("create in %s: %d %q", private, code, body.Message)
+		}
+	})
+}
+
+// cancelled runs code with a client that goes away after a second, as the
+// SDK's timeoutMs does.
+func cancelled(t *testing.T, url string, body map[string]any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if _, err := execute(t, ctx, url, body); err == nil {
+		t.Fatalf("%v ended by itself", body)
+	}
+}
+
+// TestInterruptKeepsState: an interrupted cell leaves the context's state,
+// in a shell command, in R and in bash (where the interrupted shell's
+// replacement starts empty but works).
+func TestInterruptKeepsState(t *testing.T) {
+	_, url := newTestServer(t, nil)
+	t.Run("python !cmd", func(t *testing.T) {
+		needIPython(t)
+		run(t, url, py("kept = 'yes'"))
+		cancelled(t, url, py("!sleep 30"))
+		wantText(t, run(t, url, py("kept")), "yes")
+	})
+	t.Run("r", func(t *testing.T) {
+		needInterpreter(t, "Rscript")
+		r := func(code string) map[string]any { return map[string]any{"code": code, "language": "r"} }
+		run(t, url, r("kept <- 'yes'"))
+		cancelled(t, url, r("Sys.sleep(30)"))
+		wantText(t, run(t, url, r("kept")), `[1] "yes"`)
+	})
+	t.Run("bash", func(t *testing.T) {
+		sh := func(code string) map[string]any { return map[string]any{"code": code, "language": "bash"} }
+		cancelled(t, url, sh("sleep 30"))
+		if r := run(t, url, sh("echo after")); r.stdout() != "after\n" {
+			t.Fatalf("lines = %v", r.lines)
 		}
 	})
 }
