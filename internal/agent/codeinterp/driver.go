@@ -49,8 +49,8 @@ type language struct {
 	env  []string // added to the interpreter's environment
 	// needs are other executables the driver runs (looked up like exes).
 	needs []string
-	// cellFrame is how a cell is sent on fd 3: JSON lines, or the code
-	// NUL-terminated for the bash driver (bash cannot parse JSON).
+	// nulFramed: cells go to fd 3 as NUL-terminated scripts rather than
+	// JSON lines (the bash driver cannot parse JSON).
 	nulFramed bool
 	// interruptGroup sends the interrupt to the driver's whole process
 	// group: bash leaves its foreground command to the signal.

@@ -174,15 +174,17 @@ class _Shell(InteractiveShell):
         pass
 
 
+from traitlets.config import Config as _Config
+
+_config = _Config()
+# No history database (and no thread saving to it): nothing reads it back.
+_config.HistoryManager.enabled = False
 shell = _Shell.instance(
+    config=_config,
     displayhook_class=_DisplayHook,
     display_pub_class=_DisplayPublisher,
     colors="NoColor",
-    autocall=0,
-    automagic=True,
-    history_length=0,
 )
-shell.history_manager.enabled = False
 _formatters = shell.display_formatter.formatters
 _formatters["e2b/data"] = _DataFormatter(parent=shell.display_formatter)
 _formatters["e2b/chart"] = _ChartFormatter(parent=shell.display_formatter)
