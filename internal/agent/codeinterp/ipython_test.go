@@ -424,8 +424,7 @@ func cancelled(t *testing.T, url string, body map[string]any) {
 }
 
 // TestInterruptKeepsState: an interrupted cell leaves the context's state,
-// in a shell command, in R and in bash (where the interrupted shell's
-// replacement starts empty but works).
+// in a shell command, in R and in bash.
 func TestInterruptKeepsState(t *testing.T) {
 	_, url := newTestServer(t, nil)
 	t.Run("python !cmd", func(t *testing.T) {
@@ -443,8 +442,10 @@ func TestInterruptKeepsState(t *testing.T) {
 	})
 	t.Run("bash", func(t *testing.T) {
 		sh := func(code string) map[string]any { return map[string]any{"code": code, "language": "bash"} }
-		cancelled(t, url, sh("sleep 30"))
-		if r := run(t, url, sh("echo after")); r.stdout() != "after\n" {
+		run(t, url, sh("kept=yes"))
+		cancelled(t, url, sh("sleep 30; echo not-reached"))
+		cancelled(t, url, sh("while true; do sleep 1; done"))
+		if r := run(t, url, sh("echo $kept")); r.stdout() != "yes\n" {
 			t.Fatalf("lines = %v", r.lines)
 		}
 	})

@@ -5,12 +5,20 @@
 # fd 4 as JSON lines; the cell's output is the shell's own fds 1 and 2,
 # followed by a marker after each cell. A cell that ends with a non-zero
 # status is an error whose value is the status, as bash_kernel reports it.
+# The cell runs in a function, so `return` ends it; `exit` ends the shell
+# (the next cell starts a new one, as after a kernel's death).
 __cella_nonce=$CELLA_CI_MARK
 unset CELLA_CI_MARK
+# The interrupt (SIGINT to the process group: the foreground command gets
+# it too) ends the cell, as ^C ends a command line in an interactive
+# shell, and the shell with its state lives on: the handler returns from
+# the function the cell runs in (or from the cell's own innermost one).
+__cella_cell() { eval "$__cella_code" 3<&- 4>&-; }
+trap 'return 130 2>/dev/null' INT
 printf '{"type":"ready","pid":%d}\n' "$$" >&4
 while IFS= read -r -d '' __cella_set <&3 && IFS= read -r -d '' __cella_code <&3 && IFS= read -r -d '' __cella_restore <&3; do
 	eval "$__cella_set"
-	eval "$__cella_code" 3<&- 4>&-
+	__cella_cell
 	__cella_rc=$?
 	eval "$__cella_restore"
 	if [ "$__cella_rc" != 0 ]; then
