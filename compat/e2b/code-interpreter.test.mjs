@@ -229,6 +229,14 @@ describe('@e2b/code-interpreter@2.8.0', () => {
     assert.equal(n2, n1 + 1)
   })
 
+  step('issue 13: a PIL image saved to a file is displayed as png, as in E2B', async ({ sdk }) => {
+    const e = await sdk("runCode(Image.new(...).save('red.png'))", () => shared().runCode(
+      'from PIL import Image\nImage.new("RGB", (4, 4), "red").save("/tmp/red.png")'))
+    assert.equal(e.error, undefined, `error: ${JSON.stringify(e.error)}`)
+    assert.equal(e.results.length, 1)
+    assert.equal(Buffer.from(e.results[0].png, 'base64').subarray(1, 4).toString(), 'PNG')
+  })
+
   step('issue 13: a DataFrame carries e2b/data (result.data)', async ({ sdk }) => {
     const e = await sdk('runCode(pd.DataFrame) → data', () => shared().runCode(
       'import pandas as pd\npd.DataFrame({"a": [1, 2], "t": pd.to_datetime(["2024-01-02", "2024-01-03"])})'))

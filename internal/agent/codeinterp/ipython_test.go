@@ -105,6 +105,23 @@ func TestIPythonShell(t *testing.T) {
 	})
 }
 
+func TestIPythonPILImage(t *testing.T) {
+	needPythonModule(t, "PIL")
+	needIPython(t)
+	_, url := newTestServer(t, nil)
+	r := run(t, url, py("from PIL import Image\nimg = Image.new('RGB', (4, 4), 'red')\nimg.save('red.png')\nimg.show()"))
+	rs := results(r) // save() and show() each display it
+	if len(rs) != 2 {
+		t.Fatalf("results = %v (lines %v)", rs, r.lines)
+	}
+	for _, res := range rs {
+		if !strings.HasPrefix(res["png"].(string), "iVBORw0KGgo") || res["is_main_result"] != false {
+			t.Fatalf("result = %v", res)
+		}
+	}
+	wantText(t, run(t, url, py("import os\nos.path.getsize('red.png') > 0")), "True")
+}
+
 func TestIPythonDataFrame(t *testing.T) {
 	needPythonModule(t, "pandas")
 	needIPython(t)

@@ -9,7 +9,7 @@
 # streams live (a `!cmd` writes to them directly). After each cell the
 # driver writes a marker to fds 1 and 2 so that the agent knows it has every
 # byte the cell printed before it reports the end of the execution.
-import json, math, os, signal, sys
+import base64, json, math, os, signal, sys
 
 _MARK = b"\x00cella-cell-end-" + os.environ.pop("CELLA_CI_MARK", "").encode() + b"\x00"
 _cmd = os.fdopen(3, "rb", buffering=0)
@@ -67,7 +67,10 @@ def _emit_result(data, main):
         sys.stderr.flush()
     except Exception:
         pass
-    data = {k: v for k, v in (data or {}).items() if v is not None}
+    # Binary formats (a PIL image's PNG) travel as base64, as Jupyter's
+    # messages carry them.
+    data = {k: base64.b64encode(v).decode() if isinstance(v, (bytes, bytearray)) else v
+            for k, v in (data or {}).items() if v is not None}
     try:
         _emit({"type": "result", "main": main, "data": data})
     except (TypeError, ValueError) as e:
@@ -193,6 +196,24 @@ _formatters["application/json"] = _JSONFormatter(parent=shell.display_formatter)
 from IPython.display import display as _display
 
 shell.user_ns.setdefault("display", _display)
+
+# As E2B's kernels: an image saved to a file is displayed too, and no image
+# viewer is ever started (show() displays through IPython, as PIL does
+# under IPython).
+try:
+    from PIL import Image as _PILImage, ImageShow as _PILImageShow
+
+    _PILImageShow.UnixViewer.show_file = lambda self, path, **options: 0
+    _pil_save = _PILImage.Image.save
+
+    def _save_and_display(image, fp, format=None, **params):
+        if isinstance(fp, str):
+            _display(image)
+        return _pil_save(image, fp, format, **params)
+
+    _PILImage.Image.save = _save_and_display
+except ImportError:
+    pass
 
 
 def _execute(cmd):
