@@ -197,8 +197,13 @@ type sink struct {
 
 // driver is one running interpreter process.
 type driver struct {
-	lang   *language
-	pid    int
+	lang *language
+	pid  int
+	// env is the environment it started with; its first cell brings it
+	// up to date (a driver started at boot predates the sandbox's env
+	// vars, as E2B's kernels do, which load them on the first execution).
+	env    []string
+	synced bool // under the kernel's sem
 	cmdW   *os.File
 	events chan event    // closed when fd 4 reaches EOF (the driver exited)
 	exited chan struct{} // closed once the wait status is in status
@@ -280,6 +285,7 @@ func startDriver(lang *language, env []string, dir string, spawn Spawner, readyT
 	}
 	d := &driver{
 		lang:   lang,
+		env:    env,
 		pid:    pid,
 		cmdW:   pipes[2][1],
 		events: make(chan event, 16),
@@ -459,6 +465,29 @@ type cell struct {
 	Type    string            `json:"type"`
 	Code    string            `json:"code"`
 	EnvVars map[string]string `json:"env_vars,omitempty"`
+	// EnvBase are variables set for good before the cell: what changed
+	// in the sandbox's environment since the driver started.
+	EnvBase map[string]string `json:"env_base,omitempty"`
+}
+
+// envUpdate is what env has that the driver's start environment has not.
+func (d *driver) envUpdate(env []string) map[string]string {
+	had := map[string]bool{}
+	for _, kv := range d.env {
+		had[kv] = true
+	}
+	var up map[string]string
+	for _, kv := range env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || had[kv] {
+			continue
+		}
+		if up == nil {
+			up = map[string]string{}
+		}
+		up[k] = v
+	}
+	return up
 }
 
 // send hands one cell to the driver: a JSON line, or for the bash driver

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -466,4 +467,59 @@ func TestInterruptKeepsState(t *testing.T) {
 			t.Fatalf("lines = %v", r.lines)
 		}
 	})
+}
+
+// TestWarm: the python context's interpreter starts before any cell, and
+// its first cell sees the env vars the sandbox got after that start.
+func TestWarm(t *testing.T) {
+	needIPython(t)
+	var (
+		mu     sync.Mutex
+		spawns int
+		late   string
+	)
+	s, url := newTestServer(t, func(c *Config) {
+		c.Env = func() []string {
+			mu.Lock()
+			defer mu.Unlock()
+			env := []string{"PATH=" + testPATH, "HOME=" + c.Workdir, "LANG=C.UTF-8"}
+			if late != "" {
+				env = append(env, "LATE_VAR="+late)
+			}
+			return env
+		}
+		c.Spawn = func(p Proc) (int, <-chan unix.WaitStatus, error) {
+			mu.Lock()
+			spawns++
+			mu.Unlock()
+			return LocalSpawner(p)
+		}
+	})
+	s.Warm(t.Context())
+	deadline := time.Now().Add(60 * time.Second)
+	s.mu.Lock()
+	k := s.defaults["python"]
+	s.mu.Unlock()
+	for {
+		k.mu.Lock()
+		up := k.drv != nil
+		k.mu.Unlock()
+		if up {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the python interpreter did not start before any cell")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	mu.Lock()
+	late = "set-after-start" // as the daemon's /init does after boot
+	mu.Unlock()
+	wantText(t, run(t, url, py("import os\nos.environ.get('LATE_VAR', 'missing')")), "set-after-start")
+	wantText(t, run(t, url, py("os.environ.get('LATE_VAR', 'missing')")), "set-after-start")
+	mu.Lock()
+	defer mu.Unlock()
+	if spawns != 1 {
+		t.Fatalf("%d interpreters started, want the warm one only", spawns)
+	}
 }

@@ -182,7 +182,12 @@ func (k *kernel) execute(w http.ResponseWriter, r *http.Request, code string, en
 		d.setSink(nil)
 		close(sk.done)
 	}()
-	if err := d.send(cell{Type: "execute", Code: code, EnvVars: envVars}); errors.Is(err, errNULInCell) {
+	c := cell{Type: "execute", Code: code, EnvVars: envVars}
+	if !d.synced {
+		c.EnvBase = d.envUpdate(k.s.cfg.Env())
+		d.synced = true
+	}
+	if err := d.send(c); errors.Is(err, errNULInCell) {
 		out.write(map[string]any{"type": "error", "name": "ValueError", "value": err.Error(), "traceback": ""})
 		out.write(map[string]any{"type": "end_of_execution"})
 		return

@@ -109,6 +109,25 @@ func New(cfg Config) *Server {
 // defaultLanguages have a context from the start, as in E2B.
 var defaultLanguages = []string{"python", "javascript"}
 
+// Warm starts the default python context's interpreter in the background,
+// as E2B starts its kernels at boot: IPython takes a second or two to
+// start, which the first runCode would otherwise wait for. The first cell
+// brings its environment up to date (Config.Env may still change until
+// then).
+func (s *Server) Warm(ctx context.Context) {
+	s.mu.Lock()
+	k := s.defaults["python"]
+	s.mu.Unlock()
+	if k == nil {
+		return
+	}
+	go func() {
+		if err := k.ensure(ctx); err != nil {
+			slog.Warn("code interpreter: warming the python context", "err", err)
+		}
+	}()
+}
+
 // Close kills every interpreter; later requests fail.
 func (s *Server) Close() {
 	s.mu.Lock()

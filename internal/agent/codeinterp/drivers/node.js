@@ -88,6 +88,7 @@ function compile (code, filename) {
 async function execute (cmd) {
   count++
   const filename = `<cell-${count}>`
+  Object.assign(process.env, cmd.env_base || {}) // the sandbox's env vars, for good
   const saved = {}
   for (const [k, v] of Object.entries(cmd.env_vars || {})) {
     saved[k] = process.env[k]

@@ -218,6 +218,7 @@ except ImportError:
 
 def _execute(cmd):
     global _executing
+    os.environ.update(cmd.get("env_base") or {})  # the sandbox's env vars, for good
     saved = {}
     for k, v in (cmd.get("env_vars") or {}).items():
         saved[k] = os.environ.get(k)
