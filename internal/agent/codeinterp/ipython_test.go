@@ -265,6 +265,17 @@ func TestBash(t *testing.T) {
 	if r := run(t, url, sh("echo \"[${REQ_VAR-unset}]\"")); r.stdout() != "[unset]\n" {
 		t.Fatalf("env var not reset: %v", r.lines)
 	}
+	// Env vars are data, never script: neither a value nor a name runs.
+	marker := filepath.Join(dir, "injected")
+	r = run(t, url, map[string]any{"code": "printf '%s' \"$V\"", "language": "bash", "env_vars": map[string]string{
+		"V": "'; touch " + marker + "; '$(touch " + marker + ")`touch " + marker + "`", "X;touch " + marker: "1", "$(touch " + marker + ")": "1",
+	}})
+	if r.stdout() != "'; touch "+marker+"; '$(touch "+marker+")`touch "+marker+"`" {
+		t.Fatalf("value = %q", r.stdout())
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("an env var's name or value ran as a command")
+	}
 }
 
 func TestTypeScript(t *testing.T) {
