@@ -57,6 +57,16 @@ func TestIPythonShell(t *testing.T) {
 			t.Fatalf("%%%%capture let output through: %v", r.lines)
 		}
 		wantText(t, run(t, url, py("c.stdout")), "hidden\\n")
+		if r := run(t, url, py("%%bash\necho from-bash-magic")); r.stdout() != "from-bash-magic\n" {
+			t.Fatalf("%%%%bash: %v", r.lines)
+		}
+		if r := run(t, url, py("%matplotlib inline")); r.errorLine() != nil {
+			t.Fatalf("%%matplotlib inline: %v", r.errorLine())
+		}
+		if e := run(t, url, py("import sys\nsys.exit(3)")).errorLine(); e == nil || e["name"] != "SystemExit" || e["value"] != "3" {
+			t.Fatalf("sys.exit: %v", e)
+		}
+		wantText(t, run(t, url, py("get_ipython().__class__.__name__")), "_Shell")
 	})
 	t.Run("IPython.display", func(t *testing.T) {
 		r := run(t, url, py("from IPython.display import display, HTML, Markdown, JSON, Latex, Javascript, SVG\n"+
