@@ -234,6 +234,26 @@ func TestIPythonCharts(t *testing.T) {
 			t.Fatalf("elements = %s\nwant       %s", got, want)
 		}
 	})
+	t.Run("scales", func(t *testing.T) {
+		// E2B's charts/log and charts/scales cases.
+		c := chart(t, url, "import numpy as np\nx = np.linspace(0, 100, 100)\nplt.plot(x, np.exp(x), label='y = e^x')\nplt.yscale('log')\n"+
+			"plt.ylabel('Y-axis (log scale)')\nplt.legend()\nplt.grid(True)\nplt.show()")
+		if c["type"] != "line" || c["x_scale"] != "linear" || c["y_scale"] != "log" || c["y_unit"] != "log scale" || len(c["elements"].([]any)) != 1 {
+			t.Fatalf("log chart = %v", c)
+		}
+		c = chart(t, url, "plt.plot([1, 2, 3], ['A', 'B', 'C'])\nplt.show()")
+		if c["x_scale"] != "linear" || c["y_scale"] != "categorical" || jsonOf(c["elements"]) != `[{"label":"Line 0","points":[[1,"A"],[2,"B"],[3,"C"]]}]` {
+			t.Fatalf("categorical chart = %v", c)
+		}
+	})
+	t.Run("horizontal bars", func(t *testing.T) {
+		c := chart(t, url, "plt.barh(['A', 'B'], [3, 5], label='n')\nplt.xlabel('count')\nplt.ylabel('who')\nplt.show()")
+		// Measured along x: the labels swap, as E2B's extractor does.
+		if c["type"] != "bar" || c["x_label"] != "who" || c["y_label"] != "count" ||
+			jsonOf(c["elements"]) != `[{"group":"n","label":"A","value":3},{"group":"n","label":"B","value":5}]` {
+			t.Fatalf("chart = %v", c)
+		}
+	})
 	t.Run("superchart", func(t *testing.T) {
 		c := chart(t, url, "fig, (a, b) = plt.subplots(1, 2)\nfig.suptitle('S')\na.plot([1, 2])\nb.bar(['x', 'y'], [1, 2])\nplt.show()")
 		els := c["elements"].([]any)
