@@ -299,6 +299,30 @@ func (e SandboxTransitionAction) Valid() bool {
 	}
 }
 
+// Defines values for VolumeEntryStatType.
+const (
+	Directory VolumeEntryStatType = "directory"
+	File      VolumeEntryStatType = "file"
+	Symlink   VolumeEntryStatType = "symlink"
+	Unknown   VolumeEntryStatType = "unknown"
+)
+
+// Valid indicates whether the value is a known member of the VolumeEntryStatType enum.
+func (e VolumeEntryStatType) Valid() bool {
+	switch e {
+	case Directory:
+		return true
+	case File:
+		return true
+	case Symlink:
+		return true
+	case Unknown:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for GetSandboxLogsParamsDirection.
 const (
 	LogsV1DirectionForward GetSandboxLogsParamsDirection = "forward"
@@ -1303,10 +1327,46 @@ type Volume struct {
 	Name    string `json:"name"`
 	SizeMB  int64  `json:"sizeMB"`
 
+	// Token E2B's VolumeAndToken.token, in the answers of create and get (not
+	// in lists): the bearer of /volumecontent/{volumeID}/*. E2B's SDKs
+	// reach that API at `E2B_VOLUME_API_URL` (set it to the daemon's URL).
+	Token string `json:"token,omitempty,omitzero"`
+
 	// UsedBy The sandboxes that mount it, of those the caller may see.
 	UsedBy    []string `json:"usedBy"`
 	UsedBytes int64    `json:"usedBytes"`
 	VolumeID  string   `json:"volumeID"`
+}
+
+// VolumeEntryStat E2B's VolumeEntryStat.
+type VolumeEntryStat struct {
+	Atime time.Time `json:"atime"`
+	Ctime time.Time `json:"ctime"`
+	GID   uint32    `json:"gid"`
+
+	// Mode Permission bits (with sticky), not the file type.
+	Mode  uint32    `json:"mode"`
+	Mtime time.Time `json:"mtime"`
+	Name  string    `json:"name"`
+
+	// Path Absolute within the volume.
+	Path string `json:"path"`
+	Size int64  `json:"size"`
+
+	// Target A symlink's target, as stored.
+	Target string              `json:"target,omitempty,omitzero"`
+	Type   VolumeEntryStatType `json:"type"`
+	UID    uint32              `json:"uid"`
+}
+
+// VolumeEntryStatType defines model for VolumeEntryStat.Type.
+type VolumeEntryStatType string
+
+// VolumeMetadata The owner and mode a PATCH sets; absent fields are kept.
+type VolumeMetadata struct {
+	GID  *uint32 `json:"gid,omitempty"`
+	Mode *uint32 `json:"mode,omitempty"`
+	UID  *uint32 `json:"uid,omitempty"`
 }
 
 // WaitRequest What to wait for, and how long.
@@ -1376,8 +1436,26 @@ type SecretID = string
 // TemplateID defines model for templateID.
 type TemplateID = string
 
+// VolumeContentID defines model for volumeContentID.
+type VolumeContentID = string
+
+// VolumeForce defines model for volumeForce.
+type VolumeForce = bool
+
+// VolumeGID defines model for volumeGID.
+type VolumeGID = uint32
+
 // VolumeID defines model for volumeID.
 type VolumeID = string
+
+// VolumeMode defines model for volumeMode.
+type VolumeMode = uint32
+
+// VolumePath defines model for volumePath.
+type VolumePath = string
+
+// VolumeUID defines model for volumeUID.
+type VolumeUID = uint32
 
 // AgentUnreachable E2B's edge-proxy error body, for sandbox traffic that cannot reach
 // its sandbox (502) or lacks the traffic token (403). The REST API
@@ -1416,6 +1494,12 @@ type SandboxResumed = Sandbox
 
 // Unauthorized E2B's error body. Every error answer of the REST API has this shape.
 type Unauthorized = Error
+
+// VolumeContentNotFound E2B's error body. Every error answer of the REST API has this shape.
+type VolumeContentNotFound = Error
+
+// VolumePathForbidden E2B's error body. Every error answer of the REST API has this shape.
+type VolumePathForbidden = Error
 
 // PostMCPJSONBody defines parameters for PostMCP.
 type PostMCPJSONBody = map[string]interface{}
@@ -1588,6 +1672,64 @@ type GetSandboxLogsV2Params struct {
 	Limit LogLimit `form:"limit,omitempty" json:"limit,omitempty,omitzero"`
 }
 
+// ListVolumeDirParams defines parameters for ListVolumeDir.
+type ListVolumeDirParams struct {
+	Depth int `form:"depth,omitempty" json:"depth,omitempty,omitzero"`
+
+	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// MakeVolumeDirParams defines parameters for MakeVolumeDir.
+type MakeVolumeDirParams struct {
+	UID VolumeUID `form:"uid,omitempty" json:"uid,omitempty,omitzero"`
+	GID VolumeGID `form:"gid,omitempty" json:"gid,omitempty,omitzero"`
+
+	// Mode Permission bits as a decimal number (0o644 is 420); at most 01777.
+	Mode  VolumeMode  `form:"mode,omitempty" json:"mode,omitempty,omitzero"`
+	Force VolumeForce `form:"force,omitempty" json:"force,omitempty,omitzero"`
+
+	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// ReadVolumeFileParams defines parameters for ReadVolumeFile.
+type ReadVolumeFileParams struct {
+	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// WriteVolumeFileParams defines parameters for WriteVolumeFile.
+type WriteVolumeFileParams struct {
+	UID VolumeUID `form:"uid,omitempty" json:"uid,omitempty,omitzero"`
+	GID VolumeGID `form:"gid,omitempty" json:"gid,omitempty,omitzero"`
+
+	// Mode Permission bits as a decimal number (0o644 is 420); at most 01777.
+	Mode  VolumeMode  `form:"mode,omitempty" json:"mode,omitempty,omitzero"`
+	Force VolumeForce `form:"force,omitempty" json:"force,omitempty,omitzero"`
+
+	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// RemoveVolumePathParams defines parameters for RemoveVolumePath.
+type RemoveVolumePathParams struct {
+	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// StatVolumePathParams defines parameters for StatVolumePath.
+type StatVolumePathParams struct {
+	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// UpdateVolumePathParams defines parameters for UpdateVolumePath.
+type UpdateVolumePathParams struct {
+	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
+	Path VolumePath `form:"path" json:"path"`
+}
+
 // CreateAPIKeyJSONRequestBody defines body for CreateAPIKey for application/json ContentType.
 type CreateAPIKeyJSONRequestBody = NewAPIKey
 
@@ -1640,6 +1782,9 @@ type CreateSandboxV2JSONRequestBody = NewSandboxV2
 
 // ConnectSandboxV2JSONRequestBody defines body for ConnectSandboxV2 for application/json ContentType.
 type ConnectSandboxV2JSONRequestBody = ConnectSandboxV2
+
+// UpdateVolumePathJSONRequestBody defines body for UpdateVolumePath for application/json ContentType.
+type UpdateVolumePathJSONRequestBody = VolumeMetadata
 
 // CreateVolumeJSONRequestBody defines body for CreateVolume for application/json ContentType.
 type CreateVolumeJSONRequestBody = NewVolume

@@ -70,6 +70,7 @@ CREATE TABLE IF NOT EXISTS volumes (
 );`)},
 	{"secrets", migrateSecrets}, // secrets.go
 	{"teams", migrateTeams},
+	{"volume tokens", addColumns("volumes", column{"token", "TEXT NOT NULL DEFAULT ''"})},
 }
 
 // execSQL is a migration that runs statements.

@@ -88,6 +88,8 @@ type Volume struct {
 	CreatedAt time.Time
 	UsedBytes int64 // bytes used in its filesystem, when mounted
 	Mounted   bool
+	// Token opens its files to the standalone file API (content.go).
+	Token string
 }
 
 // Config configures a Manager.
@@ -204,7 +206,11 @@ func (m *Manager) Create(ctx context.Context, owner tenant.Owner, name string, s
 	if err := os.Chown(data, ownerUID, ownerGID); err != nil {
 		return Volume{}, fmt.Errorf("create volume %s: %w", name, err)
 	}
-	rec := store.Volume{ID: id, Name: name, TeamID: owner.Team, KeyID: owner.Key, SizeBytes: sizeBytes, CreatedAt: time.Now().UTC()}
+	token, err := newToken()
+	if err != nil {
+		return Volume{}, err
+	}
+	rec := store.Volume{ID: id, Name: name, TeamID: owner.Team, KeyID: owner.Key, SizeBytes: sizeBytes, CreatedAt: time.Now().UTC(), Token: token}
 	if err := m.cfg.Store.PutVolume(ctx, rec); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			return Volume{}, errdefs.Conflict("volume %q already exists", name)
@@ -218,7 +224,7 @@ func (m *Manager) Create(ctx context.Context, owner tenant.Owner, name string, s
 
 func (m *Manager) info(rec store.Volume) Volume {
 	v := Volume{ID: rec.ID, Name: rec.Name, Owner: tenant.Owner{Team: rec.TeamID, Key: rec.KeyID},
-		SizeBytes: rec.SizeBytes, CreatedAt: rec.CreatedAt.UTC()}
+		SizeBytes: rec.SizeBytes, CreatedAt: rec.CreatedAt.UTC(), Token: rec.Token}
 	if m.isMounted(rec.ID) {
 		v.Mounted = true
 		var st unix.Statfs_t
@@ -253,6 +259,9 @@ func (m *Manager) lookup(ctx context.Context, p tenant.Principal, ref string) (s
 func (m *Manager) Get(ctx context.Context, p tenant.Principal, ref string) (Volume, error) {
 	rec, err := m.lookup(ctx, p, ref)
 	if err != nil {
+		return Volume{}, err
+	}
+	if rec.Token, err = m.token(ctx, rec); err != nil {
 		return Volume{}, err
 	}
 	return m.info(rec), nil
