@@ -215,6 +215,90 @@ func (e PtyEventType) Valid() bool {
 	}
 }
 
+// Defines values for SandboxEventEventCategory.
+const (
+	Lifecycle SandboxEventEventCategory = "lifecycle"
+)
+
+// Valid indicates whether the value is a known member of the SandboxEventEventCategory enum.
+func (e SandboxEventEventCategory) Valid() bool {
+	switch e {
+	case Lifecycle:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for SandboxEventEventLabel.
+const (
+	Create SandboxEventEventLabel = "create"
+	Kill   SandboxEventEventLabel = "kill"
+	Pause  SandboxEventEventLabel = "pause"
+	Resume SandboxEventEventLabel = "resume"
+	Update SandboxEventEventLabel = "update"
+)
+
+// Valid indicates whether the value is a known member of the SandboxEventEventLabel enum.
+func (e SandboxEventEventLabel) Valid() bool {
+	switch e {
+	case Create:
+		return true
+	case Kill:
+		return true
+	case Pause:
+		return true
+	case Resume:
+		return true
+	case Update:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for SandboxEventType.
+const (
+	SandboxEventTypeSandboxLifecycleCreated SandboxEventType = "sandbox.lifecycle.created"
+	SandboxEventTypeSandboxLifecycleKilled  SandboxEventType = "sandbox.lifecycle.killed"
+	SandboxEventTypeSandboxLifecyclePaused  SandboxEventType = "sandbox.lifecycle.paused"
+	SandboxEventTypeSandboxLifecycleResumed SandboxEventType = "sandbox.lifecycle.resumed"
+	SandboxEventTypeSandboxLifecycleUpdated SandboxEventType = "sandbox.lifecycle.updated"
+)
+
+// Valid indicates whether the value is a known member of the SandboxEventType enum.
+func (e SandboxEventType) Valid() bool {
+	switch e {
+	case SandboxEventTypeSandboxLifecycleCreated:
+		return true
+	case SandboxEventTypeSandboxLifecycleKilled:
+		return true
+	case SandboxEventTypeSandboxLifecyclePaused:
+		return true
+	case SandboxEventTypeSandboxLifecycleResumed:
+		return true
+	case SandboxEventTypeSandboxLifecycleUpdated:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for SandboxEventVersion.
+const (
+	V2 SandboxEventVersion = "v2"
+)
+
+// Valid indicates whether the value is a known member of the SandboxEventVersion enum.
+func (e SandboxEventVersion) Valid() bool {
+	switch e {
+	case V2:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for SandboxOnTimeout.
 const (
 	SandboxOnTimeoutKill  SandboxOnTimeout = "kill"
@@ -317,6 +401,33 @@ func (e VolumeEntryStatType) Valid() bool {
 	case Symlink:
 		return true
 	case Unknown:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for WebhookInputEvents.
+const (
+	WebhookInputEventsSandboxLifecycleCreated WebhookInputEvents = "sandbox.lifecycle.created"
+	WebhookInputEventsSandboxLifecycleKilled  WebhookInputEvents = "sandbox.lifecycle.killed"
+	WebhookInputEventsSandboxLifecyclePaused  WebhookInputEvents = "sandbox.lifecycle.paused"
+	WebhookInputEventsSandboxLifecycleResumed WebhookInputEvents = "sandbox.lifecycle.resumed"
+	WebhookInputEventsSandboxLifecycleUpdated WebhookInputEvents = "sandbox.lifecycle.updated"
+)
+
+// Valid indicates whether the value is a known member of the WebhookInputEvents enum.
+func (e WebhookInputEvents) Valid() bool {
+	switch e {
+	case WebhookInputEventsSandboxLifecycleCreated:
+		return true
+	case WebhookInputEventsSandboxLifecycleKilled:
+		return true
+	case WebhookInputEventsSandboxLifecyclePaused:
+		return true
+	case WebhookInputEventsSandboxLifecycleResumed:
+		return true
+	case WebhookInputEventsSandboxLifecycleUpdated:
 		return true
 	default:
 		return false
@@ -1012,6 +1123,42 @@ type SandboxEgressPolicy struct {
 	Rules map[string][]SandboxNetworkRule `json:"rules,omitempty,omitzero"`
 }
 
+// SandboxEvent E2B's sandbox lifecycle event (version v2, with v1's event_category and event_label).
+type SandboxEvent struct {
+	EventCategory SandboxEventEventCategory `json:"event_category"`
+
+	// EventData sandbox_metadata (the sandbox's metadata), execution (on killed and paused: started_at, vcpu_count, memory_mb, execution_time in ms) and cella_detail (what changed: timeout, network, the pause mode, why it died).
+	EventData  map[string]interface{} `json:"event_data,omitempty,omitzero"`
+	EventLabel SandboxEventEventLabel `json:"event_label"`
+
+	// ID A UUID.
+	ID string `json:"id"`
+
+	// SandboxBuildID Always empty on cella.
+	SandboxBuildID string `json:"sandbox_build_id"`
+
+	// SandboxExecutionID Always empty on cella.
+	SandboxExecutionID string              `json:"sandbox_execution_id"`
+	SandboxID          string              `json:"sandbox_id"`
+	SandboxTeamID      string              `json:"sandbox_team_id"`
+	SandboxTemplateID  string              `json:"sandbox_template_id"`
+	Timestamp          time.Time           `json:"timestamp"`
+	Type               SandboxEventType    `json:"type"`
+	Version            SandboxEventVersion `json:"version"`
+}
+
+// SandboxEventEventCategory defines model for SandboxEvent.EventCategory.
+type SandboxEventEventCategory string
+
+// SandboxEventEventLabel defines model for SandboxEvent.EventLabel.
+type SandboxEventEventLabel string
+
+// SandboxEventType defines model for SandboxEvent.Type.
+type SandboxEventType string
+
+// SandboxEventVersion defines model for SandboxEvent.Version.
+type SandboxEventVersion string
+
 // SandboxForkRequest E2B's fork body.
 type SandboxForkRequest struct {
 	Count *int `json:"count,omitempty"`
@@ -1400,6 +1547,29 @@ type WaitResult struct {
 	Ready   bool   `json:"ready"`
 }
 
+// Webhook E2B's webhook (never its signatureSecret).
+type Webhook struct {
+	CreatedAt time.Time `json:"createdAt"`
+	Enabled   bool      `json:"enabled"`
+	Events    []string  `json:"events"`
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	TeamID    string    `json:"teamID"`
+	URL       string    `json:"url"`
+}
+
+// WebhookInput A webhook to create (name, url, events and signatureSecret required) or the fields to change.
+type WebhookInput struct {
+	Enabled         *bool                `json:"enabled,omitempty"`
+	Events          []WebhookInputEvents `json:"events,omitempty,omitzero"`
+	Name            *string              `json:"name,omitempty"`
+	SignatureSecret *string              `json:"signatureSecret,omitempty"`
+	URL             *string              `json:"url,omitempty"`
+}
+
+// WebhookInputEvents defines model for WebhookInput.Events.
+type WebhookInputEvents string
+
 // Limit defines model for limit.
 type Limit = int
 
@@ -1500,6 +1670,13 @@ type VolumeContentNotFound = Error
 
 // VolumePathForbidden E2B's error body. Every error answer of the REST API has this shape.
 type VolumePathForbidden = Error
+
+// ListSandboxEventsParams defines parameters for ListSandboxEvents.
+type ListSandboxEventsParams struct {
+	Offset   int  `form:"offset,omitempty" json:"offset,omitempty,omitzero"`
+	Limit    int  `form:"limit,omitempty" json:"limit,omitempty,omitzero"`
+	OrderAsc bool `form:"orderAsc,omitempty" json:"orderAsc,omitempty,omitzero"`
+}
 
 // PostMCPJSONBody defines parameters for PostMCP.
 type PostMCPJSONBody = map[string]interface{}
@@ -1729,6 +1906,12 @@ type UpdateVolumePathParams struct {
 	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
 	Path VolumePath `form:"path" json:"path"`
 }
+
+// CreateWebhookJSONRequestBody defines body for CreateWebhook for application/json ContentType.
+type CreateWebhookJSONRequestBody = WebhookInput
+
+// UpdateWebhookJSONRequestBody defines body for UpdateWebhook for application/json ContentType.
+type UpdateWebhookJSONRequestBody = WebhookInput
 
 // CreateAPIKeyJSONRequestBody defines body for CreateAPIKey for application/json ContentType.
 type CreateAPIKeyJSONRequestBody = NewAPIKey

@@ -22,6 +22,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/api"
 	"github.com/cella-sandbox/cella/internal/audit"
 	"github.com/cella-sandbox/cella/internal/egress"
+	"github.com/cella-sandbox/cella/internal/events"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/runtime/crun"
@@ -182,10 +183,16 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		d.add("network", closeNet)
 	}
 
+	evs, err := events.New(events.Config{Store: st, Audit: agentAudit{al}, Log: log, Allow: c.WebhookAllow})
+	if err != nil {
+		return nil, err
+	}
+	d.add("events", evs.Close) // closed after the sandboxes: a shutdown's kills are still queued, not blocked
+
 	mgr, err := sandbox.NewManager(sandbox.Config{
 		DataDir: c.DataDir, Runtime: rt, Templates: tpls, Store: st, AgentBinary: c.AgentBinary, Log: log,
 		BuildProgress: c.BuildProgress, Volumes: vols, Lifecycle: c.Lifecycle,
-		AgentAudit: agentAudit{al}, Network: sbNet, SecretValue: sm.Get, MetricsInterval: c.MetricsInterval, Maxima: c.Maxima,
+		AgentAudit: agentAudit{al}, Events: evs, Network: sbNet, SecretValue: sm.Get, MetricsInterval: c.MetricsInterval, Maxima: c.Maxima,
 	})
 	if err != nil {
 		return nil, err
@@ -207,7 +214,8 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	stopPrune := pruneAuditLogs(al, mgr, c.AuditRetention, log) // audit.go
 	d.add("audit pruning", func() error { stopPrune(); return nil })
 	srv := api.New(api.Config{Manager: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
-		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts})
+		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts,
+		Events: evs})
 	d.Handler = srv
 	d.add("api", func() error { srv.Close(); return nil })
 	return d, nil

@@ -106,6 +106,7 @@ func (m *Manager) Pause(ctx context.Context, p tenant.Principal, id string, keep
 	}
 	m.log.Info("sandbox paused", "id", id, "mode", mode, "took", time.Since(start).Round(time.Millisecond))
 	m.lifecycleEvent(id, "paused (%s)", mode)
+	m.emit(sb, EventPaused, mode)
 	return nil
 }
 
@@ -256,6 +257,7 @@ func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, kee
 	}
 	m.log.Info("sandbox resumed", "id", id, "mode", mode, "took", time.Since(start).Round(time.Millisecond))
 	m.lifecycleEvent(id, "resumed (%s)", mode)
+	m.emit(sb, EventResumed, mode)
 	return true, nil
 }
 
