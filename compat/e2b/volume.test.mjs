@@ -125,6 +125,11 @@ describe('e2b@2.51.0 Volume', () => {
     const r = await sdk('commands.run(cat)', () => sbx.commands.run('cat /mnt/data/hello.txt; echo; stat -c %u:%g /mnt/data/bin.dat; echo from-sandbox > /mnt/data/sbx.txt'))
     assert.equal(r.stdout, 'New content\n1000:1000\n')
     assert.equal(await sdk('vol.readFile(sbx.txt)', () => vol.readFile('/sbx.txt')), 'from-sandbox\n')
+    // Written through the file API while the sandbox runs: seen inside.
+    await sdk('vol.writeFile (live)', () => vol.writeFile('/live.txt', 'written while mounted\n'))
+    assert.equal((await sbx.commands.run('cat /mnt/data/live.txt')).stdout, 'written while mounted\n')
+    await vol.remove('/live.txt')
+    assert.equal((await sbx.commands.run('test -e /mnt/data/live.txt; echo $?')).stdout, '1\n')
     const info = await sbx.getInfo()
     assert.deepEqual(info.volumeMounts.map(({ name, path }) => ({ name, path })), [{ name: NAME, path: '/mnt/data' }])
     // By name, too.

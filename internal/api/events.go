@@ -16,9 +16,13 @@ func (s *Server) eventRoutes(auth func(http.HandlerFunc) http.Handler) {
 	m := s.mux
 	m.Handle("GET /events/sandboxes/{id}", auth(s.sandboxEvents))
 	m.Handle("GET /events/webhooks", auth(s.listWebhooks))
-	m.Handle("POST /events/webhooks", auth(s.createWebhook))
+	m.Handle("POST /events/webhooks", auth(s.writeWebhook(http.StatusCreated, func(ev *events.Service, r *http.Request, in events.WebhookInput) (store.Webhook, error) {
+		return ev.CreateWebhook(r.Context(), caller(r), in)
+	})))
 	m.Handle("GET /events/webhooks/{id}", auth(s.getWebhook))
-	m.Handle("PATCH /events/webhooks/{id}", auth(s.updateWebhook))
+	m.Handle("PATCH /events/webhooks/{id}", auth(s.writeWebhook(http.StatusOK, func(ev *events.Service, r *http.Request, in events.WebhookInput) (store.Webhook, error) {
+		return ev.UpdateWebhook(r.Context(), caller(r), r.PathValue("id"), in)
+	})))
 	m.Handle("DELETE /events/webhooks/{id}", auth(s.deleteWebhook))
 }
 
@@ -97,22 +101,26 @@ func webhookInput(r *http.Request) (events.WebhookInput, error) {
 	return events.WebhookInput{Name: b.Name, URL: b.URL, Events: b.Events, Enabled: b.Enabled, Secret: b.SignatureSecret}, nil
 }
 
-func (s *Server) createWebhook(w http.ResponseWriter, r *http.Request) {
-	ev := s.eventService(w, r)
-	if ev == nil {
-		return
+// writeWebhook reads a webhook body, hands it to f and answers the
+// webhook with status: create and update.
+func (s *Server) writeWebhook(status int, f func(ev *events.Service, r *http.Request, in events.WebhookInput) (store.Webhook, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ev := s.eventService(w, r)
+		if ev == nil {
+			return
+		}
+		in, err := webhookInput(r)
+		if err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		h, err := f(ev, r, in)
+		if err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		writeJSON(w, status, webhookOut(h))
 	}
-	in, err := webhookInput(r)
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	h, err := ev.CreateWebhook(r.Context(), caller(r), in)
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, webhookOut(h))
 }
 
 func (s *Server) listWebhooks(w http.ResponseWriter, r *http.Request) {
@@ -138,24 +146,6 @@ func (s *Server) getWebhook(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h, err := ev.Webhook(r.Context(), caller(r), r.PathValue("id"))
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, webhookOut(h))
-}
-
-func (s *Server) updateWebhook(w http.ResponseWriter, r *http.Request) {
-	ev := s.eventService(w, r)
-	if ev == nil {
-		return
-	}
-	in, err := webhookInput(r)
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	h, err := ev.UpdateWebhook(r.Context(), caller(r), r.PathValue("id"), in)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
