@@ -267,16 +267,18 @@ func (c *Content) List(p string, depth int) ([]Entry, error) {
 		if err != nil {
 			return c.fsErr("list", abs, err)
 		}
-		names, err := f.Readdirnames(-1)
+		// At most what the answer may still hold, plus one to tell that
+		// there is more: a sandbox may fill a directory with millions.
+		names, err := f.Readdirnames(MaxListEntries - len(out) + 1)
 		f.Close()
-		if err != nil {
+		if err != nil && !errors.Is(err, io.EOF) {
 			return c.fsErr("list", abs, err)
+		}
+		if len(out)+len(names) > MaxListEntries {
+			return errdefs.ResourceExhausted("list %s: more than %d entries; list a subdirectory or a smaller depth", p, MaxListEntries)
 		}
 		slices.Sort(names)
 		for _, n := range names {
-			if len(out) >= MaxListEntries {
-				return errdefs.ResourceExhausted("list %s: more than %d entries; list a subdirectory or a smaller depth", p, MaxListEntries)
-			}
 			cabs, crel := path.Join(abs, n), path.Join(rel, n)
 			e, err := c.stat(cabs, crel)
 			if errdefs.Is(err, errdefs.KindNotFound) {

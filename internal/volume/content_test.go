@@ -2,6 +2,7 @@ package volume
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -182,5 +183,34 @@ func TestContentConfined(t *testing.T) {
 	suid := uint32(0o4755)
 	if _, err := c.WriteFile("x", body(), Attrs{Mode: &suid}, true); !errdefs.Is(err, errdefs.KindInvalidArgument) {
 		t.Fatalf("setuid mode: %v", err)
+	}
+}
+
+// TestContentListBounded: a directory with more entries than an answer may
+// hold is refused with the limit named, without reading it all.
+func TestContentListBounded(t *testing.T) {
+	data := t.TempDir()
+	for i := range MaxListEntries + 1 {
+		f, err := os.Create(filepath.Join(data, fmt.Sprintf("f%05d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	root, err := os.OpenRoot(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Content{root: root, name: "v"}
+	defer c.Close()
+	if _, err := c.List("/", 1); !errdefs.Is(err, errdefs.KindResourceExhausted) || !strings.Contains(err.Error(), "10000") {
+		t.Fatalf("list of %d entries: %v", MaxListEntries+1, err)
+	}
+	if err := os.Remove(filepath.Join(data, "f00000")); err != nil {
+		t.Fatal(err)
+	}
+	es, err := c.List("/", 1)
+	if err != nil || len(es) != MaxListEntries || es[0].Name != "f00001" {
+		t.Fatalf("list of %d entries: %d %v", MaxListEntries, len(es), err)
 	}
 }
