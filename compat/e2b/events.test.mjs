@@ -120,6 +120,16 @@ describe('E2B lifecycle events and webhooks', () => {
     assert.deepEqual(asc.body.map((e) => e.type), TYPES.slice(1, 3))
   }, { timeout: 120_000 })
 
+  step('updateNetwork is an updated event, and a TTL expiry a killed one', async ({ sdk }) => {
+    const sbx = janitor.track(await sdk('Sandbox.create({timeoutMs: 3000})', () => Sandbox.create({ timeoutMs: 3_000 })))
+    await sdk('sbx.updateNetwork', () => sbx.updateNetwork({ allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] }))
+    const mine = () => got.filter((g) => g.json.sandbox_id === sbx.sandboxId)
+    await waitFor('created, updated and killed by the TTL', () => mine().length >= 3, { timeout: 60_000, interval: 200 })
+    assert.deepEqual(mine().map((g) => [g.json.type, g.json.event_data?.cella_detail]),
+      [['sandbox.lifecycle.created', undefined], ['sandbox.lifecycle.updated', 'network'], ['sandbox.lifecycle.killed', undefined]])
+    assert.equal(await Sandbox.kill(sbx.sandboxId), false, 'the TTL killed it')
+  }, { timeout: 90_000 })
+
   step("another team sees no events of the sandbox and none of the webhooks; its own webhook gets none of ours", async () => {
     const bob = await teamKey(`bob-${RUN}`, `blue-${RUN}`)
     const r = await api('GET', `/events/sandboxes/${sbxId}`, { key: bob })
