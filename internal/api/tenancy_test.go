@@ -112,7 +112,20 @@ func TestTenancy(t *testing.T) {
 	})
 
 	t.Run("Lists", func(t *testing.T) {
-		for _, path := range []string{"/sandboxes", "/v2/sandboxes", "/v2/sandboxes?state=running,paused,dead", "/snapshots", "/volumes", "/sandboxes/metrics?sandbox_ids=" + id} {
+		// Alice sees her sandbox's lifecycle events (stored asynchronously).
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			st, _, body := a.do(t, "GET", "/events/sandboxes/"+id, alice.Key, nil, nil)
+			if st == 200 && strings.Contains(string(body), `"sandbox.lifecycle.created"`) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("alice's events: %d %s", st, body)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		for _, path := range []string{"/sandboxes", "/v2/sandboxes", "/v2/sandboxes?state=running,paused,dead", "/snapshots", "/volumes", "/sandboxes/metrics?sandbox_ids=" + id,
+			"/events/sandboxes/" + id, "/events/webhooks"} {
 			st, _, body := a.do(t, "GET", path, bob.Key, nil, nil)
 			if st != 200 || strings.Contains(string(body), id) || strings.Contains(string(body), "red-") {
 				t.Fatalf("GET %s as another team: %d %s", path, st, body)
