@@ -134,6 +134,8 @@ describe('E2B lifecycle events and webhooks', () => {
     const bob = await teamKey(`bob-${RUN}`, `blue-${RUN}`)
     const r = await api('GET', `/events/sandboxes/${sbxId}`, { key: bob })
     assert.deepEqual([r.status, r.body], [200, []])
+    assert.ok((await api('GET', '/events/sandboxes?limit=1000')).body.some((e) => e.sandbox_id === sbxId), "the team-wide list has the team's events")
+    assert.deepEqual((await api('GET', '/events/sandboxes', { key: bob })).body, [], "another team's list is empty")
     for (const [m, body] of [['GET'], ['PATCH', { enabled: false }], ['DELETE']]) {
       const x = await api(m, `/events/webhooks/${hook.id}`, { key: bob, body })
       assert.equal(x.status, 404, `${m} of another team's webhook: ${JSON.stringify(x.body)}`)

@@ -14,6 +14,7 @@ import (
 // of the caller's team's sandboxes, and the team's webhooks.
 func (s *Server) eventRoutes(auth func(http.HandlerFunc) http.Handler) {
 	m := s.mux
+	m.Handle("GET /events/sandboxes", auth(s.sandboxEvents))
 	m.Handle("GET /events/sandboxes/{id}", auth(s.sandboxEvents))
 	m.Handle("GET /events/webhooks", auth(s.listWebhooks))
 	m.Handle("POST /events/webhooks", auth(s.writeWebhook(http.StatusCreated, func(ev *events.Service, r *http.Request, in events.WebhookInput) (store.Webhook, error) {
@@ -38,8 +39,9 @@ func (s *Server) eventService(w http.ResponseWriter, r *http.Request) *events.Se
 const MaxEventsPage = 1000
 
 // sandboxEvents is GET /events/sandboxes/{id}?offset&limit&orderAsc: the
-// sandbox's stored events, newest first (orderAsc=true: oldest first).
-// Another team's sandbox, like an unknown one, has none.
+// sandbox's stored events, newest first (orderAsc=true: oldest first);
+// without an ID, those of every sandbox of the caller's team. Another
+// team's sandbox, like an unknown one, has none.
 func (s *Server) sandboxEvents(w http.ResponseWriter, r *http.Request) {
 	ev := s.eventService(w, r)
 	if ev == nil {

@@ -1671,6 +1671,13 @@ type VolumeContentNotFound = Error
 // VolumePathForbidden E2B's error body. Every error answer of the REST API has this shape.
 type VolumePathForbidden = Error
 
+// ListTeamSandboxEventsParams defines parameters for ListTeamSandboxEvents.
+type ListTeamSandboxEventsParams struct {
+	Offset   int  `form:"offset,omitempty" json:"offset,omitempty,omitzero"`
+	Limit    int  `form:"limit,omitempty" json:"limit,omitempty,omitzero"`
+	OrderAsc bool `form:"orderAsc,omitempty" json:"orderAsc,omitempty,omitzero"`
+}
+
 // ListSandboxEventsParams defines parameters for ListSandboxEvents.
 type ListSandboxEventsParams struct {
 	Offset   int  `form:"offset,omitempty" json:"offset,omitempty,omitzero"`

@@ -619,7 +619,8 @@ func (s *Service) DeleteWebhook(ctx context.Context, p tenant.Principal, id stri
 }
 
 // SandboxEvents returns the stored events of a sandbox that p may see
-// (another team's sandbox has none), newest first unless ascending.
+// (another team's sandbox has none; sandboxID "": every sandbox p may
+// see), newest first unless ascending.
 func (s *Service) SandboxEvents(ctx context.Context, p tenant.Principal, sandboxID string, offset, limit int, ascending bool) ([]json.RawMessage, error) {
 	return s.cfg.Store.SandboxEvents(ctx, store.EventQuery{SandboxID: sandboxID, TeamID: scope(p), Offset: offset, Limit: limit, Ascending: ascending})
 }
