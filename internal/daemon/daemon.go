@@ -183,7 +183,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		d.add("network", closeNet)
 	}
 
-	evs, err := events.New(events.Config{Store: st, Audit: agentAudit{al}, Log: log, Allow: c.WebhookAllow})
+	evs, err := events.New(events.Config{Store: st, Box: box, Audit: agentAudit{al}, Log: log, Allow: c.WebhookAllow})
 	if err != nil {
 		return nil, err
 	}

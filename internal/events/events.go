@@ -50,6 +50,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/sandbox"
+	"github.com/cella-sandbox/cella/internal/secrets"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/tenant"
 )
@@ -75,6 +76,8 @@ type Recorder interface {
 // Config configures a Service.
 type Config struct {
 	Store *store.Store
+	// Box seals the webhooks' signing secrets in the store.
+	Box   *secrets.Box
 	Audit Recorder // nil: deliveries are not recorded
 	Log   *slog.Logger
 	// Allow is where webhooks may post (egress entries: names,
@@ -121,6 +124,9 @@ type delivery struct {
 func New(cfg Config) (*Service, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
+	}
+	if cfg.Box == nil {
+		return nil, errors.New("events: no box to seal webhook secrets")
 	}
 	if cfg.Backoff == nil {
 		cfg.Backoff = DefaultBackoff
@@ -343,7 +349,13 @@ func (s *Service) attempt(d *delivery) {
 	d.attempt++
 	total := len(s.cfg.Backoff) + 1
 	deliveryID := uuid.NewString()
-	result, ok := s.post(w, deliveryID, d.body)
+	secret, err := s.cfg.Box.Open(secretName(w.ID), w.SealedSecret)
+	if err != nil {
+		s.log.Error("open webhook secret", "webhook", w.ID, "err", err)
+		s.record(d.sandboxID, "webhook %s (%s): %s not delivered: its signing secret does not open under this daemon's master key", w.ID, w.Name, d.eventType)
+		return
+	}
+	result, ok := s.post(w.ID, w.URL, string(secret), deliveryID, d.body)
 	s.record(d.sandboxID, "webhook %s (%s): %s to %s: %s (attempt %d of %d, delivery %s)",
 		w.ID, w.Name, d.eventType, redactURL(w.URL), result, d.attempt, total, deliveryID)
 	if ok || d.attempt >= total {
@@ -358,17 +370,17 @@ func (s *Service) attempt(d *delivery) {
 
 // post sends one attempt: a short description of the outcome, and
 // whether it was a 2xx.
-func (s *Service) post(w store.Webhook, deliveryID string, body []byte) (string, bool) {
-	req, err := http.NewRequestWithContext(s.ctx, http.MethodPost, w.URL, bytes.NewReader(body))
+func (s *Service) post(webhookID, url, secret, deliveryID string, body []byte) (string, bool) {
+	req, err := http.NewRequestWithContext(s.ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return "invalid URL: " + err.Error(), false
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "cella-webhooks")
-	req.Header.Set("e2b-webhook-id", w.ID)
+	req.Header.Set("e2b-webhook-id", webhookID)
 	req.Header.Set("e2b-delivery-id", deliveryID)
 	req.Header.Set("e2b-signature-version", "v1")
-	req.Header.Set("e2b-signature", Sign(w.Secret, body))
+	req.Header.Set("e2b-signature", Sign(secret, body))
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return "failed: " + err.Error(), false
@@ -532,10 +544,18 @@ func (s *Service) apply(ctx context.Context, w *store.Webhook, in WebhookInput) 
 		if len(*in.Secret) < 8 || len(*in.Secret) > 512 {
 			return errdefs.InvalidArgument("signatureSecret: give 8-512 characters")
 		}
-		w.Secret = *in.Secret
+		sealed, err := s.cfg.Box.Seal(secretName(w.ID), []byte(*in.Secret))
+		if err != nil {
+			return fmt.Errorf("seal webhook secret: %w", err)
+		}
+		w.SealedSecret = sealed
 	}
 	return nil
 }
+
+// secretName binds a sealed signing secret to its webhook (no secret's
+// name has a '/').
+func secretName(webhookID string) string { return "webhook/" + webhookID }
 
 // CreateWebhook registers a webhook for p's team.
 func (s *Service) CreateWebhook(ctx context.Context, p tenant.Principal, in WebhookInput) (store.Webhook, error) {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/sandbox"
+	"github.com/cella-sandbox/cella/internal/secrets"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/tenant"
 )
@@ -50,7 +51,11 @@ func newService(t *testing.T, cfg Config) (*Service, *recorder) {
 	}
 	t.Cleanup(func() { st.Close() })
 	rec := &recorder{}
-	cfg.Store, cfg.Audit = st, rec
+	box, err := secrets.NewBox(make([]byte, secrets.KeySize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Store, cfg.Audit, cfg.Box = st, rec, box
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -151,7 +156,7 @@ func TestWebhookDestinations(t *testing.T) {
 		http.Redirect(w, r, other.URL+"/stolen", http.StatusTemporaryRedirect)
 	}))
 	defer redirect.Close()
-	res, ok := s.post(store.Webhook{ID: "wh", URL: redirect.URL, Secret: "x"}, "d", []byte("{}"))
+	res, ok := s.post("wh", redirect.URL, "x", "d", []byte("{}"))
 	if ok || !strings.Contains(res, "307") {
 		t.Fatalf("a redirecting receiver: %s %v", res, ok)
 	}
@@ -209,6 +214,13 @@ func TestDelivery(t *testing.T) {
 	if _, err := s.CreateWebhook(ctx, blue, WebhookInput{Name: ptr("blue hook"), URL: ptr(otherRecv.URL),
 		Events: sandbox.EventTypes, Secret: ptr("blue-secret-789")}); err != nil {
 		t.Fatal(err)
+	}
+	stored, err := s.cfg.Store.ListWebhooks(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := json.Marshal(stored); strings.Contains(string(b), "red-secret-123") || strings.Contains(string(b), "blue-secret") {
+		t.Fatalf("a signing secret is stored in the clear: %s", b)
 	}
 	if _, err := s.Webhook(ctx, blue, wh.ID); !errdefs.Is(err, errdefs.KindNotFound) {
 		t.Fatalf("blue reads red's webhook: %v", err)

@@ -10,16 +10,17 @@ import (
 )
 
 // Webhook is a team's subscription to sandbox lifecycle events (E2B's
-// /events/webhooks). Secret signs deliveries; the API never shows it.
+// /events/webhooks). Its signing secret is stored sealed under the
+// daemon's master key (internal/secrets Box); the API never shows it.
 type Webhook struct {
-	ID        string    `json:"id"`
-	TeamID    string    `json:"teamID"`
-	Name      string    `json:"name"`
-	URL       string    `json:"url"`
-	Events    []string  `json:"events"`
-	Enabled   bool      `json:"enabled"`
-	Secret    string    `json:"secret"`
-	CreatedAt time.Time `json:"createdAt"`
+	ID           string    `json:"id"`
+	TeamID       string    `json:"teamID"`
+	Name         string    `json:"name"`
+	URL          string    `json:"url"`
+	Events       []string  `json:"events"`
+	Enabled      bool      `json:"enabled"`
+	SealedSecret []byte    `json:"sealedSecret"`
+	CreatedAt    time.Time `json:"createdAt"`
 }
 
 // PutWebhook inserts or replaces a webhook.
