@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -242,6 +244,13 @@ func TestTenancy(t *testing.T) {
 			st, _, body := a.do(t, "GET", "/volumes", key, nil, nil)
 			if st != 200 || strings.Contains(string(body), "vtok_") {
 				t.Fatalf("GET /volumes carries a token: %d %s", st, body)
+			}
+		}
+		// The tokens are sealed in the database, not kept in the clear.
+		for _, f := range []string{"cella.db", "cella.db-wal"} {
+			b, _ := os.ReadFile(filepath.Join(env.DataDir, f))
+			if strings.Contains(string(b), aliceTok) || strings.Contains(string(b), bobTok) {
+				t.Fatalf("%s holds a volume token in the clear", f)
 			}
 		}
 	})

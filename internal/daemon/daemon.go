@@ -143,17 +143,17 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	} else if len(res.Images)+len(res.Layers) > 0 {
 		log.Info("template cache garbage collected", "images", res.Images, "layers", len(res.Layers))
 	}
-	vols, err := volume.New(ctx, volume.Config{DataDir: c.DataDir, Store: st, Log: log})
+	box, err := secrets.OpenBox(c.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	vols, err := volume.New(ctx, volume.Config{DataDir: c.DataDir, Store: st, Box: box, Log: log})
 	if err != nil {
 		return nil, err
 	}
 	d.Volumes = vols
 	d.add("volumes", vols.Close)
 
-	box, err := secrets.OpenBox(c.DataDir)
-	if err != nil {
-		return nil, err
-	}
 	sm, err := secrets.NewManager(ctx, st, box)
 	if err != nil {
 		return nil, err

@@ -18,9 +18,10 @@ type Volume struct {
 	KeyID     string
 	SizeBytes int64
 	CreatedAt time.Time
-	// Token is the volume's content token (E2B's VolumeAndToken.token): the
-	// bearer of /volumecontent/{id}/*. Empty for a volume made before
-	// tokens, until EnsureVolumeToken gives it one.
+	// Token is the volume's content token (E2B's VolumeAndToken.token, the
+	// bearer of /volumecontent/{id}/*) as the volume manager seals it.
+	// Empty for a volume made before tokens, until EnsureVolumeToken gives
+	// it one.
 	Token string
 }
 

@@ -41,26 +41,52 @@ const (
 	MaxListDepth = 64
 )
 
-// newToken is a volume's content token: 32 random bytes, URL-safe base64.
-func newToken() (string, error) {
+// newToken is a content token for the volume with this ID: 32 random
+// bytes, URL-safe base64; and the same sealed under the master key (bound
+// to the volume's ID) as the store keeps it.
+func (m *Manager) newToken(id string) (token, sealed string, err error) {
 	b := make([]byte, 32)
 	if _, err := rand.Read(b); err != nil {
-		return "", fmt.Errorf("generate volume token: %w", err)
+		return "", "", fmt.Errorf("generate volume token: %w", err)
 	}
-	return "vtok_" + base64.RawURLEncoding.EncodeToString(b), nil
+	token = "vtok_" + base64.RawURLEncoding.EncodeToString(b)
+	ct, err := m.cfg.Box.Seal(tokenName(id), []byte(token))
+	if err != nil {
+		return "", "", fmt.Errorf("seal volume token: %w", err)
+	}
+	return token, base64.StdEncoding.EncodeToString(ct), nil
+}
+
+// tokenName binds a sealed token to its volume (no secret's name has a
+// '/').
+func tokenName(id string) string { return "volume-token/" + id }
+
+// openToken is the token a record keeps sealed.
+func (m *Manager) openToken(rec store.Volume) (string, error) {
+	ct, err := base64.StdEncoding.DecodeString(rec.Token)
+	if err != nil {
+		return "", fmt.Errorf("volume %s: stored token: %w", rec.ID, err)
+	}
+	t, err := m.cfg.Box.Open(tokenName(rec.ID), ct)
+	if err != nil {
+		return "", fmt.Errorf("volume %s: stored token: %w", rec.ID, err)
+	}
+	return string(t), nil
 }
 
 // token returns rec's content token, giving it one first if it has none
 // (a volume made before tokens).
 func (m *Manager) token(ctx context.Context, rec store.Volume) (string, error) {
-	if rec.Token != "" {
-		return rec.Token, nil
+	if rec.Token == "" {
+		_, sealed, err := m.newToken(rec.ID)
+		if err != nil {
+			return "", err
+		}
+		if rec.Token, err = m.cfg.Store.EnsureVolumeToken(ctx, rec.ID, sealed); err != nil {
+			return "", err
+		}
 	}
-	t, err := newToken()
-	if err != nil {
-		return "", err
-	}
-	return m.cfg.Store.EnsureVolumeToken(ctx, rec.ID, t)
+	return m.openToken(rec)
 }
 
 // Token returns the content token of the volume p means by ref.
@@ -92,7 +118,14 @@ func (m *Manager) OpenContent(ctx context.Context, id, token string, p *tenant.P
 	if err != nil {
 		return nil, err
 	}
-	tokenOK := rec.Token != "" && subtle.ConstantTimeCompare([]byte(rec.Token), []byte(token)) == 1
+	tokenOK := false
+	if rec.Token != "" {
+		want, err := m.openToken(rec)
+		if err != nil {
+			return nil, err
+		}
+		tokenOK = subtle.ConstantTimeCompare([]byte(want), []byte(token)) == 1
+	}
 	keyOK := p != nil && p.Can(tenant.Owner{Team: rec.TeamID, Key: rec.KeyID})
 	if !tokenOK && !keyOK {
 		return nil, errNoAccess(id)
