@@ -64,6 +64,9 @@ type Config struct {
 	// Maxima bound every sandbox's limits (--max-cpus/memory/disk/pids);
 	// zero fields are the host's (sandbox.HostMaxima of DataDir).
 	Maxima sandbox.Maxima
+	// WebhookAllow is where lifecycle webhooks may post (egress entries;
+	// --webhook-allow). Empty: webhooks are off (internal/events).
+	WebhookAllow []string
 
 	// net is Network parsed by Validate.
 	net parsedNetwork
