@@ -21,6 +21,7 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/api"
 	"github.com/cella-sandbox/cella/internal/audit"
+	"github.com/cella-sandbox/cella/internal/build"
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
@@ -43,6 +44,9 @@ type Daemon struct {
 	Runtime   runtime.Runtime
 	Secrets   *secrets.Manager
 	Audit     *audit.Log
+	// Builder builds templates (internal/build): each step in a sandbox
+	// of Manager, with the build egress policy.
+	Builder build.Builder
 	// Ceiling is the operator's egress ceiling (empty: no egress).
 	Ceiling   egress.Policy
 	Reconcile sandbox.ReconcileReport
@@ -206,8 +210,12 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	}
 	stopPrune := pruneAuditLogs(al, mgr, c.AuditRetention, log) // audit.go
 	d.add("audit pruning", func() error { stopPrune(); return nil })
+	if d.Builder, err = build.New(build.Config{Sandboxes: mgr, Templates: tpls, Egress: c.buildEgress(d.Ceiling),
+		Timeout: c.Build.Timeout, ReadyTimeout: c.Build.ReadyTimeout, Log: log}); err != nil {
+		return nil, err
+	}
 	srv := api.New(api.Config{Manager: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
-		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts})
+		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts, Builder: d.Builder})
 	d.Handler = srv
 	d.add("api", func() error { srv.Close(); return nil })
 	return d, nil

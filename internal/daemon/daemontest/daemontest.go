@@ -112,6 +112,8 @@ type Options struct {
 	MetricsInterval time.Duration
 	// Maxima bound sandboxes' limits (zero fields: the host's).
 	Maxima sandbox.Maxima
+	// Build configures template builds (zero: the defaults).
+	Build daemon.BuildConfig
 }
 
 // Start runs a daemon with the given runtime until the test ends.
@@ -146,6 +148,7 @@ func Start(t testing.TB, runtimeName string, o Options) *Env {
 	d, err := daemon.New(context.Background(), daemon.Config{
 		DataDir: dataDir, CacheDir: CacheDir(), Runtime: runtimeName, Domain: "cella.test",
 		RunscPath: runsc, AgentBinary: cella, Log: log, Network: o.Network, MetricsInterval: o.MetricsInterval, Maxima: o.Maxima,
+		Build: o.Build,
 	})
 	if err != nil {
 		t.Fatalf("start daemon: %v", err)
