@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -260,7 +261,10 @@ if [ -L "$src" ] || [ ! -d "$src" ]; then
 else
   chown -R -h "$owner" "$src" || fail "chown $owner failed"
   if [ -n "$mode" ]; then chmod -R "$mode" "$src" || fail "chmod $mode failed"; fi
-  mkdir -p "$dest" || fail "cannot create $dest"
+  if [ ! -e "$dest" ]; then
+    mkdir -p "$dest" && chown "$owner" "$dest" || fail "cannot create $dest"
+    if [ -n "$mode" ]; then chmod "$mode" "$dest" || fail "chmod $mode failed"; fi
+  fi
   if tar --version 2>/dev/null | grep -q GNU; then
     (cd "$src" && tar -cf - .) | tar -xf - -C "$dest" --keep-directory-symlink --no-overwrite-dir || fail "cannot write into $dest"
   else
@@ -371,7 +375,11 @@ func (b *box) upload(ctx context.Context, dir string, r io.Reader) error {
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("COPY: the files archive was refused: %s", strings.TrimSpace(string(body)))
+		var e struct{ Message string }
+		if json.Unmarshal(body, &e) != nil || e.Message == "" {
+			e.Message = strings.TrimSpace(string(body))
+		}
+		return fmt.Errorf("COPY: the files archive was refused: %s", e.Message)
 	}
 	return nil
 }
