@@ -5,7 +5,6 @@ package api
 
 import (
 	"context"
-	"github.com/cella-sandbox/cella/internal/build"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -46,9 +45,6 @@ type Config struct {
 	EgressCeiling *egress.Policy
 	// Egress counts the proxy's decisions for /metrics (nil: not shown).
 	Egress *EgressCounters
-	// Builder builds templates for E2B's build routes (internal/build;
-	// the daemon's engine); nil: builds are not served.
-	Builder build.Builder
 }
 
 // Server serves the REST API and the sandbox proxy on one listener.

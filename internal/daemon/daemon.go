@@ -44,14 +44,14 @@ type Daemon struct {
 	Runtime   runtime.Runtime
 	Secrets   *secrets.Manager
 	Audit     *audit.Log
-	// Builder builds templates (internal/build): each step in a sandbox
-	// of Manager, with the build egress policy.
-	Builder build.Builder
 	// Ceiling is the operator's egress ceiling (empty: no egress).
 	Ceiling   egress.Policy
 	Reconcile sandbox.ReconcileReport
 	// AdminKeyPath is where the admin key was written on first start.
 	AdminKeyPath string
+	// Builder is the daemon's template build engine (internal/build):
+	// each step in a sandbox of Manager, with the build egress policy.
+	Builder build.Builder
 
 	log     *slog.Logger
 	closers []closer
@@ -208,14 +208,15 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	if err := mgr.StartPools(ctx, c.Pools); err != nil { // after Reconcile: pooled sandboxes have no record
 		return nil, fmt.Errorf("warm pools: %w", err)
 	}
-	stopPrune := pruneAuditLogs(al, mgr, c.AuditRetention, log) // audit.go
-	d.add("audit pruning", func() error { stopPrune(); return nil })
 	if d.Builder, err = build.New(build.Config{Sandboxes: mgr, Templates: tpls, Egress: c.buildEgress(d.Ceiling),
 		Timeout: c.Build.Timeout, ReadyTimeout: c.Build.ReadyTimeout, Log: log}); err != nil {
 		return nil, err
 	}
+
+	stopPrune := pruneAuditLogs(al, mgr, c.AuditRetention, log) // audit.go
+	d.add("audit pruning", func() error { stopPrune(); return nil })
 	srv := api.New(api.Config{Manager: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
-		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts, Builder: d.Builder})
+		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts})
 	d.Handler = srv
 	d.add("api", func() error { srv.Close(); return nil })
 	return d, nil
