@@ -108,10 +108,10 @@ func Parse(r io.Reader, o Options) (*Plan, error) {
 	}
 	lex := shell.NewLex(res.EscapeToken)
 	var (
-		stages []Stage
-		cur    *Stage
-		vars   *envs // ARGs and ENVs in scope for expansion
-		global = &envs{}
+		stages              []Stage
+		cur                 *Stage
+		vars                *envs // ARGs and ENVs in scope for expansion
+		global              = &envs{}
 		setUser, setWorkdir bool
 		entrypoint, cmd     string
 	)

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
 )
 
 func steps(s Stage) []string {
@@ -66,11 +65,11 @@ CMD ["node","index.js"]
 func TestParseRefuses(t *testing.T) {
 	for df, want := range map[string]string{
 		"FROM base\nRUN true\n\n\n\n\nHEALTHCHECK CMD true\n": "Dockerfile:7: HEALTHCHECK is not supported",
-		"FROM base\nSHELL [\"/bin/sh\", \"-c\"]\n":             "Dockerfile:2: SHELL is not supported",
-		"RUN true\n":                                       "Dockerfile:1: RUN before the first FROM",
-		"FROM base\nCOPY --from=nginx /etc/x /x\n":         "only an earlier stage",
-		"FROM base\nADD https://example.com/x /x\n":        "ADD of a URL is not supported",
-		"FROM base\nCOPY ../secret /x\n":                   "outside the build context",
+		"FROM base\nSHELL [\"/bin/sh\", \"-c\"]\n":            "Dockerfile:2: SHELL is not supported",
+		"RUN true\n": "Dockerfile:1: RUN before the first FROM",
+		"FROM base\nCOPY --from=nginx /etc/x /x\n":           "only an earlier stage",
+		"FROM base\nADD https://example.com/x /x\n":          "ADD of a URL is not supported",
+		"FROM base\nCOPY ../secret /x\n":                     "outside the build context",
 		"FROM base\nRUN --mount=type=cache,target=/x true\n": "RUN --mount is not supported",
 	} {
 		_, err := Parse(strings.NewReader(df), Options{Name: "x"})
@@ -143,4 +142,3 @@ func TestContextArchive(t *testing.T) {
 		t.Errorf("no error for a source that matches nothing")
 	}
 }
-
