@@ -48,7 +48,7 @@ EXPOSE 8000
 	if err := plan.Run(ctx, r, ctxDir); err != nil {
 		t.Fatalf("build: %v", err)
 	}
-	if _, err := env.Daemon.Templates.Get(name + ".stage-0"); err == nil {
+	if _, err := env.Daemon.Templates.Get(name + "-stage-0"); err == nil {
 		t.Errorf("the builder stage's template was left behind")
 	}
 	sb, err := env.Client.Create(ctx, client.CreateRequest{TemplateID: name})
