@@ -11,7 +11,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -25,6 +27,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
+	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/tenant"
 )
@@ -448,5 +451,39 @@ echo "reached:$r"
 	}}, nil)
 	if err != nil || !l.has("[stdout]: reached:") {
 		t.Errorf("a build step reached the host: %v", err)
+	}
+}
+
+// TestBuildEgressWithinKeyCeiling: a key whose own ceiling is narrower
+// than the build policy gets no more egress in its build steps than in its
+// sandboxes; a principal without one gets the build policy (the control).
+func TestBuildEgressWithinKeyCeiling(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "reached "+r.Host) }))
+	defer srv.Close()
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	e := start(t, daemontest.Options{Network: daemon.NetworkConfig{
+		Allow:   []string{"allowed.test", "other.test"},
+		Resolve: []string{"allowed.test=" + addr, "other.test=" + addr},
+	}})
+	probe := fmt.Sprintf(`echo "allowed:$(curl -sf -m 10 http://allowed.test:%[1]d/)"; echo "other:$(curl -sf -m 10 http://other.test:%[1]d/)"`, port)
+	spec := func() build.Spec {
+		return build.Spec{Name: e.name(), Base: build.Base{Template: "base"}, Steps: []build.Step{{Type: "RUN", Args: []string{probe}}}}
+	}
+	e.team.Ceiling = &egress.Policy{AllowOut: []string{"allowed.test"}}
+	_, l, err := e.build(spec(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !l.has(fmt.Sprintf("[stdout]: allowed:reached allowed.test:%d", port)) || !l.has("[stdout]: other:") || l.has("other:reached") {
+		t.Errorf("a key limited to allowed.test reached: %q", l.messages())
+	}
+	e.team = tenant.Principal{Key: "k2-" + rnd(), Team: "team2-" + rnd()} // no ceiling of its own
+	_, l, err = e.build(spec(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !l.has(fmt.Sprintf("[stdout]: other:reached other.test:%d", port)) {
+		t.Errorf("the build policy (the daemon's ceiling) did not reach other.test: %q", l.messages())
 	}
 }
