@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/build"
+	"github.com/cella-sandbox/cella/internal/build/dockerfile"
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
@@ -193,16 +194,8 @@ func TestStepsInSandboxAndCache(t *testing.T) {
 	}
 }
 
-// filesMap is Files from memory.
-type filesMap map[string][]byte
-
-func (f filesMap) Open(_ context.Context, hash string) (io.ReadCloser, error) {
-	b, ok := f[hash]
-	if !ok {
-		return nil, fmt.Errorf("files %s: not uploaded", hash)
-	}
-	return io.NopCloser(bytes.NewReader(b)), nil
-}
+// filesMap is Files from memory: the Dockerfile frontend's.
+type filesMap = dockerfile.Archives
 
 // tarOf makes an archive of entries (name → content; a name ending in /
 // is a directory, "->target" content a symlink), gzipped if gz.
