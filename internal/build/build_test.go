@@ -480,3 +480,38 @@ func TestBuildEgressWithinKeyCeiling(t *testing.T) {
 		t.Errorf("the build policy (the daemon's ceiling) did not reach other.test: %q", l.messages())
 	}
 }
+
+// TestTemplateSnapshotGoesWithTemplate: a rebuild replaces the snapshot,
+// and a template removed without the daemon (cella template rm) loses its
+// snapshot at the next build: no memory image is left behind.
+func TestTemplateSnapshotGoesWithTemplate(t *testing.T) {
+	e := start(t, daemontest.Options{Build: daemon.BuildConfig{ReadyTimeout: time.Minute}})
+	snapshots := func() int {
+		ents, _ := os.ReadDir(filepath.Join(e.DataDir, "snapshots"))
+		return len(ents)
+	}
+	spec := func(name, marker string) build.Spec {
+		return build.Spec{Name: name, Base: build.Base{Template: "base"}, StartCmd: "sleep 1000 # " + marker, ReadyCmd: "true"}
+	}
+	a, b := e.name(), e.name()
+	r1, _, err := e.build(spec(a, "1"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, _, err := e.build(spec(a, "2"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r1.Snapshot == r2.Snapshot || snapshots() != 1 {
+		t.Errorf("after a rebuild: %d snapshots (%s, then %s), want the new one only", snapshots(), r1.Snapshot, r2.Snapshot)
+	}
+	if err := e.Daemon.Templates.Delete(a); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.build(spec(b, "3"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := snapshots(); n != 1 {
+		t.Errorf("%d snapshots after the next build, want 1 (the removed template's pruned)", n)
+	}
+}

@@ -355,6 +355,7 @@ func (r *run) finalize(ctx context.Context) (*template.Template, string, error) 
 		r.dropSnapshot(snap)
 		return nil, "", err
 	}
+	r.e.cfg.Sandboxes.TemplateNamed(snap)
 	if prev != nil && prev.Snapshot != "" && prev.Snapshot != snap {
 		r.dropSnapshot(prev.Snapshot)
 	}

@@ -54,7 +54,7 @@ func (m *Manager) Fork(ctx context.Context, p tenant.Principal, id string, count
 	if _, _, err := restrictTo(p, sb.Info().Options, m.memorySnapshots()); err != nil {
 		return nil, err
 	}
-	sn, err := m.snapshot(ctx, p, id, "", true)
+	sn, err := m.snapshot(ctx, p, id, "", true, "")
 	if err != nil {
 		return nil, err
 	}

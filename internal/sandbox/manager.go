@@ -110,6 +110,11 @@ type Manager struct {
 
 	pools poolSet // warm pools (pool.go)
 
+	snapsMu sync.Mutex
+	// pendingSnaps are template snapshots whose template does not name
+	// them yet: the pruning of template snapshots leaves them (build.go).
+	pendingSnaps map[string]bool
+
 	layers *rootfs.Layers // makes the writable layers (blank images in <data>/layers)
 }
 
