@@ -23,12 +23,18 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
 	"github.com/cella-sandbox/cella/internal/build"
 	"github.com/cella-sandbox/cella/internal/build/dockerfile"
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
 	"github.com/cella-sandbox/cella/internal/egress"
+	"github.com/cella-sandbox/cella/internal/image/registrytest"
+	"github.com/cella-sandbox/cella/internal/layerstore"
+	"github.com/cella-sandbox/cella/internal/template"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/tenant"
 )
@@ -513,5 +519,65 @@ func TestTemplateSnapshotGoesWithTemplate(t *testing.T) {
 	}
 	if n := snapshots(); n != 1 {
 		t.Errorf("%d snapshots after the next build, want 1 (the removed template's pruned)", n)
+	}
+}
+
+// dirLayer is a gzip layer of everything under dir.
+func dirLayer(t *testing.T, dir string) v1.Layer {
+	t.Helper()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(layerstore.WriteTar(pw, dir)) }()
+		return pr, nil
+	}, tarball.WithCompressionLevel(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// TestBuildFromImage: a build on an image pulled from a real registry;
+// a step that removes an image file makes an OCI whiteout, which the
+// built template keeps, and which survives a push of the template and a
+// pull of it back.
+func TestBuildFromImage(t *testing.T) {
+	e := start(t, daemontest.Options{})
+	base, err := e.Daemon.Templates.Get("base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := registrytest.Start(t)
+	small := registrytest.Layer(t, registrytest.TarOf(t, registrytest.File{Name: "srv", Dir: true},
+		registrytest.File{Name: "srv/hello.py", Body: "print(6*7)\n"}, registrytest.File{Name: "srv/keep", Body: "k"}), registrytest.Gzip)
+	reg.Push(t, "py:test", registrytest.Image(t, v1.Config{Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin", "IMAGE_VAR=from-image"}}, dirLayer(t, base.RootFS), small))
+	name := e.name()
+	res, l, err := e.build(build.Spec{Name: name, Base: build.Base{Image: reg.Ref("py:test")}, Steps: []build.Step{
+		{Type: "RUN", Args: []string{"rm /srv/hello.py && echo $IMAGE_VAR > /srv/made", "root"}},
+	}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !l.has("base|[base] FROM " + reg.Ref("py:test")) {
+		t.Errorf("no FROM line for the image")
+	}
+	check := func(tpl string) {
+		out := e.run(tpl, "ls /srv; cat /srv/made", client.ExecOptions{})
+		if out.Stdout != "keep\nmade\nfrom-image\n" {
+			t.Errorf("template %s: %q %s, want hello.py gone and made written", tpl, out.Stdout, out.Stderr)
+		}
+	}
+	check(name)
+	// Export and import: the step's layer travels with its whiteout.
+	ref, err := e.Daemon.Templates.Push(context.Background(), name, reg.Ref("built:1"), template.PullOptions{}, nil)
+	if err != nil {
+		t.Fatalf("push: %v", err)
+	}
+	back := e.name()
+	if _, err := e.Daemon.Templates.Pull(context.Background(), back, ref, template.PullOptions{}); err != nil {
+		t.Fatalf("pull back: %v", err)
+	}
+	check(back)
+	if len(res.Layers) != 3 {
+		t.Errorf("layers %v: want the image's two and the step's", res.Layers)
 	}
 }
