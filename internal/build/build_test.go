@@ -34,8 +34,8 @@ import (
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/image/registrytest"
 	"github.com/cella-sandbox/cella/internal/layerstore"
-	"github.com/cella-sandbox/cella/internal/template"
 	"github.com/cella-sandbox/cella/internal/runtime"
+	"github.com/cella-sandbox/cella/internal/template"
 	"github.com/cella-sandbox/cella/internal/tenant"
 )
 

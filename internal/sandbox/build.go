@@ -200,6 +200,11 @@ func (m *Manager) fromTemplateSnapshot(ctx context.Context, p tenant.Principal, 
 	opts := req
 	opts.CPUs, opts.MemoryMB, opts.Pids = rec.Options.CPUs, rec.Options.MemoryMB, rec.Options.Pids
 	opts.Image = ""
-	sb, err := m.fromSnapshot(ctx, p, opts, row, rec, false)
+	res, err := m.reserve(ctx, opts, 1) // quota.go: the sizes it runs with
+	if err != nil {
+		return nil, true, err
+	}
+	defer res.release()
+	sb, err := m.fromSnapshot(withReservation(ctx, res), p, opts, row, rec, false)
 	return sb, true, err
 }

@@ -114,6 +114,8 @@ type Options struct {
 	Maxima sandbox.Maxima
 	// Build configures template builds (zero: the defaults).
 	Build daemon.BuildConfig
+	// AccessLog is the daemon's access log (daemon.Config.AccessLog).
+	AccessLog string
 }
 
 // Start runs a daemon with the given runtime until the test ends.
@@ -148,7 +150,7 @@ func Start(t testing.TB, runtimeName string, o Options) *Env {
 	d, err := daemon.New(context.Background(), daemon.Config{
 		DataDir: dataDir, CacheDir: CacheDir(), Runtime: runtimeName, Domain: "cella.test",
 		RunscPath: runsc, AgentBinary: cella, Log: log, Network: o.Network, MetricsInterval: o.MetricsInterval, Maxima: o.Maxima,
-		Build: o.Build,
+		Build: o.Build, AccessLog: o.AccessLog,
 	})
 	if err != nil {
 		t.Fatalf("start daemon: %v", err)
