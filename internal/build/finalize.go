@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/template"
@@ -19,6 +20,10 @@ func (r *run) startAndSnapshot(ctx context.Context, img *template.Template, star
 	if err != nil {
 		return "", err
 	}
+	// Last: the start command's reader has stopped, so nothing is logged
+	// after Build returns.
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	defer b.kill()
 	env := r.cur.envMap()
 	type ended struct {
@@ -30,7 +35,9 @@ func (r *run) startAndSnapshot(ctx context.Context, img *template.Template, star
 	defer stopStart()
 	if start != "" {
 		r.emit(LevelInfo, "finalize", "Running start command: %s", start)
+		wg.Add(1)
 		go func() {
+			defer wg.Done()
 			res, err := b.exec(sctx, r.cur.user, r.cur.workdir, env, start, func(stream, line string) {
 				r.emit(LevelInfo, "finalize", "[start] [%s]: %s", stream, line)
 			})
