@@ -37,9 +37,10 @@ PORT=$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{
 LOG=$DATA_DIR/daemon.log
 # The egress ceiling is every .test name, and they all resolve to this
 # host's loopback where network.test.mjs runs its upstream: no test traffic
-# ever leaves the machine.
+# ever leaves the machine. Webhooks may post to this host's 127.0.0.1 only
+# (events.test.mjs runs the receiver there).
 "$DATA_DIR/bin/cella" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA_DIR" --cache-dir "$CACHE_DIR" \
-  --egress-allow '*.test' --egress-resolve '*.test=127.0.0.1' >"$LOG" 2>&1 &
+  --egress-allow '*.test' --egress-resolve '*.test=127.0.0.1' --webhook-allow 127.0.0.1 >"$LOG" 2>&1 &
 DAEMON_PID=$!
 status=1
 
@@ -80,7 +81,7 @@ export CELLA_E2B_KEY
 echo "compat/e2b: daemon $CELLA_E2B_URL (pid $DAEMON_PID, data dir $DATA_DIR)"
 
 set +e
-node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" sdk.test.mjs code-interpreter.test.mjs network.test.mjs secrets.test.mjs quota.test.mjs
+node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" sdk.test.mjs code-interpreter.test.mjs network.test.mjs secrets.test.mjs quota.test.mjs volume.test.mjs git.test.mjs events.test.mjs
 status=$?
 set -e
 exit "$status"

@@ -66,6 +66,9 @@ type Config struct {
 	Maxima sandbox.Maxima
 	// Build configures template builds (internal/build).
 	Build BuildConfig
+	// WebhookAllow is where lifecycle webhooks may post (egress entries;
+	// --webhook-allow). Empty: webhooks are off (internal/events).
+	WebhookAllow []string
 
 	// net is Network parsed by Validate.
 	net parsedNetwork
