@@ -11,6 +11,7 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/audit"
+	"github.com/cella-sandbox/cella/internal/builds"
 	"github.com/cella-sandbox/cella/internal/edge"
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
@@ -45,6 +46,9 @@ type Config struct {
 	EgressCeiling *egress.Policy
 	// Egress counts the proxy's decisions for /metrics (nil: not shown).
 	Egress *EgressCounters
+	// Builds serves E2B's template build API (templatebuilds.go); nil
+	// answers 501.
+	Builds *builds.Service
 }
 
 // Server serves the REST API and the sandbox proxy on one listener.
@@ -115,18 +119,7 @@ func (s *Server) routes() {
 	m.Handle("GET /keys/self", auth(s.selfKey))
 	m.Handle("DELETE /keys/{id}", auth(s.adminOnly("manage API keys", s.deleteKey)))
 
-	// Later work answers 501 naming the feature, so clients fail clearly.
-	for pattern, feature := range map[string]string{
-		"POST /v3/templates": "template builds over the API (use: cella template build)",
-	} {
-		m.Handle(pattern, auth(notImplemented(feature)))
-	}
-}
-
-func notImplemented(feature string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotImplemented, "%s is not implemented in this version of cella (%s %s)", feature, r.Method, r.URL.Path)
-	}
+	s.templateBuildRoutes(auth) // templatebuilds.go: E2B's template build API
 }
 
 // Close stops what the server runs besides its handler: the in-process

@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/cella-sandbox/cella/internal/build"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -61,6 +62,9 @@ type Config struct {
 	// Maxima bound every sandbox's limits (--max-cpus/memory/disk/pids);
 	// zero fields are the host's (sandbox.HostMaxima of DataDir).
 	Maxima sandbox.Maxima
+	// Builder runs the template builds E2B's build API requests
+	// (internal/builds); nil: builds are refused with a 501 naming it.
+	Builder build.Builder
 
 	// net is Network parsed by Validate.
 	net parsedNetwork

@@ -21,6 +21,7 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/api"
 	"github.com/cella-sandbox/cella/internal/audit"
+	"github.com/cella-sandbox/cella/internal/builds"
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
@@ -43,6 +44,8 @@ type Daemon struct {
 	Runtime   runtime.Runtime
 	Secrets   *secrets.Manager
 	Audit     *audit.Log
+	// Builds is E2B's template build API's core.
+	Builds *builds.Service
 	// Ceiling is the operator's egress ceiling (empty: no egress).
 	Ceiling   egress.Policy
 	Reconcile sandbox.ReconcileReport
@@ -206,8 +209,14 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	}
 	stopPrune := pruneAuditLogs(al, mgr, c.AuditRetention, log) // audit.go
 	d.add("audit pruning", func() error { stopPrune(); return nil })
+	bsvc, err := builds.New(builds.Config{Store: st, Templates: tpls, Builder: c.Builder, Dir: filepath.Join(c.DataDir, "builds"), Log: log})
+	if err != nil {
+		return nil, fmt.Errorf("template builds: %w", err)
+	}
+	d.Builds = bsvc
+	d.add("template builds", func() error { bsvc.Close(); return nil })
 	srv := api.New(api.Config{Manager: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
-		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts})
+		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts, Builds: bsvc})
 	d.Handler = srv
 	d.add("api", func() error { srv.Close(); return nil })
 	return d, nil

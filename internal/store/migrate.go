@@ -70,6 +70,7 @@ CREATE TABLE IF NOT EXISTS volumes (
 );`)},
 	{"secrets", migrateSecrets}, // secrets.go
 	{"teams", migrateTeams},
+	{"template builds", migrateTemplateBuilds}, // templatebuilds.go
 }
 
 // execSQL is a migration that runs statements.

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/build"
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/rootfs"
@@ -112,6 +113,8 @@ type Options struct {
 	MetricsInterval time.Duration
 	// Maxima bound sandboxes' limits (zero fields: the host's).
 	Maxima sandbox.Maxima
+	// Builder runs template builds (nil: the daemon's own).
+	Builder build.Builder
 }
 
 // Start runs a daemon with the given runtime until the test ends.
@@ -145,7 +148,7 @@ func Start(t testing.TB, runtimeName string, o Options) *Env {
 	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	d, err := daemon.New(context.Background(), daemon.Config{
 		DataDir: dataDir, CacheDir: CacheDir(), Runtime: runtimeName, Domain: "cella.test",
-		RunscPath: runsc, AgentBinary: cella, Log: log, Network: o.Network, MetricsInterval: o.MetricsInterval, Maxima: o.Maxima,
+		RunscPath: runsc, AgentBinary: cella, Log: log, Network: o.Network, MetricsInterval: o.MetricsInterval, Maxima: o.Maxima, Builder: o.Builder,
 	})
 	if err != nil {
 		t.Fatalf("start daemon: %v", err)
