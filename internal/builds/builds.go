@@ -162,7 +162,7 @@ func (s *Service) ownedTemplate(ctx context.Context, c Caller, ref string) (stor
 
 // checkNamespace refuses a namespace other than the caller's team.
 func checkNamespace(c Caller, n Name, raw string) error {
-	if n.Namespace != "" && n.Namespace != strings.ToLower(c.TeamName) && !c.P.Admin {
+	if n.Namespace != "" && n.Namespace != strings.ToLower(c.TeamName) {
 		return errdefs.InvalidArgument("Invalid template name %q: namespace %q is not your team's (%q)", raw, n.Namespace, c.TeamName)
 	}
 	return nil
@@ -396,6 +396,10 @@ func (s *Service) StartBuild(ctx context.Context, c Caller, templateID, buildID 
 // this machine.
 func (s *Service) resolveBase(ctx context.Context, c Caller, ref string) (string, error) {
 	name, ours, err := s.Resolve(ctx, c, ref)
+	if errdefs.Is(err, errdefs.KindNotFound) {
+		// Unknown and foreign alike (Resolve's words name the CLI).
+		return "", fmt.Errorf("base template %q not found", ref)
+	}
 	if err != nil {
 		return "", err
 	}
@@ -616,6 +620,11 @@ func (s *Service) Resolve(ctx context.Context, c Caller, ref string) (name strin
 		t, err = s.cfg.Store.GetAPITemplateByAlias(ctx, n.Alias)
 	}
 	if errors.Is(err, store.ErrNotFound) {
+		if n.Tag != "" || n.Namespace != "" {
+			// Only E2B's names have these: no template of this machine
+			// can be meant.
+			return ref, true, unknownTemplate(ref)
+		}
 		return ref, false, nil
 	}
 	if err != nil {
