@@ -43,6 +43,8 @@ func (b *scriptedBuilder) Build(ctx context.Context, p tenant.Principal, spec bu
 	b.specs = append(b.specs, spec)
 	b.actors = append(b.actors, p)
 	b.mu.Unlock()
+	// The first and last lines are the engine's, as internal/build logs them.
+	log(build.LogEntry{Level: build.LevelInfo, Message: "Building template " + spec.Name})
 	log(build.LogEntry{Level: build.LevelInfo, Step: "base", Message: "[base] FROM " + spec.Base.Image + spec.Base.Template})
 	for i, st := range spec.Steps {
 		n := strconv.Itoa(i + 1)
@@ -58,6 +60,7 @@ func (b *scriptedBuilder) Build(ctx context.Context, p tenant.Principal, spec bu
 			}
 		case "fail":
 			log(build.LogEntry{Level: build.LevelError, Step: n, Message: "[stderr]: it failed"})
+			log(build.LogEntry{Level: build.LevelError, Message: "Build failed: failed to run command 'fail': exit status 1"})
 			return build.Result{}, &build.StepError{Step: n, Message: "failed to run command 'fail': exit status 1"}
 		case "wait":
 			close(b.waiting)
@@ -68,6 +71,7 @@ func (b *scriptedBuilder) Build(ctx context.Context, p tenant.Principal, spec bu
 			}
 		}
 	}
+	log(build.LogEntry{Level: build.LevelInfo, Message: "Build finished, took 0s"})
 	return build.Result{Template: spec.Name}, nil
 }
 
@@ -262,8 +266,8 @@ func TestTemplateBuildRoutes(t *testing.T) {
 		if s.Status != "ready" || s.Reason != nil {
 			t.Fatalf("end: %+v", s)
 		}
-		// Every line once, in order: the service's first, the engine's 251, the service's last.
-		if len(lines) != 253 || !strings.HasPrefix(lines[0], "Building template "+r.TemplateID+"/"+r.BuildID) ||
+		// Every line once, in order.
+		if len(lines) != 253 || !strings.HasPrefix(lines[0], "Building template e2b."+r.TemplateID+"."+r.BuildID) ||
 			!strings.HasPrefix(lines[252], "Build finished") {
 			t.Fatalf("%d lines: first %q last %q", len(lines), lines[0], lines[len(lines)-1])
 		}

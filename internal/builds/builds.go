@@ -475,11 +475,13 @@ func (s *Service) run(p tenant.Principal, t store.APITemplate, b store.Build, sp
 		delete(s.running, b.ID)
 		s.mu.Unlock()
 	}()
+	// The engine logs the build's first and last lines ("Building
+	// template", "Build finished" / "Build failed: ...").
 	start := time.Now()
-	lg.add(build.LogEntry{Level: build.LevelInfo, Message: fmt.Sprintf("Building template %s/%s", t.ID, b.ID)})
 	var err error
 	if fail != nil {
 		err = fail
+		lg.add(build.LogEntry{Level: build.LevelError, Message: "Build failed: " + fail.Message})
 	} else {
 		_, err = s.cfg.Builder.Build(s.ctx, p, spec, teamFiles{s: s, team: t.TeamID}, lg.add)
 	}
@@ -492,6 +494,7 @@ func (s *Service) run(p tenant.Principal, t store.APITemplate, b store.Build, sp
 	if err == nil {
 		for _, tag := range b.Tags {
 			if err = s.cfg.Store.SetTag(ctx, t.ID, tag, b.ID); err != nil {
+				lg.add(build.LogEntry{Level: build.LevelError, Message: "Build failed: " + err.Error()})
 				break
 			}
 		}
@@ -503,10 +506,8 @@ func (s *Service) run(p tenant.Principal, t store.APITemplate, b store.Build, sp
 		if step, reason, ok = build.FailedStep(err); !ok {
 			reason = err.Error()
 		}
-		lg.final(build.LogEntry{Level: build.LevelError, Message: "Build failed: " + reason})
 		s.log.Info("template build failed", "template", t.ID, "build", b.ID, "step", step, "err", err)
 	} else {
-		lg.final(build.LogEntry{Level: build.LevelInfo, Message: fmt.Sprintf("Build finished, took %s", time.Since(start).Round(time.Second))})
 		s.log.Info("template built", "template", t.ID, "alias", t.Alias, "build", b.ID, "tags", b.Tags, "took", time.Since(start))
 	}
 	// Every line is stored before the status says the build is over: a

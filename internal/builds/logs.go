@@ -19,6 +19,9 @@ const (
 	DefaultMaxLogBytes int64 = 8 << 20
 	// MaxLineBytes is the most of one message kept.
 	MaxLineBytes = 16 << 10
+	// reserveBytes is what lines of the whole build and errors may take
+	// past the cap.
+	reserveBytes = 64 << 10
 	// flushEvery and flushLines bound what waits in memory for SQLite.
 	flushEvery = 100 * time.Millisecond
 	flushLines = 512
@@ -71,33 +74,31 @@ func (l *logSink) flusher() {
 	}
 }
 
-// add is the build.Builder's log callback.
+// add is the build.Builder's log callback. Past the cap, only the
+// build's own lines (no step: "Build finished", "Build failed: ...") and
+// errors are kept, within a small reserve, the count of the dropped ones
+// before them.
 func (l *logSink) add(e build.LogEntry) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.truncated {
-		l.dropped++
-		return
-	}
 	msg := e.Message
 	if len(msg) > MaxLineBytes {
 		msg = msg[:MaxLineBytes] + fmt.Sprintf(" [cella: line cut at %d KiB]", MaxLineBytes>>10)
 	}
-	if l.bytes+int64(len(msg)) > l.max {
+	e.Message = msg
+	if !l.truncated && l.bytes+int64(len(msg)) > l.max {
 		l.truncated = true
-		l.dropped++
 		l.appendLocked(build.LogEntry{Level: build.LevelWarn, Step: e.Step,
 			Message: fmt.Sprintf("[cella: the build log reached its limit of %d MiB; later lines are not kept, the build goes on]", l.max>>20)})
+	}
+	if !l.truncated {
+		l.appendLocked(e)
 		return
 	}
-	e.Message = msg
-	l.appendLocked(e)
-}
-
-// final adds a line past the cap: the build's own last words.
-func (l *logSink) final(e build.LogEntry) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	if e.Step != "" && e.Level != build.LevelError || l.bytes+int64(len(msg)) > l.max+reserveBytes {
+		l.dropped++
+		return
+	}
 	if l.dropped > 0 {
 		l.appendLocked(build.LogEntry{Level: build.LevelWarn,
 			Message: fmt.Sprintf("[cella: %d log lines past the %d MiB limit were not kept]", l.dropped, l.max>>20)})

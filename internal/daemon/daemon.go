@@ -21,6 +21,7 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/api"
 	"github.com/cella-sandbox/cella/internal/audit"
+	"github.com/cella-sandbox/cella/internal/build"
 	"github.com/cella-sandbox/cella/internal/builds"
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/rootfs"
@@ -51,6 +52,9 @@ type Daemon struct {
 	Reconcile sandbox.ReconcileReport
 	// AdminKeyPath is where the admin key was written on first start.
 	AdminKeyPath string
+	// Builder is the daemon's template build engine (internal/build):
+	// each step in a sandbox of Manager, with the build egress policy.
+	Builder build.Builder
 
 	log     *slog.Logger
 	closers []closer
@@ -207,9 +211,18 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	if err := mgr.StartPools(ctx, c.Pools); err != nil { // after Reconcile: pooled sandboxes have no record
 		return nil, fmt.Errorf("warm pools: %w", err)
 	}
+	if d.Builder, err = build.New(build.Config{Sandboxes: mgr, Templates: tpls, Egress: c.buildEgress(d.Ceiling),
+		Timeout: c.Build.Timeout, ReadyTimeout: c.Build.ReadyTimeout, Log: log}); err != nil {
+		return nil, err
+	}
+
 	stopPrune := pruneAuditLogs(al, mgr, c.AuditRetention, log) // audit.go
 	d.add("audit pruning", func() error { stopPrune(); return nil })
-	bsvc, err := builds.New(builds.Config{Store: st, Templates: tpls, Builder: c.Builder, Dir: filepath.Join(c.DataDir, "builds"), Log: log})
+	builder := d.Builder
+	if c.Builder != nil {
+		builder = c.Builder
+	}
+	bsvc, err := builds.New(builds.Config{Store: st, Templates: tpls, Builder: builder, Dir: filepath.Join(c.DataDir, "builds"), Log: log})
 	if err != nil {
 		return nil, fmt.Errorf("template builds: %w", err)
 	}

@@ -203,12 +203,18 @@ func (m *Manager) Create(ctx context.Context, p tenant.Principal, opts Options) 
 	if row, rec, ok := m.lookupSnapshot(ctx, p, opts.TemplateID); ok {
 		return m.createFromSnapshot(ctx, p, opts, row, rec) // fork.go
 	}
-	if sb, ok := m.fromPool(ctx, opts); ok { // pool.go: a warm sandbox, else cold below
-		return sb, nil
-	}
-	tpl, err := m.template(ctx, opts.TemplateID)
+	tpl, err := m.templateFor(ctx, opts) // build.go
 	if err != nil {
 		return nil, err
+	}
+	if tpl.Snapshot != "" && opts.Image == "" {
+		// A built template with its start command captured running.
+		if sb, ok, err := m.fromTemplateSnapshot(ctx, p, opts, tpl); ok { // build.go
+			return sb, err
+		}
+	}
+	if sb, ok := m.fromPool(ctx, opts); ok { // pool.go: a warm sandbox, else cold below
+		return sb, nil
 	}
 
 	sb := &Sandbox{

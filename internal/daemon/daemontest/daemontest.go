@@ -113,7 +113,9 @@ type Options struct {
 	MetricsInterval time.Duration
 	// Maxima bound sandboxes' limits (zero fields: the host's).
 	Maxima sandbox.Maxima
-	// Builder runs template builds (nil: the daemon's own).
+	// Build configures template builds (zero: the defaults).
+	Build daemon.BuildConfig
+	// Builder replaces the daemon's build engine (nil: the daemon's own).
 	Builder build.Builder
 }
 
@@ -148,7 +150,8 @@ func Start(t testing.TB, runtimeName string, o Options) *Env {
 	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	d, err := daemon.New(context.Background(), daemon.Config{
 		DataDir: dataDir, CacheDir: CacheDir(), Runtime: runtimeName, Domain: "cella.test",
-		RunscPath: runsc, AgentBinary: cella, Log: log, Network: o.Network, MetricsInterval: o.MetricsInterval, Maxima: o.Maxima, Builder: o.Builder,
+		RunscPath: runsc, AgentBinary: cella, Log: log, Network: o.Network, MetricsInterval: o.MetricsInterval, Maxima: o.Maxima,
+		Build: o.Build, Builder: o.Builder,
 	})
 	if err != nil {
 		t.Fatalf("start daemon: %v", err)
