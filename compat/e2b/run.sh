@@ -113,7 +113,7 @@ echo "compat/e2b: daemon $CELLA_E2B_URL (pid $DAEMON_PID, data dir $DATA_DIR)"
 TEMPLATE_TESTS=template.test.mjs
 [ "${CELLA_E2B_SKIP_TEMPLATES:-0}" = 1 ] && TEMPLATE_TESTS=
 set +e
-node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" sdk.test.mjs code-interpreter.test.mjs network.test.mjs secrets.test.mjs
+node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" sdk.test.mjs code-interpreter.test.mjs network.test.mjs secrets.test.mjs quota.test.mjs
 status=$?
 # Template builds take minutes each on a loaded machine: their own, longer bound.
 if [ -n "$TEMPLATE_TESTS" ]; then

@@ -123,6 +123,10 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
+	if err := s.takeCreates(r, 1); err != nil { // quotas.go
+		s.writeErr(w, r, err)
+		return
+	}
 	if s.cfg.Builds != nil { // a template built over the API: its build (templatebuilds.go)
 		name, ours, err := s.cfg.Builds.Resolve(r.Context(), buildCaller(r), opts.TemplateID)
 		if err != nil {
@@ -138,6 +142,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
+	noteSandbox(r, sb.ID) // accesslog.go
 	writeJSON(w, http.StatusCreated, s.sandboxBody(sb.Info()))
 }
 

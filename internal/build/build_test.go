@@ -11,7 +11,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -21,11 +23,19 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
 	"github.com/cella-sandbox/cella/internal/build"
+	"github.com/cella-sandbox/cella/internal/build/dockerfile"
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
+	"github.com/cella-sandbox/cella/internal/egress"
+	"github.com/cella-sandbox/cella/internal/image/registrytest"
+	"github.com/cella-sandbox/cella/internal/layerstore"
 	"github.com/cella-sandbox/cella/internal/runtime"
+	"github.com/cella-sandbox/cella/internal/template"
 	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
@@ -190,16 +200,8 @@ func TestStepsInSandboxAndCache(t *testing.T) {
 	}
 }
 
-// filesMap is Files from memory.
-type filesMap map[string][]byte
-
-func (f filesMap) Open(_ context.Context, hash string) (io.ReadCloser, error) {
-	b, ok := f[hash]
-	if !ok {
-		return nil, fmt.Errorf("files %s: not uploaded", hash)
-	}
-	return io.NopCloser(bytes.NewReader(b)), nil
-}
+// filesMap is Files from memory: the Dockerfile frontend's.
+type filesMap = dockerfile.Archives
 
 // tarOf makes an archive of entries (name → content; a name ending in /
 // is a directory, "->target" content a symlink), gzipped if gz.
@@ -448,5 +450,134 @@ echo "reached:$r"
 	}}, nil)
 	if err != nil || !l.has("[stdout]: reached:") {
 		t.Errorf("a build step reached the host: %v", err)
+	}
+}
+
+// TestBuildEgressWithinKeyCeiling: a key whose own ceiling is narrower
+// than the build policy gets no more egress in its build steps than in its
+// sandboxes; a principal without one gets the build policy (the control).
+func TestBuildEgressWithinKeyCeiling(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "reached "+r.Host) }))
+	defer srv.Close()
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	e := start(t, daemontest.Options{Network: daemon.NetworkConfig{
+		Allow:   []string{"allowed.test", "other.test"},
+		Resolve: []string{"allowed.test=" + addr, "other.test=" + addr},
+	}})
+	probe := fmt.Sprintf(`echo "allowed:$(curl -sf -m 10 http://allowed.test:%[1]d/)"; echo "other:$(curl -sf -m 10 http://other.test:%[1]d/)"`, port)
+	spec := func() build.Spec {
+		return build.Spec{Name: e.name(), Base: build.Base{Template: "base"}, Steps: []build.Step{{Type: "RUN", Args: []string{probe}}}}
+	}
+	e.team.Ceiling = &egress.Policy{AllowOut: []string{"allowed.test"}}
+	_, l, err := e.build(spec(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !l.has(fmt.Sprintf("[stdout]: allowed:reached allowed.test:%d", port)) || !l.has("[stdout]: other:") || l.has("other:reached") {
+		t.Errorf("a key limited to allowed.test reached: %q", l.messages())
+	}
+	e.team = tenant.Principal{Key: "k2-" + rnd(), Team: "team2-" + rnd()} // no ceiling of its own
+	_, l, err = e.build(spec(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !l.has(fmt.Sprintf("[stdout]: other:reached other.test:%d", port)) {
+		t.Errorf("the build policy (the daemon's ceiling) did not reach other.test: %q", l.messages())
+	}
+}
+
+// TestTemplateSnapshotGoesWithTemplate: a rebuild replaces the snapshot,
+// and a template removed without the daemon (cella template rm) loses its
+// snapshot at the next build: no memory image is left behind.
+func TestTemplateSnapshotGoesWithTemplate(t *testing.T) {
+	e := start(t, daemontest.Options{Build: daemon.BuildConfig{ReadyTimeout: time.Minute}})
+	snapshots := func() int {
+		ents, _ := os.ReadDir(filepath.Join(e.DataDir, "snapshots"))
+		return len(ents)
+	}
+	spec := func(name, marker string) build.Spec {
+		return build.Spec{Name: name, Base: build.Base{Template: "base"}, StartCmd: "sleep 1000 # " + marker, ReadyCmd: "true"}
+	}
+	a, b := e.name(), e.name()
+	r1, _, err := e.build(spec(a, "1"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, _, err := e.build(spec(a, "2"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r1.Snapshot == r2.Snapshot || snapshots() != 1 {
+		t.Errorf("after a rebuild: %d snapshots (%s, then %s), want the new one only", snapshots(), r1.Snapshot, r2.Snapshot)
+	}
+	if err := e.Daemon.Templates.Delete(a); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.build(spec(b, "3"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := snapshots(); n != 1 {
+		t.Errorf("%d snapshots after the next build, want 1 (the removed template's pruned)", n)
+	}
+}
+
+// dirLayer is a gzip layer of everything under dir.
+func dirLayer(t *testing.T, dir string) v1.Layer {
+	t.Helper()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(layerstore.WriteTar(pw, dir)) }()
+		return pr, nil
+	}, tarball.WithCompressionLevel(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// TestBuildFromImage: a build on an image pulled from a real registry;
+// a step that removes an image file makes an OCI whiteout, which the
+// built template keeps, and which survives a push of the template and a
+// pull of it back.
+func TestBuildFromImage(t *testing.T) {
+	e := start(t, daemontest.Options{})
+	base, err := e.Daemon.Templates.Get("base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := registrytest.Start(t)
+	small := registrytest.Layer(t, registrytest.TarOf(t, registrytest.File{Name: "srv", Dir: true},
+		registrytest.File{Name: "srv/hello.py", Body: "print(6*7)\n"}, registrytest.File{Name: "srv/keep", Body: "k"}), registrytest.Gzip)
+	reg.Push(t, "py:test", registrytest.Image(t, v1.Config{Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin", "IMAGE_VAR=from-image"}}, dirLayer(t, base.RootFS), small))
+	name := e.name()
+	res, l, err := e.build(build.Spec{Name: name, Base: build.Base{Image: reg.Ref("py:test")}, Steps: []build.Step{
+		{Type: "RUN", Args: []string{"rm /srv/hello.py && echo $IMAGE_VAR > /srv/made", "root"}},
+	}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !l.has("base|[base] FROM " + reg.Ref("py:test")) {
+		t.Errorf("no FROM line for the image")
+	}
+	check := func(tpl string) {
+		out := e.run(tpl, "ls /srv; cat /srv/made", client.ExecOptions{})
+		if out.Stdout != "keep\nmade\nfrom-image\n" {
+			t.Errorf("template %s: %q %s, want hello.py gone and made written", tpl, out.Stdout, out.Stderr)
+		}
+	}
+	check(name)
+	// Export and import: the step's layer travels with its whiteout.
+	ref, err := e.Daemon.Templates.Push(context.Background(), name, reg.Ref("built:1"), template.PullOptions{}, nil)
+	if err != nil {
+		t.Fatalf("push: %v", err)
+	}
+	back := e.name()
+	if _, err := e.Daemon.Templates.Pull(context.Background(), back, ref, template.PullOptions{}); err != nil {
+		t.Fatalf("pull back: %v", err)
+	}
+	check(back)
+	if len(res.Layers) != 3 {
+		t.Errorf("layers %v: want the image's two and the step's", res.Layers)
 	}
 }

@@ -78,10 +78,36 @@ func New(cfg Config) (*Engine, error) {
 }
 
 // builder owns the build sandboxes: the admin team's (operators see them
-// in `cella ls`; no tenant's key can reach them), with the build's own
-// egress and no secrets.
+// in `cella ls`; no tenant's key can reach them), with no secrets.
 func (e *Engine) builder() tenant.Principal {
 	return tenant.Principal{Key: "build", Team: tenant.AdminTeam, Ceiling: e.cfg.Egress}
+}
+
+// egressFor is the egress of p's build sandboxes: the build policy, within
+// p's own ceiling when p has one (a key made with --egress-allow cannot
+// reach more through a build than from its sandboxes): the entries of
+// either that the other covers, the deny lists of both.
+func (e *Engine) egressFor(p tenant.Principal) *egress.Policy {
+	b := e.cfg.Egress
+	if b == nil || p.Ceiling == nil || p.Admin {
+		return b
+	}
+	covered := func(entry string, by egress.Policy) bool {
+		_, err := egress.Policy{AllowOut: []string{entry}}.Narrow(egress.Policy{AllowOut: by.AllowOut})
+		return err == nil
+	}
+	out := &egress.Policy{DenyOut: slices.Concat(b.DenyOut, p.Ceiling.DenyOut)}
+	for _, a := range b.AllowOut {
+		if covered(a, *p.Ceiling) && !slices.Contains(out.AllowOut, a) {
+			out.AllowOut = append(out.AllowOut, a)
+		}
+	}
+	for _, a := range p.Ceiling.AllowOut {
+		if covered(a, *b) && !slices.Contains(out.AllowOut, a) {
+			out.AllowOut = append(out.AllowOut, a)
+		}
+	}
+	return out
 }
 
 // state is the context a step runs in, E2B's: user, workdir, env.
@@ -336,6 +362,7 @@ func (r *run) finalize(ctx context.Context) (*template.Template, string, error) 
 		r.dropSnapshot(snap)
 		return nil, "", err
 	}
+	r.e.cfg.Sandboxes.TemplateNamed(snap)
 	if prev != nil && prev.Snapshot != "" && prev.Snapshot != snap {
 		r.dropSnapshot(prev.Snapshot)
 	}

@@ -9,7 +9,9 @@ import (
 	"strings"
 
 	"github.com/cella-sandbox/cella/internal/agentapi"
+	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/template"
+	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
 // Export returns a tar of path in a sandbox of template (a build sandbox,
@@ -21,7 +23,8 @@ func (e *Engine) Export(ctx context.Context, templateName, path string) (io.Read
 	if err != nil {
 		return nil, err
 	}
-	r := &run{e: e, spec: Spec{Name: templateName}, log: func(LogEntry) {}}
+	// No egress: the sandbox only copies files.
+	r := &run{e: e, p: tenant.Principal{Ceiling: &egress.Policy{}}, spec: Spec{Name: templateName}, log: func(LogEntry) {}}
 	b, err := r.boot(ctx, &template.Template{Image: t.Image})
 	if err != nil {
 		return nil, err

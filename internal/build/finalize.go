@@ -80,5 +80,5 @@ func (r *run) startAndSnapshot(ctx context.Context, img *template.Template, star
 	if _, err := b.root(ctx, "sync"); err != nil {
 		return "", err
 	}
-	return r.e.cfg.Sandboxes.TemplateSnapshot(ctx, b.sb.ID)
+	return r.e.cfg.Sandboxes.TemplateSnapshot(ctx, b.sb.ID, r.spec.Name)
 }

@@ -41,7 +41,7 @@ func (r *run) boot(ctx context.Context, img *template.Template) (*box, error) {
 	opts := sandbox.Options{
 		TemplateID: name, Image: img.Image,
 		CPUs: float64(r.spec.CPUs), MemoryMB: int64(r.spec.MemoryMB), DiskMB: int64(r.spec.DiskMB),
-		Egress:   r.e.cfg.Egress,
+		Egress:   r.e.egressFor(r.p),
 		Metadata: map[string]string{"cella.build": r.spec.Name, "cella.build.team": r.p.Team},
 	}
 	if dl, ok := ctx.Deadline(); ok {

@@ -24,6 +24,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/build"
 	"github.com/cella-sandbox/cella/internal/builds"
 	"github.com/cella-sandbox/cella/internal/egress"
+	"github.com/cella-sandbox/cella/internal/metrics"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/runtime/crun"
@@ -52,9 +53,14 @@ type Daemon struct {
 	Reconcile sandbox.ReconcileReport
 	// AdminKeyPath is where the admin key was written on first start.
 	AdminKeyPath string
-	// Builder is the daemon's template build engine (internal/build):
-	// each step in a sandbox of Manager, with the build egress policy.
-	Builder build.Builder
+	// Metrics are the daemon's instruments (served at /metrics); template
+	// builds report through ObservedBuilder (observe.go).
+	Metrics *metrics.Metrics
+	// Builder is the daemon's template build engine (BuildEngine, each
+	// step in a sandbox of Manager, with the build egress policy) observed
+	// in Metrics.
+	Builder     build.Builder
+	BuildEngine *build.Engine
 
 	log     *slog.Logger
 	closers []closer
@@ -189,10 +195,12 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		d.add("network", closeNet)
 	}
 
+	d.Metrics = newMetrics(rt.Name(), tpls) // observe.go
 	mgr, err := sandbox.NewManager(sandbox.Config{
 		DataDir: c.DataDir, Runtime: rt, Templates: tpls, Store: st, AgentBinary: c.AgentBinary, Log: log,
 		BuildProgress: c.BuildProgress, Volumes: vols, Lifecycle: c.Lifecycle,
 		AgentAudit: agentAudit{al}, Network: sbNet, SecretValue: sm.Get, MetricsInterval: c.MetricsInterval, Maxima: c.Maxima,
+		Metrics: d.Metrics, KeyLimits: keyLimits(st),
 	})
 	if err != nil {
 		return nil, err
@@ -211,13 +219,19 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	if err := mgr.StartPools(ctx, c.Pools); err != nil { // after Reconcile: pooled sandboxes have no record
 		return nil, fmt.Errorf("warm pools: %w", err)
 	}
-	if d.Builder, err = build.New(build.Config{Sandboxes: mgr, Templates: tpls, Egress: c.buildEgress(d.Ceiling),
+	if d.BuildEngine, err = build.New(build.Config{Sandboxes: mgr, Templates: tpls, Egress: c.buildEgress(d.Ceiling),
 		Timeout: c.Build.Timeout, ReadyTimeout: c.Build.ReadyTimeout, Log: log}); err != nil {
 		return nil, err
 	}
+	d.Builder = ObservedBuilder(d.BuildEngine, d.Metrics)
 
 	stopPrune := pruneAuditLogs(al, mgr, c.AuditRetention, log) // audit.go
 	d.add("audit pruning", func() error { stopPrune(); return nil })
+	accessLog, closeAccessLog, err := openAccessLog(c.AccessLog) // observe.go
+	if err != nil {
+		return nil, err
+	}
+	d.add("access log", closeAccessLog)
 	builder := d.Builder
 	if c.Builder != nil {
 		builder = c.Builder
@@ -229,7 +243,8 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	d.Builds = bsvc
 	d.add("template builds", func() error { bsvc.Close(); return nil })
 	srv := api.New(api.Config{Manager: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
-		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts, Builds: bsvc})
+		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts,
+		Metrics: d.Metrics, AccessLog: accessLog, Builds: bsvc})
 	d.Handler = srv
 	d.add("api", func() error { srv.Close(); return nil })
 	return d, nil

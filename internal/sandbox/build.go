@@ -13,6 +13,7 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/layerstore"
+	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/template"
 	"github.com/cella-sandbox/cella/internal/tenant"
 )
@@ -91,18 +92,42 @@ func (m *Manager) ownFiles(upper string) func(rel string) bool {
 }
 
 // TemplateSnapshot takes the memory snapshot (with its files) of build
-// sandbox id that sandboxes of a template start from: hidden (no team can
-// list, use or delete it by ID; only a template names it) and owned by the
-// system. It returns the snapshot's ID.
-func (m *Manager) TemplateSnapshot(ctx context.Context, id string) (string, error) {
+// sandbox id that sandboxes of template tmpl start from: hidden (no team
+// can list, use or delete it by ID; only a template names it) and owned by
+// the system. It returns the snapshot's ID. Until TemplateNamed(ID) it is
+// pending: once not pending, it is removed as soon as tmpl names another
+// snapshot or none (pruneTemplateSnapshots).
+func (m *Manager) TemplateSnapshot(ctx context.Context, id, tmpl string) (string, error) {
 	if !m.memorySnapshots() {
 		return "", errdefs.Unavailable("runtime %s has no memory snapshots: a start command cannot be captured running", m.cfg.Runtime.Name())
 	}
-	info, err := m.snapshot(ctx, tenant.System, id, "", true)
+	m.pruneTemplateSnapshots(ctx)
+	// Pending from before its row exists to after its template names it.
+	m.snapsMu.Lock()
+	if m.pendingSnaps == nil {
+		m.pendingSnaps = map[string]bool{}
+	}
+	m.pendingSnaps["sandbox:"+id] = true
+	m.snapsMu.Unlock()
+	info, err := m.snapshot(ctx, tenant.System, id, "", true, tmpl)
+	m.snapsMu.Lock()
+	delete(m.pendingSnaps, "sandbox:"+id)
+	if err == nil {
+		m.pendingSnaps[info.ID] = true
+	}
+	m.snapsMu.Unlock()
 	if err != nil {
 		return "", err
 	}
 	return info.ID, nil
+}
+
+// TemplateNamed says that template snapshot snap is named by its template
+// now (or will never be: DeleteTemplateSnapshot).
+func (m *Manager) TemplateNamed(snap string) {
+	m.snapsMu.Lock()
+	delete(m.pendingSnaps, snap)
+	m.snapsMu.Unlock()
 }
 
 // DeleteTemplateSnapshot removes a template's snapshot (the template was
@@ -111,11 +136,49 @@ func (m *Manager) DeleteTemplateSnapshot(ctx context.Context, id string) error {
 	if id == "" {
 		return nil
 	}
+	m.TemplateNamed(id)
 	if err := m.cfg.Store.DeleteSnapshot(ctx, id); err != nil {
 		return err
 	}
 	m.gcSnapshots(ctx)
 	return nil
+}
+
+// pruneTemplateSnapshots removes the template snapshots whose template
+// names another snapshot or is gone (rebuilt elsewhere, `cella template
+// rm`), except those of builds in progress: their memory images are large.
+func (m *Manager) pruneTemplateSnapshots(ctx context.Context) {
+	rows, err := m.cfg.Store.ListSnapshots(ctx, store.SnapshotFilter{IncludeHidden: true})
+	if err != nil {
+		m.log.Warn("prune template snapshots", "err", err)
+		return
+	}
+	pruned := false
+	for _, row := range rows {
+		var rec snapshotRecord
+		if !row.Hidden || json.Unmarshal(row.Record, &rec) != nil || rec.Template == "" {
+			continue
+		}
+		m.snapsMu.Lock()
+		pending := m.pendingSnaps[row.ID] || m.pendingSnaps["sandbox:"+row.SandboxID]
+		m.snapsMu.Unlock()
+		if pending {
+			continue
+		}
+		t, err := m.cfg.Templates.Get(rec.Template)
+		if err == nil && t.Snapshot == row.ID || err != nil && !errors.Is(err, template.ErrNotFound) {
+			continue
+		}
+		if err := m.cfg.Store.DeleteSnapshot(ctx, row.ID); err != nil {
+			m.log.Warn("prune template snapshot", "snapshot", row.ID, "err", err)
+			continue
+		}
+		m.log.Info("template snapshot removed: its template no longer names it", "snapshot", row.ID, "template", rec.Template)
+		pruned = true
+	}
+	if pruned {
+		m.gcSnapshots(ctx)
+	}
 }
 
 // fromTemplateSnapshot is Create for a template whose build captured its
@@ -137,6 +200,11 @@ func (m *Manager) fromTemplateSnapshot(ctx context.Context, p tenant.Principal, 
 	opts := req
 	opts.CPUs, opts.MemoryMB, opts.Pids = rec.Options.CPUs, rec.Options.MemoryMB, rec.Options.Pids
 	opts.Image = ""
-	sb, err := m.fromSnapshot(ctx, p, opts, row, rec, false)
+	res, err := m.reserve(ctx, opts, 1) // quota.go: the sizes it runs with
+	if err != nil {
+		return nil, true, err
+	}
+	defer res.release()
+	sb, err := m.fromSnapshot(withReservation(ctx, res), p, opts, row, rec, false)
 	return sb, true, err
 }

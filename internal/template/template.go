@@ -246,6 +246,10 @@ func (t *Template) Lowers() []string { return slices.Clone(t.lowers) }
 // Describe says where the template came from, for listings.
 func (t *Template) Describe() string {
 	switch {
+	case t.Base != "" && t.Ref != "":
+		return fmt.Sprintf("build on %s +%d layers", t.Ref, len(t.BuildLayers))
+	case t.Base != "":
+		return fmt.Sprintf("build +%d layers", len(t.BuildLayers))
 	case t.Ref != "":
 		return t.Ref
 	case t.Recipe != nil:

@@ -10,7 +10,7 @@
 // log line; anything else is refused naming its line.
 //
 // Each stage the last one needs is a build of its own: earlier stages
-// become templates (NAME.stage-N) that later stages start from or copy
+// become templates (NAME-stage-N) that later stages start from or copy
 // out of; Run drives them through a Runner (the daemon's engine, or the
 // E2B build API).
 package dockerfile
@@ -41,7 +41,7 @@ type Source struct {
 // Stage is one build of the plan.
 type Stage struct {
 	// Name is the template the stage makes: the plan's name for the last
-	// stage, NAME.stage-N for the others.
+	// stage, NAME-stage-N for the others.
 	Name string
 	// Alias is the stage's `AS` name, if any.
 	Alias string
@@ -400,7 +400,7 @@ func prune(stages []Stage, name string) (*Plan, error) {
 	}
 	for j := range out {
 		old := out[j]
-		nm := fmt.Sprintf("%s.stage-%d", name, j)
+		nm := fmt.Sprintf("%s-stage-%d", name, j)
 		if j == len(out)-1 {
 			nm = name
 		}

@@ -99,7 +99,7 @@ COPY --from=tester /etc/hostname /x
 	for _, s := range p.Stages {
 		names = append(names, s.Name+"<-"+s.Spec.Base.Template+s.Spec.Base.Image)
 	}
-	want := []string{"multi.stage-0<-base", "multi.stage-1<-multi.stage-0", "multi<-base"}
+	want := []string{"multi-stage-0<-base", "multi-stage-1<-multi-stage-0", "multi<-base"}
 	if !slices.Equal(names, want) {
 		t.Errorf("stages %q, want %q (the unused one left out)", names, want)
 	}

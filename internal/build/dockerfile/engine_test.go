@@ -43,12 +43,12 @@ EXPOSE 8000
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	r := dockerfile.EngineRunner{Engine: env.Daemon.Builder.(*build.Engine), Templates: env.Daemon.Templates,
+	r := dockerfile.EngineRunner{Engine: env.Daemon.BuildEngine, Templates: env.Daemon.Templates,
 		P: tenant.Principal{Key: "k", Team: "df-" + hex.EncodeToString(b)}, Log: func(e build.LogEntry) { t.Log(e.Step, e.Message) }}
 	if err := plan.Run(ctx, r, ctxDir); err != nil {
 		t.Fatalf("build: %v", err)
 	}
-	if _, err := env.Daemon.Templates.Get(name + ".stage-0"); err == nil {
+	if _, err := env.Daemon.Templates.Get(name + "-stage-0"); err == nil {
 		t.Errorf("the builder stage's template was left behind")
 	}
 	sb, err := env.Client.Create(ctx, client.CreateRequest{TemplateID: name})

@@ -115,6 +115,8 @@ type Options struct {
 	Maxima sandbox.Maxima
 	// Build configures template builds (zero: the defaults).
 	Build daemon.BuildConfig
+	// AccessLog is the daemon's access log (daemon.Config.AccessLog).
+	AccessLog string
 	// Builder replaces the daemon's build engine (nil: the daemon's own).
 	Builder build.Builder
 }
@@ -151,7 +153,7 @@ func Start(t testing.TB, runtimeName string, o Options) *Env {
 	d, err := daemon.New(context.Background(), daemon.Config{
 		DataDir: dataDir, CacheDir: CacheDir(), Runtime: runtimeName, Domain: "cella.test",
 		RunscPath: runsc, AgentBinary: cella, Log: log, Network: o.Network, MetricsInterval: o.MetricsInterval, Maxima: o.Maxima,
-		Build: o.Build, Builder: o.Builder,
+		Build: o.Build, Builder: o.Builder, AccessLog: o.AccessLog,
 	})
 	if err != nil {
 		t.Fatalf("start daemon: %v", err)
