@@ -289,7 +289,7 @@ describe('e2b@2.51.0 Template and @e2b/cli@2.19.0 template', () => {
       assert.equal(await run('cat /home/user/app/config.json'), CONFIG_JSON.trim())
       assert.equal(await run('stat -c %U /home/user/app/config.json'), 'user')
       assert.equal(await run('python3 -c "import flask; print(flask.__version__)"'), '3.0.0')
-      assert.equal(await run('dpkg-query -W -f "${Status}" cella-compat-tools'), 'install ok installed')
+      assert.equal(await run("dpkg-query -W -f '${Status}' cella-compat-tools"), 'install ok installed')
       assert.equal((await run('cat /home/user/app/.starts')).split('\n').length, 1, 'the start command ran once, at build time')
       await sbx.kill()
     }
