@@ -139,11 +139,19 @@ func (s *Store) Derive(holder string, parent *Template, layers []string, d Defau
 	}
 	defer unlock()
 	if _, err := os.Stat(s.imageDir(key)); errors.Is(err, fs.ErrNotExist) {
-		if _, err := s.readImage(parent.Image); err != nil {
+		base, err := s.readImage(parent.Image)
+		if err != nil {
 			return nil, fmt.Errorf("derive image: its base %s: %w", parent.Image, err)
 		}
 		if err := os.Rename(tmp, s.imageDir(key)); err != nil {
 			return nil, fmt.Errorf("install image %s: %w", key, err)
+		}
+		// The image's own directory leases its base too: what keeps the
+		// base from the GC of a cella that predates built images (the GC
+		// here follows Base anyway).
+		if _, err := s.acquireLocked(s.imageDir(key), base); err != nil {
+			os.RemoveAll(s.imageDir(key))
+			return nil, err
 		}
 	}
 	t, err := s.readImage(key)
