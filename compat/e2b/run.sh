@@ -67,9 +67,10 @@ else
 fi
 # The egress ceiling is every .test name, and they all resolve to this
 # host's loopback where network.test.mjs runs its upstream: no test traffic
-# ever leaves the machine.
+# ever leaves the machine. Webhooks may post to this host's 127.0.0.1 only
+# (events.test.mjs runs the receiver there).
 "$DATA_DIR/bin/cella" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA_DIR" --cache-dir "$CACHE_DIR" \
-  --egress-allow '*.test' --egress-resolve '*.test=127.0.0.1' "${SERVE_TEMPLATE_FLAGS[@]}" >"$LOG" 2>&1 &
+  --egress-allow '*.test' --egress-resolve '*.test=127.0.0.1' --webhook-allow 127.0.0.1 "${SERVE_TEMPLATE_FLAGS[@]}" >"$LOG" 2>&1 &
 DAEMON_PID=$!
 status=1
 
@@ -113,7 +114,7 @@ echo "compat/e2b: daemon $CELLA_E2B_URL (pid $DAEMON_PID, data dir $DATA_DIR)"
 TEMPLATE_TESTS=template.test.mjs
 [ "${CELLA_E2B_SKIP_TEMPLATES:-0}" = 1 ] && TEMPLATE_TESTS=
 set +e
-node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" sdk.test.mjs code-interpreter.test.mjs network.test.mjs secrets.test.mjs quota.test.mjs
+node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" sdk.test.mjs code-interpreter.test.mjs network.test.mjs secrets.test.mjs quota.test.mjs volume.test.mjs git.test.mjs events.test.mjs
 status=$?
 # Template builds take minutes each on a loaded machine: their own, longer bound.
 if [ -n "$TEMPLATE_TESTS" ]; then

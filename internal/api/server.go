@@ -16,6 +16,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/edge"
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/events"
 	"github.com/cella-sandbox/cella/internal/mcpserver"
 	"github.com/cella-sandbox/cella/internal/metrics"
 	"github.com/cella-sandbox/cella/internal/quota"
@@ -57,6 +58,8 @@ type Config struct {
 	// Builds serves E2B's template build API (templatebuilds.go); nil
 	// answers 501.
 	Builds *builds.Service
+	// Events serves /events (events.go); nil answers 501.
+	Events *events.Service
 }
 
 // Server serves the REST API and the sandbox proxy on one listener.
@@ -127,6 +130,7 @@ func (s *Server) routes() {
 	s.auditRoutes(auth)    // audit.go
 	s.interactRoutes(auth) // pty.go, wait.go: PTY WebSocket, readiness waits, process logs
 	s.poolRoutes(auth)     // pools.go: warm pools
+	s.eventRoutes(auth)    // events.go: lifecycle events and webhooks
 	m.Handle("/mcp", auth(mcpserver.HTTPHandler(mcpserver.HTTPConfig{
 		API: s.self.http, APIURL: selfURL, Budget: s.mcpBudget,
 		Network: func(r *http.Request) string { return s.egressText(apiKeyFrom(r.Context())) },

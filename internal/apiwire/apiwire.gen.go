@@ -239,6 +239,90 @@ func (e PtyEventType) Valid() bool {
 	}
 }
 
+// Defines values for SandboxEventEventCategory.
+const (
+	Lifecycle SandboxEventEventCategory = "lifecycle"
+)
+
+// Valid indicates whether the value is a known member of the SandboxEventEventCategory enum.
+func (e SandboxEventEventCategory) Valid() bool {
+	switch e {
+	case Lifecycle:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for SandboxEventEventLabel.
+const (
+	Create SandboxEventEventLabel = "create"
+	Kill   SandboxEventEventLabel = "kill"
+	Pause  SandboxEventEventLabel = "pause"
+	Resume SandboxEventEventLabel = "resume"
+	Update SandboxEventEventLabel = "update"
+)
+
+// Valid indicates whether the value is a known member of the SandboxEventEventLabel enum.
+func (e SandboxEventEventLabel) Valid() bool {
+	switch e {
+	case Create:
+		return true
+	case Kill:
+		return true
+	case Pause:
+		return true
+	case Resume:
+		return true
+	case Update:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for SandboxEventType.
+const (
+	SandboxEventTypeSandboxLifecycleCreated SandboxEventType = "sandbox.lifecycle.created"
+	SandboxEventTypeSandboxLifecycleKilled  SandboxEventType = "sandbox.lifecycle.killed"
+	SandboxEventTypeSandboxLifecyclePaused  SandboxEventType = "sandbox.lifecycle.paused"
+	SandboxEventTypeSandboxLifecycleResumed SandboxEventType = "sandbox.lifecycle.resumed"
+	SandboxEventTypeSandboxLifecycleUpdated SandboxEventType = "sandbox.lifecycle.updated"
+)
+
+// Valid indicates whether the value is a known member of the SandboxEventType enum.
+func (e SandboxEventType) Valid() bool {
+	switch e {
+	case SandboxEventTypeSandboxLifecycleCreated:
+		return true
+	case SandboxEventTypeSandboxLifecycleKilled:
+		return true
+	case SandboxEventTypeSandboxLifecyclePaused:
+		return true
+	case SandboxEventTypeSandboxLifecycleResumed:
+		return true
+	case SandboxEventTypeSandboxLifecycleUpdated:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for SandboxEventVersion.
+const (
+	V2 SandboxEventVersion = "v2"
+)
+
+// Valid indicates whether the value is a known member of the SandboxEventVersion enum.
+func (e SandboxEventVersion) Valid() bool {
+	switch e {
+	case V2:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for SandboxOnTimeout.
 const (
 	SandboxOnTimeoutKill  SandboxOnTimeout = "kill"
@@ -341,6 +425,57 @@ func (e TemplateBuildInfoStatus) Valid() bool {
 	case TemplateBuildInfoStatusReady:
 		return true
 	case TemplateBuildInfoStatusWaiting:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for VolumeEntryStatType.
+const (
+	Directory VolumeEntryStatType = "directory"
+	File      VolumeEntryStatType = "file"
+	Symlink   VolumeEntryStatType = "symlink"
+	Unknown   VolumeEntryStatType = "unknown"
+)
+
+// Valid indicates whether the value is a known member of the VolumeEntryStatType enum.
+func (e VolumeEntryStatType) Valid() bool {
+	switch e {
+	case Directory:
+		return true
+	case File:
+		return true
+	case Symlink:
+		return true
+	case Unknown:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for WebhookInputEvents.
+const (
+	WebhookInputEventsSandboxLifecycleCreated WebhookInputEvents = "sandbox.lifecycle.created"
+	WebhookInputEventsSandboxLifecycleKilled  WebhookInputEvents = "sandbox.lifecycle.killed"
+	WebhookInputEventsSandboxLifecyclePaused  WebhookInputEvents = "sandbox.lifecycle.paused"
+	WebhookInputEventsSandboxLifecycleResumed WebhookInputEvents = "sandbox.lifecycle.resumed"
+	WebhookInputEventsSandboxLifecycleUpdated WebhookInputEvents = "sandbox.lifecycle.updated"
+)
+
+// Valid indicates whether the value is a known member of the WebhookInputEvents enum.
+func (e WebhookInputEvents) Valid() bool {
+	switch e {
+	case WebhookInputEventsSandboxLifecycleCreated:
+		return true
+	case WebhookInputEventsSandboxLifecycleKilled:
+		return true
+	case WebhookInputEventsSandboxLifecyclePaused:
+		return true
+	case WebhookInputEventsSandboxLifecycleResumed:
+		return true
+	case WebhookInputEventsSandboxLifecycleUpdated:
 		return true
 	default:
 		return false
@@ -1138,6 +1273,42 @@ type SandboxEgressPolicy struct {
 	Rules map[string][]SandboxNetworkRule `json:"rules,omitempty,omitzero"`
 }
 
+// SandboxEvent E2B's sandbox lifecycle event (version v2, with v1's event_category and event_label).
+type SandboxEvent struct {
+	EventCategory SandboxEventEventCategory `json:"event_category"`
+
+	// EventData sandbox_metadata (the sandbox's metadata), execution (on killed and paused: started_at, vcpu_count, memory_mb, execution_time in ms) and cella_detail (what changed: timeout, network, the pause mode, why it died).
+	EventData  map[string]interface{} `json:"event_data,omitempty,omitzero"`
+	EventLabel SandboxEventEventLabel `json:"event_label"`
+
+	// ID A UUID.
+	ID string `json:"id"`
+
+	// SandboxBuildID Always empty on cella.
+	SandboxBuildID string `json:"sandbox_build_id"`
+
+	// SandboxExecutionID Always empty on cella.
+	SandboxExecutionID string              `json:"sandbox_execution_id"`
+	SandboxID          string              `json:"sandbox_id"`
+	SandboxTeamID      string              `json:"sandbox_team_id"`
+	SandboxTemplateID  string              `json:"sandbox_template_id"`
+	Timestamp          time.Time           `json:"timestamp"`
+	Type               SandboxEventType    `json:"type"`
+	Version            SandboxEventVersion `json:"version"`
+}
+
+// SandboxEventEventCategory defines model for SandboxEvent.EventCategory.
+type SandboxEventEventCategory string
+
+// SandboxEventEventLabel defines model for SandboxEvent.EventLabel.
+type SandboxEventEventLabel string
+
+// SandboxEventType defines model for SandboxEvent.Type.
+type SandboxEventType string
+
+// SandboxEventVersion defines model for SandboxEvent.Version.
+type SandboxEventVersion string
+
 // SandboxForkRequest E2B's fork body.
 type SandboxForkRequest struct {
 	Count *int `json:"count,omitempty"`
@@ -1586,10 +1757,46 @@ type Volume struct {
 	Name    string `json:"name"`
 	SizeMB  int64  `json:"sizeMB"`
 
+	// Token E2B's VolumeAndToken.token, in the answers of create and get (not
+	// in lists): the bearer of /volumecontent/{volumeID}/*. E2B's SDKs
+	// reach that API at `E2B_VOLUME_API_URL` (set it to the daemon's URL).
+	Token string `json:"token,omitempty,omitzero"`
+
 	// UsedBy The sandboxes that mount it, of those the caller may see.
 	UsedBy    []string `json:"usedBy"`
 	UsedBytes int64    `json:"usedBytes"`
 	VolumeID  string   `json:"volumeID"`
+}
+
+// VolumeEntryStat E2B's VolumeEntryStat.
+type VolumeEntryStat struct {
+	Atime time.Time `json:"atime"`
+	Ctime time.Time `json:"ctime"`
+	GID   uint32    `json:"gid"`
+
+	// Mode Permission bits (with sticky), not the file type.
+	Mode  uint32    `json:"mode"`
+	Mtime time.Time `json:"mtime"`
+	Name  string    `json:"name"`
+
+	// Path Absolute within the volume.
+	Path string `json:"path"`
+	Size int64  `json:"size"`
+
+	// Target A symlink's target, as stored.
+	Target string              `json:"target,omitempty,omitzero"`
+	Type   VolumeEntryStatType `json:"type"`
+	UID    uint32              `json:"uid"`
+}
+
+// VolumeEntryStatType defines model for VolumeEntryStat.Type.
+type VolumeEntryStatType string
+
+// VolumeMetadata The owner and mode a PATCH sets; absent fields are kept.
+type VolumeMetadata struct {
+	GID  *uint32 `json:"gid,omitempty"`
+	Mode *uint32 `json:"mode,omitempty"`
+	UID  *uint32 `json:"uid,omitempty"`
 }
 
 // WaitRequest What to wait for, and how long.
@@ -1622,6 +1829,29 @@ type WaitResult struct {
 	Port    int    `json:"port,omitempty,omitzero"`
 	Ready   bool   `json:"ready"`
 }
+
+// Webhook E2B's webhook (never its signatureSecret).
+type Webhook struct {
+	CreatedAt time.Time `json:"createdAt"`
+	Enabled   bool      `json:"enabled"`
+	Events    []string  `json:"events"`
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	TeamID    string    `json:"teamID"`
+	URL       string    `json:"url"`
+}
+
+// WebhookInput A webhook to create (name, url, events and signatureSecret required) or the fields to change.
+type WebhookInput struct {
+	Enabled         *bool                `json:"enabled,omitempty"`
+	Events          []WebhookInputEvents `json:"events,omitempty,omitzero"`
+	Name            *string              `json:"name,omitempty"`
+	SignatureSecret *string              `json:"signatureSecret,omitempty"`
+	URL             *string              `json:"url,omitempty"`
+}
+
+// WebhookInputEvents defines model for WebhookInput.Events.
+type WebhookInputEvents string
 
 // APITemplateID defines model for apiTemplateID.
 type APITemplateID = string
@@ -1668,8 +1898,26 @@ type SecretID = string
 // TemplateID defines model for templateID.
 type TemplateID = string
 
+// VolumeContentID defines model for volumeContentID.
+type VolumeContentID = string
+
+// VolumeForce defines model for volumeForce.
+type VolumeForce = bool
+
+// VolumeGID defines model for volumeGID.
+type VolumeGID = uint32
+
 // VolumeID defines model for volumeID.
 type VolumeID = string
+
+// VolumeMode defines model for volumeMode.
+type VolumeMode = uint32
+
+// VolumePath defines model for volumePath.
+type VolumePath = string
+
+// VolumeUID defines model for volumeUID.
+type VolumeUID = uint32
 
 // AgentUnreachable E2B's edge-proxy error body, for sandbox traffic that cannot reach
 // its sandbox (502) or lacks the traffic token (403). The REST API
@@ -1711,6 +1959,26 @@ type TooManyRequests = Error
 
 // Unauthorized E2B's error body. Every error answer of the REST API has this shape.
 type Unauthorized = Error
+
+// VolumeContentNotFound E2B's error body. Every error answer of the REST API has this shape.
+type VolumeContentNotFound = Error
+
+// VolumePathForbidden E2B's error body. Every error answer of the REST API has this shape.
+type VolumePathForbidden = Error
+
+// ListTeamSandboxEventsParams defines parameters for ListTeamSandboxEvents.
+type ListTeamSandboxEventsParams struct {
+	Offset   int  `form:"offset,omitempty" json:"offset,omitempty,omitzero"`
+	Limit    int  `form:"limit,omitempty" json:"limit,omitempty,omitzero"`
+	OrderAsc bool `form:"orderAsc,omitempty" json:"orderAsc,omitempty,omitzero"`
+}
+
+// ListSandboxEventsParams defines parameters for ListSandboxEvents.
+type ListSandboxEventsParams struct {
+	Offset   int  `form:"offset,omitempty" json:"offset,omitempty,omitzero"`
+	Limit    int  `form:"limit,omitempty" json:"limit,omitempty,omitzero"`
+	OrderAsc bool `form:"orderAsc,omitempty" json:"orderAsc,omitempty,omitzero"`
+}
 
 // PostMCPJSONBody defines parameters for PostMCP.
 type PostMCPJSONBody = map[string]interface{}
@@ -1904,6 +2172,70 @@ type GetSandboxLogsV2Params struct {
 	Limit LogLimit `form:"limit,omitempty" json:"limit,omitempty,omitzero"`
 }
 
+// ListVolumeDirParams defines parameters for ListVolumeDir.
+type ListVolumeDirParams struct {
+	Depth int `form:"depth,omitempty" json:"depth,omitempty,omitzero"`
+
+	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// MakeVolumeDirParams defines parameters for MakeVolumeDir.
+type MakeVolumeDirParams struct {
+	UID VolumeUID `form:"uid,omitempty" json:"uid,omitempty,omitzero"`
+	GID VolumeGID `form:"gid,omitempty" json:"gid,omitempty,omitzero"`
+
+	// Mode Permission bits as a decimal number (0o644 is 420); at most 01777.
+	Mode  VolumeMode  `form:"mode,omitempty" json:"mode,omitempty,omitzero"`
+	Force VolumeForce `form:"force,omitempty" json:"force,omitempty,omitzero"`
+
+	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// ReadVolumeFileParams defines parameters for ReadVolumeFile.
+type ReadVolumeFileParams struct {
+	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// WriteVolumeFileParams defines parameters for WriteVolumeFile.
+type WriteVolumeFileParams struct {
+	UID VolumeUID `form:"uid,omitempty" json:"uid,omitempty,omitzero"`
+	GID VolumeGID `form:"gid,omitempty" json:"gid,omitempty,omitzero"`
+
+	// Mode Permission bits as a decimal number (0o644 is 420); at most 01777.
+	Mode  VolumeMode  `form:"mode,omitempty" json:"mode,omitempty,omitzero"`
+	Force VolumeForce `form:"force,omitempty" json:"force,omitempty,omitzero"`
+
+	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// RemoveVolumePathParams defines parameters for RemoveVolumePath.
+type RemoveVolumePathParams struct {
+	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// StatVolumePathParams defines parameters for StatVolumePath.
+type StatVolumePathParams struct {
+	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// UpdateVolumePathParams defines parameters for UpdateVolumePath.
+type UpdateVolumePathParams struct {
+	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// CreateWebhookJSONRequestBody defines body for CreateWebhook for application/json ContentType.
+type CreateWebhookJSONRequestBody = WebhookInput
+
+// UpdateWebhookJSONRequestBody defines body for UpdateWebhook for application/json ContentType.
+type UpdateWebhookJSONRequestBody = WebhookInput
+
 // CreateAPIKeyJSONRequestBody defines body for CreateAPIKey for application/json ContentType.
 type CreateAPIKeyJSONRequestBody = NewAPIKey
 
@@ -1974,6 +2306,9 @@ type StartTemplateBuildV2JSONRequestBody = TemplateBuildStartV2
 
 // RequestTemplateBuildV3JSONRequestBody defines body for RequestTemplateBuildV3 for application/json ContentType.
 type RequestTemplateBuildV3JSONRequestBody = TemplateBuildRequestV3
+
+// UpdateVolumePathJSONRequestBody defines body for UpdateVolumePath for application/json ContentType.
+type UpdateVolumePathJSONRequestBody = VolumeMetadata
 
 // CreateVolumeJSONRequestBody defines body for CreateVolume for application/json ContentType.
 type CreateVolumeJSONRequestBody = NewVolume

@@ -70,6 +70,9 @@ type Config struct {
 	// Builder, if set, runs the builds E2B's build API requests
 	// (internal/builds) instead of the daemon's engine (tests' doubles).
 	Builder build.Builder
+	// WebhookAllow is where lifecycle webhooks may post (egress entries;
+	// --webhook-allow). Empty: webhooks are off (internal/events).
+	WebhookAllow []string
 
 	// net is Network parsed by Validate.
 	net parsedNetwork

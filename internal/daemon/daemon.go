@@ -24,6 +24,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/build"
 	"github.com/cella-sandbox/cella/internal/builds"
 	"github.com/cella-sandbox/cella/internal/egress"
+	"github.com/cella-sandbox/cella/internal/events"
 	"github.com/cella-sandbox/cella/internal/metrics"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
@@ -155,17 +156,17 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	} else if len(res.Images)+len(res.Layers) > 0 {
 		log.Info("template cache garbage collected", "images", res.Images, "layers", len(res.Layers))
 	}
-	vols, err := volume.New(ctx, volume.Config{DataDir: c.DataDir, Store: st, Log: log})
+	box, err := secrets.OpenBox(c.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	vols, err := volume.New(ctx, volume.Config{DataDir: c.DataDir, Store: st, Box: box, Log: log})
 	if err != nil {
 		return nil, err
 	}
 	d.Volumes = vols
 	d.add("volumes", vols.Close)
 
-	box, err := secrets.OpenBox(c.DataDir)
-	if err != nil {
-		return nil, err
-	}
 	sm, err := secrets.NewManager(ctx, st, box)
 	if err != nil {
 		return nil, err
@@ -195,11 +196,17 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		d.add("network", closeNet)
 	}
 
+	evs, err := events.New(events.Config{Store: st, Box: box, Audit: agentAudit{al}, Log: log, Allow: c.WebhookAllow})
+	if err != nil {
+		return nil, err
+	}
+	d.add("events", evs.Close) // closed after the sandboxes: a shutdown's kills are still queued, not blocked
+
 	d.Metrics = newMetrics(rt.Name(), tpls) // observe.go
 	mgr, err := sandbox.NewManager(sandbox.Config{
 		DataDir: c.DataDir, Runtime: rt, Templates: tpls, Store: st, AgentBinary: c.AgentBinary, Log: log,
 		BuildProgress: c.BuildProgress, Volumes: vols, Lifecycle: c.Lifecycle,
-		AgentAudit: agentAudit{al}, Network: sbNet, SecretValue: sm.Get, MetricsInterval: c.MetricsInterval, Maxima: c.Maxima,
+		AgentAudit: agentAudit{al}, Events: evs, Network: sbNet, SecretValue: sm.Get, MetricsInterval: c.MetricsInterval, Maxima: c.Maxima,
 		Metrics: d.Metrics, KeyLimits: keyLimits(st),
 	})
 	if err != nil {
@@ -244,7 +251,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	d.add("template builds", func() error { bsvc.Close(); return nil })
 	srv := api.New(api.Config{Manager: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
 		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts,
-		Metrics: d.Metrics, AccessLog: accessLog, Builds: bsvc})
+		Metrics: d.Metrics, AccessLog: accessLog, Builds: bsvc, Events: evs})
 	d.Handler = srv
 	d.add("api", func() error { srv.Close(); return nil })
 	return d, nil
