@@ -328,9 +328,16 @@ func (r *run) base(ctx context.Context) (key string, cached bool, err error) {
 // command and takes the memory snapshot sandboxes of it start from.
 func (r *run) finalize(ctx context.Context) (*template.Template, string, error) {
 	start, ready := r.spec.StartCmd, r.spec.ReadyCmd
-	if start == "" && ready == "" && r.spec.Base.Template != "" {
-		// fromTemplate inherits the base's start and ready commands.
-		start, ready = r.parent.StartCmd, r.parent.ReadyCmd
+	if r.spec.Base.Template != "" {
+		// fromTemplate inherits the base's start and ready commands, each
+		// unless the spec sets its own (E2B: a derived template's
+		// setReadyCmd keeps the base's start command running).
+		if start == "" {
+			start = r.parent.StartCmd
+		}
+		if ready == "" && r.spec.StartCmd == "" {
+			ready = r.parent.ReadyCmd
+		}
 	}
 	if start != "" && ready == "" {
 		ready = defaultReadyCmd

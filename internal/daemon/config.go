@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/cella-sandbox/cella/internal/build"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -66,6 +67,9 @@ type Config struct {
 	Maxima sandbox.Maxima
 	// Build configures template builds (internal/build).
 	Build BuildConfig
+	// Builder, if set, runs the builds E2B's build API requests
+	// (internal/builds) instead of the daemon's engine (tests' doubles).
+	Builder build.Builder
 	// WebhookAllow is where lifecycle webhooks may post (egress entries;
 	// --webhook-allow). Empty: webhooks are off (internal/events).
 	WebhookAllow []string

@@ -22,6 +22,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/api"
 	"github.com/cella-sandbox/cella/internal/audit"
 	"github.com/cella-sandbox/cella/internal/build"
+	"github.com/cella-sandbox/cella/internal/builds"
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/events"
 	"github.com/cella-sandbox/cella/internal/metrics"
@@ -46,6 +47,8 @@ type Daemon struct {
 	Runtime   runtime.Runtime
 	Secrets   *secrets.Manager
 	Audit     *audit.Log
+	// Builds is E2B's template build API's core.
+	Builds *builds.Service
 	// Ceiling is the operator's egress ceiling (empty: no egress).
 	Ceiling   egress.Policy
 	Reconcile sandbox.ReconcileReport
@@ -236,9 +239,19 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		return nil, err
 	}
 	d.add("access log", closeAccessLog)
+	builder := d.Builder
+	if c.Builder != nil {
+		builder = c.Builder
+	}
+	bsvc, err := builds.New(builds.Config{Store: st, Templates: tpls, Builder: builder, Dir: filepath.Join(c.DataDir, "builds"), Log: log})
+	if err != nil {
+		return nil, fmt.Errorf("template builds: %w", err)
+	}
+	d.Builds = bsvc
+	d.add("template builds", func() error { bsvc.Close(); return nil })
 	srv := api.New(api.Config{Manager: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
 		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts,
-		Metrics: d.Metrics, AccessLog: accessLog, Events: evs})
+		Metrics: d.Metrics, AccessLog: accessLog, Builds: bsvc, Events: evs})
 	d.Handler = srv
 	d.add("api", func() error { srv.Close(); return nil })
 	return d, nil
