@@ -107,6 +107,30 @@ func (e AuditKind) Valid() bool {
 	}
 }
 
+// Defines values for BuildLogEntryLevel.
+const (
+	BuildLogEntryLevelDebug BuildLogEntryLevel = "debug"
+	BuildLogEntryLevelError BuildLogEntryLevel = "error"
+	BuildLogEntryLevelInfo  BuildLogEntryLevel = "info"
+	BuildLogEntryLevelWarn  BuildLogEntryLevel = "warn"
+)
+
+// Valid indicates whether the value is a known member of the BuildLogEntryLevel enum.
+func (e BuildLogEntryLevel) Valid() bool {
+	switch e {
+	case BuildLogEntryLevelDebug:
+		return true
+	case BuildLogEntryLevelError:
+		return true
+	case BuildLogEntryLevelInfo:
+		return true
+	case BuildLogEntryLevelWarn:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for LogLevel.
 const (
 	LogLevelDebug LogLevel = "debug"
@@ -383,6 +407,30 @@ func (e SandboxTransitionAction) Valid() bool {
 	}
 }
 
+// Defines values for TemplateBuildInfoStatus.
+const (
+	TemplateBuildInfoStatusBuilding TemplateBuildInfoStatus = "building"
+	TemplateBuildInfoStatusError    TemplateBuildInfoStatus = "error"
+	TemplateBuildInfoStatusReady    TemplateBuildInfoStatus = "ready"
+	TemplateBuildInfoStatusWaiting  TemplateBuildInfoStatus = "waiting"
+)
+
+// Valid indicates whether the value is a known member of the TemplateBuildInfoStatus enum.
+func (e TemplateBuildInfoStatus) Valid() bool {
+	switch e {
+	case TemplateBuildInfoStatusBuilding:
+		return true
+	case TemplateBuildInfoStatusError:
+		return true
+	case TemplateBuildInfoStatusReady:
+		return true
+	case TemplateBuildInfoStatusWaiting:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for VolumeEntryStatType.
 const (
 	Directory VolumeEntryStatType = "directory"
@@ -561,6 +609,20 @@ type APIKeyUsage struct {
 	Vcpus     float32 `json:"vcpus"`
 }
 
+// AssignTemplateTagsRequest defines model for AssignTemplateTagsRequest.
+type AssignTemplateTagsRequest struct {
+	Tags []string `json:"tags"`
+
+	// Target alias[:tag] of the build to tag.
+	Target string `json:"target"`
+}
+
+// AssignedTemplateTags defines model for AssignedTemplateTags.
+type AssignedTemplateTags struct {
+	BuildID string   `json:"buildID"`
+	Tags    []string `json:"tags"`
+}
+
 // AuditDecision defines model for AuditDecision.
 type AuditDecision string
 
@@ -638,6 +700,19 @@ type AuditEntrySource string
 // AuditKind defines model for AuditKind.
 type AuditKind string
 
+// BuildLogEntry E2B's BuildLogEntry.
+type BuildLogEntry struct {
+	Level   BuildLogEntryLevel `json:"level"`
+	Message string             `json:"message"`
+
+	// Step base, 1..N or finalize; absent for lines of the whole build.
+	Step      string    `json:"step,omitempty,omitzero"`
+	Timestamp time.Time `json:"timestamp"`
+}
+
+// BuildLogEntryLevel defines model for BuildLogEntry.Level.
+type BuildLogEntryLevel string
+
 // ConnectSandbox E2B's connect body.
 type ConnectSandbox = ConnectSandboxV2
 
@@ -649,6 +724,12 @@ type ConnectSandboxV2 struct {
 
 	// Timeout Seconds from now the sandbox lives at least.
 	Timeout *int64 `json:"timeout,omitempty"`
+}
+
+// DeleteTemplateTagsRequest defines model for DeleteTemplateTagsRequest.
+type DeleteTemplateTagsRequest struct {
+	Name string   `json:"name"`
+	Tags []string `json:"tags"`
 }
 
 // EnvVars Environment variables of every process of the sandbox.
@@ -1555,16 +1636,149 @@ type SnapshotInfo struct {
 	TookMs int64 `json:"tookMs,omitempty,omitzero"`
 }
 
-// Template A template on this machine. E2B's Template has these three fields
-// among others cella does not fill.
+// Template E2B's Template, as `e2b template list` reads it: the API templates the
+// caller may see, then this machine's templates (builtins and `cella
+// template build`s, public).
 type Template struct {
-	Aliases []string `json:"aliases"`
+	Aliases    []string `json:"aliases"`
+	BuildCount int      `json:"buildCount"`
 
-	// Public Always false.
-	Public bool `json:"public"`
+	// BuildID The newest build (a machine template's image key).
+	BuildID string `json:"buildID"`
 
-	// TemplateID The template's name.
+	// BuildStatus The newest build's status.
+	BuildStatus string    `json:"buildStatus"`
+	CPUCount    int       `json:"cpuCount"`
+	CreatedAt   time.Time `json:"createdAt"`
+
+	// CreatedBy Always null.
+	CreatedBy map[string]interface{} `json:"createdBy"`
+
+	// DiskSizeMB Always 0 (a sandbox's disk is its create's).
+	DiskSizeMB  int    `json:"diskSizeMB"`
+	EnvdVersion string `json:"envdVersion"`
+
+	// LastSpawnedAt Always null.
+	LastSpawnedAt time.Time `json:"lastSpawnedAt"`
+	MemoryMB      int       `json:"memoryMB"`
+	Names         []string  `json:"names"`
+	Public        bool      `json:"public"`
+
+	// SpawnCount Always 0.
+	SpawnCount int `json:"spawnCount"`
+
+	// TemplateID The template's ID (a machine template's name).
+	TemplateID string    `json:"templateID"`
+	UpdatedAt  time.Time `json:"updatedAt"`
+}
+
+// TemplateAliasResponse E2B's TemplateAliasResponse.
+type TemplateAliasResponse struct {
+	Public     bool   `json:"public"`
 	TemplateID string `json:"templateID"`
+}
+
+// TemplateBuildFileUpload E2B's TemplateBuildFileUpload.
+type TemplateBuildFileUpload struct {
+	// Present The team's files cache has this hash.
+	Present bool `json:"present"`
+
+	// URL The signed upload URL (PUT).
+	URL string `json:"url"`
+}
+
+// TemplateBuildInfo E2B's TemplateBuildInfo.
+type TemplateBuildInfo struct {
+	BuildID    string          `json:"buildID"`
+	LogEntries []BuildLogEntry `json:"logEntries"`
+
+	// Logs E2B's deprecated v1 log; always empty.
+	Logs   []string `json:"logs"`
+	Reason struct {
+		LogEntries []BuildLogEntry `json:"logEntries"`
+		Message    string          `json:"message"`
+		Step       string          `json:"step,omitempty,omitzero"`
+	} `json:"reason,omitempty,omitzero"`
+	Status     TemplateBuildInfoStatus `json:"status"`
+	TemplateID string                  `json:"templateID"`
+}
+
+// TemplateBuildInfoStatus defines model for TemplateBuildInfo.Status.
+type TemplateBuildInfoStatus string
+
+// TemplateBuildRequestV3 E2B's TemplateBuildRequestV3.
+type TemplateBuildRequestV3 struct {
+	// Alias E2B's deprecated field for name.
+	Alias string `json:"alias,omitempty,omitzero"`
+
+	// CPUCount 1 or even (default 2); the build sandbox's.
+	CPUCount int `json:"cpuCount,omitempty,omitzero"`
+
+	// MemoryMB Even (default 1024); the build sandbox's.
+	MemoryMB      int `json:"memoryMB,omitempty,omitzero"`
+	MinFreeDiskMb int `json:"minFreeDiskMb,omitempty,omitzero"`
+
+	// Name alias, alias:tag or namespace/alias[:tag].
+	Name   string   `json:"name,omitempty,omitzero"`
+	Tags   []string `json:"tags,omitempty,omitzero"`
+	TeamID string   `json:"teamID,omitempty,omitzero"`
+}
+
+// TemplateBuildStartV2 E2B's TemplateBuildStartV2.
+type TemplateBuildStartV2 struct {
+	Force     bool   `json:"force,omitempty,omitzero"`
+	FromImage string `json:"fromImage,omitempty,omitzero"`
+
+	// FromImageRegistry Registry credentials; only type "registry" (username, password).
+	FromImageRegistry struct {
+		Password string `json:"password,omitempty,omitzero"`
+		Type     string `json:"type,omitempty,omitzero"`
+		Username string `json:"username,omitempty,omitzero"`
+	} `json:"fromImageRegistry,omitempty,omitzero"`
+	FromTemplate string         `json:"fromTemplate,omitempty,omitzero"`
+	ReadyCmd     string         `json:"readyCmd,omitempty,omitzero"`
+	StartCmd     string         `json:"startCmd,omitempty,omitzero"`
+	Steps        []TemplateStep `json:"steps,omitempty,omitzero"`
+}
+
+// TemplateRequestResponseV3 E2B's TemplateRequestResponseV3.
+type TemplateRequestResponseV3 struct {
+	Aliases []string `json:"aliases"`
+	BuildID string   `json:"buildID"`
+
+	// Names <team name>/<alias>.
+	Names      []string `json:"names"`
+	Public     bool     `json:"public"`
+	Tags       []string `json:"tags"`
+	TemplateID string   `json:"templateID"`
+}
+
+// TemplateStep E2B's TemplateStep. COPY steps' `forceUpload`, `resolveSymlinks` and
+// `gzip` keys are ignored (the archive's format is detected).
+type TemplateStep struct {
+	Args      []string `json:"args,omitempty,omitzero"`
+	FilesHash string   `json:"filesHash,omitempty,omitzero"`
+	Force     bool     `json:"force,omitempty,omitzero"`
+
+	// Type RUN, COPY, ENV, WORKDIR, USER (ADD = COPY, ARG = ENV); compared upper-cased.
+	Type string `json:"type"`
+}
+
+// TemplateTag E2B's TemplateTag.
+type TemplateTag struct {
+	BuildID   string    `json:"buildID"`
+	CreatedAt time.Time `json:"createdAt"`
+	Tag       string    `json:"tag"`
+}
+
+// TemplateUpdateRequest defines model for TemplateUpdateRequest.
+type TemplateUpdateRequest struct {
+	Public bool `json:"public"`
+}
+
+// TemplateUpdateResponse defines model for TemplateUpdateResponse.
+type TemplateUpdateResponse struct {
+	Names []string `json:"names"`
 }
 
 // Volume E2B's Volume, plus cella's fields.
@@ -1671,6 +1885,15 @@ type WebhookInput struct {
 
 // WebhookInputEvents defines model for WebhookInput.Events.
 type WebhookInputEvents string
+
+// APITemplateID defines model for apiTemplateID.
+type APITemplateID = string
+
+// BuildID defines model for buildID.
+type BuildID = string
+
+// FilesHash defines model for filesHash.
+type FilesHash = string
 
 // Limit defines model for limit.
 type Limit = int
@@ -1907,6 +2130,27 @@ type ListSnapshotsParams struct {
 	NextToken string `form:"nextToken,omitempty" json:"nextToken,omitempty,omitzero"`
 }
 
+// GetTemplateBuildStatusParams defines parameters for GetTemplateBuildStatus.
+type GetTemplateBuildStatusParams struct {
+	// LogsOffset The index of the first log entry to return.
+	LogsOffset int `form:"logsOffset,omitempty" json:"logsOffset,omitempty,omitzero"`
+
+	// Limit Items per page.
+	Limit Limit `form:"limit,omitempty" json:"limit,omitempty,omitzero"`
+}
+
+// UploadTemplateFilesParams defines parameters for UploadTemplateFiles.
+type UploadTemplateFilesParams struct {
+	// Team The team whose files cache receives the upload.
+	Team string `form:"team" json:"team"`
+
+	// Expires When the URL stops working (Unix seconds).
+	Expires int64 `form:"expires" json:"expires"`
+
+	// Token HMAC-SHA256 of the template, hash, team and expiry under the daemon's key (hex).
+	Token string `form:"token" json:"token"`
+}
+
 // ListSandboxesV2Params defines parameters for ListSandboxesV2.
 type ListSandboxesV2Params struct {
 	// Metadata Only sandboxes whose metadata has these pairs, as E2B's SDKs encode
@@ -2075,11 +2319,26 @@ type CreateSecretJSONRequestBody = NewSecret
 // UpdateSecretJSONRequestBody defines body for UpdateSecret for application/json ContentType.
 type UpdateSecretJSONRequestBody = SecretUpdate
 
+// DeleteTemplateTagsJSONRequestBody defines body for DeleteTemplateTags for application/json ContentType.
+type DeleteTemplateTagsJSONRequestBody = DeleteTemplateTagsRequest
+
+// AssignTemplateTagsJSONRequestBody defines body for AssignTemplateTags for application/json ContentType.
+type AssignTemplateTagsJSONRequestBody = AssignTemplateTagsRequest
+
 // CreateSandboxV2JSONRequestBody defines body for CreateSandboxV2 for application/json ContentType.
 type CreateSandboxV2JSONRequestBody = NewSandboxV2
 
 // ConnectSandboxV2JSONRequestBody defines body for ConnectSandboxV2 for application/json ContentType.
 type ConnectSandboxV2JSONRequestBody = ConnectSandboxV2
+
+// UpdateTemplateV2JSONRequestBody defines body for UpdateTemplateV2 for application/json ContentType.
+type UpdateTemplateV2JSONRequestBody = TemplateUpdateRequest
+
+// StartTemplateBuildV2JSONRequestBody defines body for StartTemplateBuildV2 for application/json ContentType.
+type StartTemplateBuildV2JSONRequestBody = TemplateBuildStartV2
+
+// RequestTemplateBuildV3JSONRequestBody defines body for RequestTemplateBuildV3 for application/json ContentType.
+type RequestTemplateBuildV3JSONRequestBody = TemplateBuildRequestV3
 
 // UpdateVolumePathJSONRequestBody defines body for UpdateVolumePath for application/json ContentType.
 type UpdateVolumePathJSONRequestBody = VolumeMetadata

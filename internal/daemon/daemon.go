@@ -21,6 +21,8 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/api"
 	"github.com/cella-sandbox/cella/internal/audit"
+	"github.com/cella-sandbox/cella/internal/build"
+	"github.com/cella-sandbox/cella/internal/builds"
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/events"
 	"github.com/cella-sandbox/cella/internal/metrics"
@@ -45,6 +47,8 @@ type Daemon struct {
 	Runtime   runtime.Runtime
 	Secrets   *secrets.Manager
 	Audit     *audit.Log
+	// Builds is E2B's template build API's core.
+	Builds *builds.Service
 	// Ceiling is the operator's egress ceiling (empty: no egress).
 	Ceiling   egress.Policy
 	Reconcile sandbox.ReconcileReport
@@ -53,6 +57,11 @@ type Daemon struct {
 	// Metrics are the daemon's instruments (served at /metrics); template
 	// builds report through ObservedBuilder (observe.go).
 	Metrics *metrics.Metrics
+	// Builder is the daemon's template build engine (BuildEngine, each
+	// step in a sandbox of Manager, with the build egress policy) observed
+	// in Metrics.
+	Builder     build.Builder
+	BuildEngine *build.Engine
 
 	log     *slog.Logger
 	closers []closer
@@ -217,6 +226,12 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	if err := mgr.StartPools(ctx, c.Pools); err != nil { // after Reconcile: pooled sandboxes have no record
 		return nil, fmt.Errorf("warm pools: %w", err)
 	}
+	if d.BuildEngine, err = build.New(build.Config{Sandboxes: mgr, Templates: tpls, Egress: c.buildEgress(d.Ceiling),
+		Timeout: c.Build.Timeout, ReadyTimeout: c.Build.ReadyTimeout, Log: log}); err != nil {
+		return nil, err
+	}
+	d.Builder = ObservedBuilder(d.BuildEngine, d.Metrics)
+
 	stopPrune := pruneAuditLogs(al, mgr, c.AuditRetention, log) // audit.go
 	d.add("audit pruning", func() error { stopPrune(); return nil })
 	accessLog, closeAccessLog, err := openAccessLog(c.AccessLog) // observe.go
@@ -224,9 +239,19 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		return nil, err
 	}
 	d.add("access log", closeAccessLog)
+	builder := d.Builder
+	if c.Builder != nil {
+		builder = c.Builder
+	}
+	bsvc, err := builds.New(builds.Config{Store: st, Templates: tpls, Builder: builder, Dir: filepath.Join(c.DataDir, "builds"), Log: log})
+	if err != nil {
+		return nil, fmt.Errorf("template builds: %w", err)
+	}
+	d.Builds = bsvc
+	d.add("template builds", func() error { bsvc.Close(); return nil })
 	srv := api.New(api.Config{Manager: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
 		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts,
-		Metrics: d.Metrics, AccessLog: accessLog, Events: evs})
+		Metrics: d.Metrics, AccessLog: accessLog, Builds: bsvc, Events: evs})
 	d.Handler = srv
 	d.add("api", func() error { srv.Close(); return nil })
 	return d, nil

@@ -63,7 +63,7 @@ func (m *Manager) Fork(ctx context.Context, p tenant.Principal, id string, count
 	}
 	defer res.release()
 	ctx = withReservation(ctx, res)
-	sn, err := m.snapshot(ctx, p, id, "", true)
+	sn, err := m.snapshot(ctx, p, id, "", true, "")
 	if err != nil {
 		return nil, err
 	}

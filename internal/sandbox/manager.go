@@ -123,6 +123,11 @@ type Manager struct {
 
 	pools poolSet // warm pools (pool.go)
 
+	snapsMu sync.Mutex
+	// pendingSnaps are template snapshots whose template does not name
+	// them yet: the pruning of template snapshots leaves them (build.go).
+	pendingSnaps map[string]bool
+
 	layers *rootfs.Layers // makes the writable layers (blank images in <data>/layers)
 }
 
@@ -221,6 +226,19 @@ func (m *Manager) Create(ctx context.Context, p tenant.Principal, opts Options) 
 		}
 		return sb, err
 	}
+	tpl, err := m.templateFor(ctx, opts) // build.go
+	if err != nil {
+		return nil, err
+	}
+	if tpl.Snapshot != "" && opts.Image == "" {
+		// A built template with its start command captured running.
+		if sb, ok, err := m.fromTemplateSnapshot(ctx, p, opts, tpl); ok { // build.go
+			if err == nil {
+				m.cfg.Metrics.Create(metrics.CreateSnapshot, sb.TemplateID, time.Since(t0))
+			}
+			return sb, err
+		}
+	}
 	res, err := m.reserve(ctx, opts, 1) // quota.go: the key's slot, before anything starts
 	if err != nil {
 		return nil, err
@@ -230,10 +248,6 @@ func (m *Manager) Create(ctx context.Context, p tenant.Principal, opts Options) 
 	if sb, ok := m.fromPool(ctx, opts); ok { // pool.go: a warm sandbox, else cold below
 		m.cfg.Metrics.Create(metrics.CreatePooled, sb.TemplateID, time.Since(t0))
 		return sb, nil
-	}
-	tpl, err := m.template(ctx, opts.TemplateID)
-	if err != nil {
-		return nil, err
 	}
 
 	sb := &Sandbox{

@@ -95,6 +95,7 @@ CREATE TABLE sandbox_events (
 );
 CREATE INDEX sandbox_events_sandbox ON sandbox_events(sandbox_id, seq);
 CREATE INDEX sandbox_events_at ON sandbox_events(at);`)}, // webhooks.go
+	{"template builds", migrateTemplateBuilds}, // templatebuilds.go
 }
 
 // execSQL is a migration that runs statements.
