@@ -457,6 +457,60 @@ test('the templates page lists GET /templates', async () => {
   await shot('templates');
 });
 
+test('build a template from the templates page and watch its log; a failing step is marked', async () => {
+  await go('#/templates', '#build-form');
+  // COPY needs an upload the form has no files for: refused, by line.
+  await page.locator('#build-name').fill('console-copy');
+  await page.locator('#build-dockerfile').fill('FROM base\nCOPY app /srv/app');
+  await page.locator('#build-btn').click();
+  await page.locator('#build-error').filter({ hasText: 'line 2: COPY needs files' }).waitFor();
+
+  const build = async (name, dockerfile, want) => {
+    await go('#/templates', '#build-form');
+    await page.locator('#build-name').fill(name);
+    await page.locator('#build-dockerfile').fill(dockerfile);
+    await page.locator('#build-btn').click();
+    await page.waitForURL(/#\/build\/[^/]+\/[^/]+$/);
+    const [, tid, bid] = new URL(page.url()).hash.match(/^#\/build\/([^/]+)\/([^/]+)$/);
+    await page.locator('#build-state').filter({ hasText: want }).waitFor({ timeout: 600000 });
+    const st = (await call('GET', `/templates/${tid}/builds/${bid}/status`)).json;
+    assert.equal(st.status, want);
+    // The page's log is the build's: the same entries, in order, once the
+    // page has drained it.
+    await until(async () => (await page.locator('#build-log tbody tr').count()) === st.logEntries.length, 'the whole log in the page');
+    const shown = await page.locator('#build-log tbody tr td.msg').allTextContents();
+    assert.deepEqual(shown, st.logEntries.map((e) => e.message));
+    return { tid, bid, st };
+  };
+
+  // The last step prints markup: a build's output is text in the page, never HTML.
+  const ok = await build('console-built', 'FROM base\nRUN echo built-by-the-console-$((6*7))\nENV GREETING=hi\nWORKDIR /home/user\n'
+    + 'RUN echo \'<img id="xss" src="x" onerror="window.xssRan=1">\'', 'ready');
+  assert.ok(await page.locator('#build-log tr[data-step="4"]').filter({ hasText: '<img id="xss"' }).count() >= 1, 'the markup shows as text');
+  assert.equal(await page.locator('#xss').count(), 0, 'a build\'s output made an element');
+  assert.equal(await page.evaluate(() => window.xssRan), undefined);
+  const out = page.locator('#build-log tr[data-step="1"]').filter({ hasText: 'built-by-the-console-42' });
+  assert.ok(await out.count() >= 1, 'the RUN step\'s output is in its log');
+  assert.deepEqual(await page.locator('#build-steps li').evaluateAll((ls) => ls.map((l) => l.dataset.step)).then((s) => s.filter((x) => /^\d+$/.test(x))), ['1', '2', '3', '4']);
+  assert.equal(await page.locator('#build-steps li.failing').count(), 0);
+  await shot('build-ready');
+  // The template is usable.
+  const sb = await call('POST', '/v2/sandboxes', { templateID: 'console-built', timeout: 120 });
+  assert.equal(sb.status, 201, sb.text);
+  assert.equal((await call('DELETE', `/sandboxes/${sb.json.sandboxID}`)).status, 204);
+
+  const bad = await build('console-broken', 'FROM base\nRUN echo fine\nRUN echo about-to-fail && exit 3\nRUN echo never', 'error');
+  assert.equal(bad.st.reason.step, '2');
+  // The failing step is marked in the step list and in the log, nothing else is.
+  assert.deepEqual(await page.locator('#build-steps li.failing').evaluateAll((ls) => ls.map((l) => l.dataset.step)), ['2']);
+  const marked = await page.locator('#build-log tr.failing').evaluateAll((trs) => trs.map((t) => t.dataset.step));
+  assert.ok(marked.length >= 1 && marked.every((x) => x === '2'), `marked rows: ${marked}`);
+  await page.locator('#build-reason').filter({ hasText: 'Failed at step 2' }).waitFor();
+  assert.equal(await page.locator('#build-log tr[data-step="3"]').count(), 0, 'a step after the failing one ran');
+  await shot('build-failed');
+  for (const t of [ok.tid, bad.tid]) assert.equal((await call('DELETE', `/templates/${t}`)).status, 204);
+});
+
 test('size a warm pool and watch it fill, then remove it', async () => {
   await go('#/pools', '#pool-form');
   await page.locator('#pool-template option[value="base"]').waitFor({ state: 'attached' });

@@ -9,6 +9,7 @@ import '@xterm/xterm/css/xterm.css';
 import './style.css';
 import { lineChart, chartSVG } from './charts.js';
 import { templatesView, snapshotsView, volumesView, poolsView, keysView, secretsView, hostView } from './pages.js';
+import { buildView } from './build.js';
 
 const KEY_STORAGE = 'cella.apiKey';
 const ENVD_PORT = '49983';
@@ -180,7 +181,7 @@ const PAGES = [
 
 function header() {
   const here = (location.hash || '#/').slice(2).split('/')[0];
-  const cur = here === 'sandbox' ? '' : here;
+  const cur = here === 'sandbox' ? '' : here === 'build' ? 'templates' : here;
   return h('header', { class: 'top' },
     h('a', { href: '#/', class: 'brand' }, 'cella'), h('span', { class: 'sub' }, 'console'),
     h('nav', { class: 'nav' }, PAGES.map(([p, label]) => h('a', { href: `#/${p}`, id: `nav-${p || 'sandboxes'}`, class: p === cur ? 'current' : undefined }, label))),
@@ -829,7 +830,9 @@ function render() {
   }
   const m = hash.match(/^#\/sandbox\/([a-z0-9]+)$/);
   const view = PAGE_VIEWS[hash.slice(2).split('?')[0]];
+  const b = hash.match(/^#\/build\/([^/]+)\/([^/]+)$/);
   if (m) sandboxView(m[1]);
+  else if (b) buildView(decodeURIComponent(b[1]), decodeURIComponent(b[2]));
   else if (view) view();
   else if (hash === '#/login') { location.hash = '#/'; }
   else listView();

@@ -5,6 +5,7 @@
 // shown in the page's status line.
 import { h, api, flash, every, page, fmtBytes, fmtTime, REFRESH_MS } from './app.js';
 import { barChart, chartSVG, meter } from './charts.js';
+import { buildForm } from './build.js';
 
 // status is a page's one-line status: what it shows or why it cannot.
 function status(id) {
@@ -62,7 +63,8 @@ export function templatesView() {
   page('Templates',
     h('p', { class: 'muted note' }, 'The templates on this machine (built with cella template on the host), with their warm pools. '
       + 'Start a sandbox from one here or on the Sandboxes page.'),
-    table('templates', ['Template', 'Aliases', 'Warm pool', ''], tbody), st.el);
+    table('templates', ['Template', 'Aliases', 'Build', 'Warm pool', ''], tbody), st.el,
+    buildForm());
   refresher(st, async () => {
     const [ts, pools] = await Promise.all([api('GET', '/templates'), api('GET', '/pools').catch(() => [])]);
     const pool = new Map(pools.map((p) => [p.template, p]));
@@ -73,6 +75,7 @@ export function templatesView() {
       return h('tr', { dataset: { template: t.templateID } },
         h('td', { class: 'mono name' }, t.templateID),
         h('td', {}, (t.aliases || []).filter((a) => a !== t.templateID).join(', ') || '—'),
+        h('td', { class: 'build' }, t.buildStatus ? `${t.buildStatus}${t.buildCount ? ` (${plural(t.buildCount, 'build')})` : ''}` : '—'),
         h('td', {}, p ? `${p.ready} ready of ${p.size}` : '—'),
         h('td', {}, btn));
     }));
