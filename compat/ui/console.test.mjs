@@ -484,12 +484,15 @@ test('build a template from the templates page and watch its log; a failing step
   };
 
   // The last step prints markup: a build's output is text in the page, never HTML.
-  const ok = await build('console-built', 'FROM base\nRUN echo built-by-the-console-$((6*7))\nENV GREETING=hi\nWORKDIR /home/user\n'
+  // The first step is this run's own: build layers are cached in the shared
+  // template cache, and a cached step prints nothing.
+  const run = `${process.pid}-${Date.now()}`;
+  const ok = await build('console-built', `FROM base\nRUN echo built-by-the-console-${run}-$((6*7))\nENV GREETING=hi\nWORKDIR /home/user\n`
     + 'RUN echo \'<img id="xss" src="x" onerror="window.xssRan=1">\'', 'ready');
   assert.ok(await page.locator('#build-log tr[data-step="4"]').filter({ hasText: '<img id="xss"' }).count() >= 1, 'the markup shows as text');
   assert.equal(await page.locator('#xss').count(), 0, 'a build\'s output made an element');
   assert.equal(await page.evaluate(() => window.xssRan), undefined);
-  const out = page.locator('#build-log tr[data-step="1"]').filter({ hasText: 'built-by-the-console-42' });
+  const out = page.locator('#build-log tr[data-step="1"]').filter({ hasText: `built-by-the-console-${run}-42` });
   assert.ok(await out.count() >= 1, 'the RUN step\'s output is in its log');
   assert.deepEqual(await page.locator('#build-steps li').evaluateAll((ls) => ls.map((l) => l.dataset.step)).then((s) => s.filter((x) => /^\d+$/.test(x))), ['1', '2', '3', '4']);
   assert.equal(await page.locator('#build-steps li.failing').count(), 0);

@@ -405,13 +405,19 @@ function sandboxView(id) {
     const sn = await api('POST', `/sandboxes/${id}/snapshots`, {});
     return `Snapshot ${sn.snapshotID} taken (${fmtBytes(sn.sizeBytes)}); start sandboxes from it on the Snapshots page.`;
   });
+  // killed stops the page's polling once a kill is asked for: the sandbox
+  // is about to be gone, and its routes would answer 404 until the page is
+  // left.
+  let killed = false;
   killBtn.onclick = async () => {
     if (!confirm(`Kill sandbox ${id}? Its processes and files are gone for good.`)) return;
+    killed = true;
     try {
       await api('DELETE', `/sandboxes/${id}`);
       flash(`Killed sandbox ${id}.`);
       location.hash = '#/';
     } catch (e) {
+      killed = false;
       flash(`Kill: ${e.message}`, 'error');
     }
   };
@@ -565,6 +571,7 @@ function sandboxView(id) {
   let auditReq = 0;
 
   async function loadAudit() {
+    if (killed) return;
     const req = ++auditReq;
     const filter = AUDIT_FILTERS[auditFilter.value] || AUDIT_FILTERS.all;
     const q = new URLSearchParams({ limit: String(AUDIT_LIMIT), ...filter.q });
@@ -705,6 +712,7 @@ function sandboxView(id) {
   const resStatus = h('span', { id: 'resources-status', class: 'muted' });
   const mib = (n) => fmtBytes(n);
   async function loadResources() {
+    if (killed) return;
     if (!sb) return;
     const start = Math.floor(Date.now() / 1000) - 3600;
     const ms = await api('GET', `/sandboxes/${encodeURIComponent(id)}/metrics?start=${start}`);
@@ -726,6 +734,7 @@ function sandboxView(id) {
   // ----- the sandbox record -----
   let lastState = null;
   async function load() {
+    if (killed) return;
     try {
       sb = await api('GET', `/sandboxes/${id}`);
     } catch (e) {
