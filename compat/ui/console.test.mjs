@@ -24,6 +24,7 @@ mkdirSync(SHOTS, { recursive: true });
 let browser, page, profile, sandboxID;
 let step = 0;
 const errors = [];
+const killed = new Set(); // sandboxes the console was asked to kill
 
 // shot saves the whole page, or only `of` (a locator) when given.
 async function shot(name, of) {
@@ -126,7 +127,7 @@ before(async () => {
   page = browser.pages()[0] || await browser.newPage();
   page.setDefaultTimeout(30000);
   page.on('pageerror', (e) => errors.push(`page error: ${e.message}`));
-  page.on('console', (m) => { if (m.type() === 'error') errors.push(`console: ${m.text()}`); });
+  page.on('console', (m) => { if (m.type() === 'error') errors.push(`console: ${m.text()} (${m.location()?.url || ''})`); });
   page.on('dialog', (d) => d.accept());
   page.on('request', (r) => { if (/\/sandboxes\/[^/]+\/logs\b/.test(new URL(r.url()).pathname)) auditRequests++; });
 });
@@ -383,6 +384,7 @@ test('snapshot the sandbox, start a sandbox from the snapshot on the Snapshots p
   await page.locator('#sandbox-state').filter({ hasText: 'running' }).waitFor({ timeout: 120000 });
   await page.locator('#files tr[data-name="hello-from-the-console.txt"]').waitFor({ timeout: 60000 });
   await shot('sandbox-from-snapshot');
+  killed.add(fork);
   await page.locator('#kill-btn:enabled').click();
   await page.locator('#flash .flash').filter({ hasText: `Killed sandbox ${fork}` }).waitFor();
   extra.delete(fork);
@@ -435,6 +437,7 @@ test('the host overview draws the daemon\'s figures', async () => {
 });
 
 test('kill the sandbox and see it gone from the list', async () => {
+  killed.add(sandboxID);
   await page.locator('#kill-btn').click(); // the confirm() dialog is accepted
   await page.locator('#create-form').waitFor();
   await page.locator('#flash .flash').filter({ hasText: `Killed sandbox ${sandboxID}` }).waitFor();
@@ -658,6 +661,9 @@ test('log out forgets the key', async () => {
   await page.locator('#login-form').waitFor();
   assert.equal(await page.evaluate(() => sessionStorage.getItem('cella.apiKey')), null);
   // No script errors on the way (the refused key's 401 and the mounted volume's 409 are the expected console errors).
-  const unexpected = errors.filter((e) => !/401|409 \(Conflict\)/.test(e));
+  // A poll the page sent just before a kill may be answered after it: a 404
+  // for a route of a sandbox this test killed is that, not a fault.
+  const afterKill = (e) => /404/.test(e) && [...killed].some((id) => e.includes(`/sandboxes/${id}`));
+  const unexpected = errors.filter((e) => !/401|409 \(Conflict\)/.test(e) && !afterKill(e));
   assert.deepEqual(unexpected, []);
 });
