@@ -28,7 +28,7 @@ fi
 # A daemon of our own, run from a private copy of the binaries: the daemon
 # hands its own executable to every new sandbox as the agent, so a `make
 # build` during the run would otherwise mix two agent versions.
-DATA_DIR=$(mktemp -d /tmp/cella-e2b-compat.XXXXXX)
+DATA_DIR=$(mktemp -d "${TMPDIR:-/tmp}/cella-e2b-compat.XXXXXX")
 mkdir "$DATA_DIR/bin"
 cp "$CELLA" "$DATA_DIR/bin/cella"
 RUNSC=${CELLA_RUNSC:-$(dirname "$CELLA")/runsc}
@@ -80,7 +80,7 @@ export CELLA_E2B_KEY
 echo "compat/e2b: daemon $CELLA_E2B_URL (pid $DAEMON_PID, data dir $DATA_DIR)"
 
 set +e
-node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" sdk.test.mjs code-interpreter.test.mjs network.test.mjs secrets.test.mjs
+node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" sdk.test.mjs code-interpreter.test.mjs network.test.mjs secrets.test.mjs fidelity.test.mjs
 status=$?
 set -e
 exit "$status"

@@ -28,6 +28,11 @@ type Router interface {
 	// *PausedError, and so is a failed resume. Any other error (unknown,
 	// dead, not running) reads as "not found".
 	Route(ctx context.Context, id string, admit func(Sandbox) error) (Sandbox, error)
+	// Signed returns the ID of the sandbox whose envd access token signs
+	// a request (signs holds for it), of any owner: a signed file URL
+	// carries no sandbox ID (signed.go). Sandboxes without a token never
+	// match.
+	Signed(signs func(envdAccessToken string) bool) (id string, ok bool)
 }
 
 // Sandbox is what the edge needs of a sandbox.
@@ -94,7 +99,9 @@ func New(cfg Config) *Proxy { return &Proxy{router: cfg.Router, domain: cfg.Doma
 func (p *Proxy) Handle(w http.ResponseWriter, r *http.Request) bool {
 	t, ok, err := target(r, p.domain)
 	if !ok {
-		return false
+		if t, ok = p.signedTarget(r); !ok {
+			return false
+		}
 	}
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)

@@ -93,6 +93,15 @@ func (rt testRouter) Route(ctx context.Context, id string, admit func(Sandbox) e
 	return sb, nil
 }
 
+func (rt testRouter) Signed(signs func(string) bool) (string, bool) {
+	for id, sb := range rt {
+		if sb.envd != "" && signs(sb.envd) {
+			return id, true
+		}
+	}
+	return "", false
+}
+
 type answer struct {
 	status int
 	ctype  string

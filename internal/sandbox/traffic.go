@@ -52,6 +52,17 @@ func (r trafficRouter) Route(ctx context.Context, id string, admit func(edge.San
 	return sb.Traffic(), nil
 }
 
+// Signed finds the sandbox a signed file URL was made for, of any owner: the
+// signature, made with the sandbox's envd access token, is the credential.
+func (r trafficRouter) Signed(signs func(string) bool) (string, bool) {
+	for _, sb := range r.m.List(tenant.Traffic) {
+		if sb.EnvdAccessToken != "" && signs(sb.EnvdAccessToken) {
+			return sb.ID, true
+		}
+	}
+	return "", false
+}
+
 // Traffic is the sandbox as the traffic proxy and its shells see it.
 func (s *Sandbox) Traffic() edge.Sandbox { return traffic{s} }
 
