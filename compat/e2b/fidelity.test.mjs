@@ -6,11 +6,13 @@ import { describe, after } from 'node:test'
 import assert from 'node:assert/strict'
 import http from 'node:http'
 import {
-  step, rejects, waitFor, sandboxJanitor, closeProxy, proxy, DAEMON_URL, ADMIN_KEY,
+  step, rejects, waitFor, sandboxJanitor, closeProxy, proxy, httpRequest, DAEMON_URL, ADMIN_KEY,
 } from './lib/harness.mjs'
 
 const e2b = await import('e2b-2.51.0')
 const { Sandbox, TimeoutError, FilesystemEventType } = e2b
+// 2.50.0 is the newest SDK that still sends E2B's `secure` (v1 create).
+const e2b250 = await import('e2b-2.50.0')
 const RUN = `f${Date.now().toString(36)}${Math.random().toString(36).slice(2, 6)}`
 
 // One Connect server-streaming call as a plain HTTP client makes it
@@ -38,6 +40,7 @@ function connectStream (sbx, procedure, msg, headers = {}) {
       res.on('data', (c) => chunks.push(c))
       res.on('end', () => {
         const buf = Buffer.concat(chunks)
+        if (res.statusCode !== 200) return resolve({ status: res.statusCode, frames: [], text: buf.toString() })
         const frames = []
         for (let i = 0; i + 5 <= buf.length;) {
           const n = buf.readUInt32BE(i + 1)
@@ -166,6 +169,58 @@ describe('e2b@2.51.0 fidelity', () => {
     bad.searchParams.set('path', '/etc/shadow')
     assert.equal((await fetch(bad)).status, 404)
   })
+
+  // ------------------------------------------------------------ secure: false
+  step('secure: false → no envdAccessToken, envd answers without one; inside the sandbox the agent still needs it', async ({ sdk, exchanges }) => {
+    const S = e2b250.Sandbox
+    const open = janitor.track(await sdk('Sandbox.create({secure: false}) (e2b@2.50.0)',
+      () => S.create({ secure: false, metadata: { suite: 'cella-e2b-compat', run: RUN }, timeoutMs: 120_000 })))
+    const created = exchanges().filter((x) => x.method === 'POST' && /^\/sandboxes$/.test(x.url)).at(-1)
+    assert.ok(created, 'no POST /sandboxes')
+    assert.match(created.reqBody.toString(), /"secure":false/)
+    assert.match(created.resBody.toString(), /"envdAccessToken":null/)
+    assert.ok(!open.envdAccessToken, `the SDK holds a token: ${open.envdAccessToken}`)
+    const r = await sdk("open.commands.run('id -un')", () => open.commands.run('id -un'))
+    assert.equal(r.stdout.trim(), 'user')
+    const noToken = exchanges().filter((x) => x.reqHeaders['e2b-sandbox-id'] === open.sandboxId)
+    assert.ok(noToken.length > 0 && noToken.every((x) => !x.reqHeaders['x-access-token']), 'the SDK sent X-Access-Token')
+    await sdk("open.files.write('/home/user/open.txt')", () => open.files.write('/home/user/open.txt', 'open'))
+    assert.equal(await sdk("open.files.read('/home/user/open.txt')", () => open.files.read('/home/user/open.txt')), 'open')
+    // A program inside the sandbox gets no root shell out of the agent.
+    const inside = await sdk('open.commands.run(<curl the agent as uid 1000>)', () => open.commands.run(
+      `curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Content-Type: application/json' -H 'Authorization: Basic cm9vdDo=' -d '{}' http://127.0.0.1:49983/process.Process/List`))
+    assert.equal(inside.stdout.trim(), '401')
+    // secure (the default) still enforces: without the token → 401.
+    const s = shared()
+    const { status } = await connectStream(s, 'process.Process/Start', { process: { cmd: '/bin/true' } }, { 'X-Access-Token': '' })
+    assert.equal(status, 401)
+  })
+
+  // ------------------------------------------------------------ maskRequestHost
+  step('network.maskRequestHost: the sandbox\'s server sees the masked Host (${PORT} filled in), the original in X-Forwarded-Host', async ({ sdk }) => {
+    const m = janitor.track(await sdk("Sandbox.create({network: {maskRequestHost: '${PORT}-app.internal'}})",
+      () => Sandbox.create({ network: { maskRequestHost: '${PORT}-app.internal' }, metadata: { suite: 'cella-e2b-compat', run: RUN }, timeoutMs: 120_000 })))
+    const info = await sdk('m.getInfo()', () => m.getInfo())
+    assert.equal(info.network?.maskRequestHost, '${PORT}-app.internal')
+    const code = 'import http.server\nclass H(http.server.BaseHTTPRequestHandler):\n  def do_GET(self):\n    b = ("host=%s xfh=%s" % (self.headers.get("Host"), self.headers.get("X-Forwarded-Host"))).encode()\n    self.send_response(200); self.send_header("Content-Length", str(len(b))); self.end_headers(); self.wfile.write(b)\nhttp.server.HTTPServer(("0.0.0.0", 8003), H).serve_forever()\n'
+    await m.files.write('/home/user/echo.py', code)
+    const srv = await sdk("m.commands.run('python3 echo.py', {background:true})", () => m.commands.run('python3 /home/user/echo.py', { background: true, timeoutMs: 0 }))
+    try {
+      const r = await waitFor('the echo server on 8003', async () => {
+        const x = await httpRequest({ path: '/', headers: { 'E2b-Sandbox-Id': m.sandboxId, 'E2b-Sandbox-Port': '8003' } })
+        return x.status === 200 && x
+      }, { timeout: 15_000, interval: 250 })
+      assert.match(r.body, /^host=8003-app\.internal xfh=127\.0\.0\.1:\d+$/)
+      // The agent's own port keeps the request's Host.
+      const envs = await sdk("m.commands.run('echo ok')", () => m.commands.run('echo ok'))
+      assert.equal(envs.stdout.trim(), 'ok')
+    } finally {
+      await srv.kill().catch(() => {})
+    }
+    const bad = await api('POST', '/v2/sandboxes', { templateID: 'base', timeout: 30, network: { maskRequestHost: 'bad host/with space' } })
+    assert.equal(bad.status, 400)
+    assert.match(bad.body.message, /maskRequestHost/)
+  }, { timeout: 60_000 })
 
   // ------------------------------------------------------------ watch (0.6.3, 0.6.4)
   step('files.watchDir({includeEntry:true}) → events carry the entry', async ({ sdk }) => {

@@ -43,6 +43,14 @@ type Sandbox interface {
 	// carry ("" = public traffic allowed).
 	EnvdAccessToken() string
 	TrafficAccessToken() string
+	// EnvdTokenOptional is E2B's secure: false: requests to the agent's
+	// port are let in without the envd token, which the edge then adds
+	// (the agent still requires it of programs inside the sandbox).
+	EnvdTokenOptional() bool
+	// RequestHost is the Host header requests to port (never the
+	// agent's) are given inside the sandbox: network.maskRequestHost
+	// with its port filled in; "" keeps the request's own.
+	RequestHost(port int) string
 	// BeginActivity marks a request in progress for the sandbox's idle
 	// clock; the returned func ends it.
 	BeginActivity() (end func())

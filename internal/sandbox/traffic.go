@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"context"
+	"strconv"
+	"strings"
 
 	"github.com/cella-sandbox/cella/internal/edge"
 	"github.com/cella-sandbox/cella/internal/envd/process/processconnect"
@@ -68,9 +70,13 @@ func (s *Sandbox) Traffic() edge.Sandbox { return traffic{s} }
 
 type traffic struct{ sb *Sandbox }
 
-func (t traffic) ID() string                  { return t.sb.ID }
-func (t traffic) EnvdAccessToken() string     { return t.sb.EnvdAccessToken }
-func (t traffic) TrafficAccessToken() string  { return t.sb.Options.TrafficAccessToken }
+func (t traffic) ID() string                 { return t.sb.ID }
+func (t traffic) EnvdAccessToken() string    { return t.sb.EnvdAccessToken }
+func (t traffic) TrafficAccessToken() string { return t.sb.Options.TrafficAccessToken }
+func (t traffic) EnvdTokenOptional() bool    { return t.sb.Options.Insecure }
+func (t traffic) RequestHost(port int) string {
+	return strings.ReplaceAll(t.sb.Options.MaskRequestHost, MaskPortPlaceholder, strconv.Itoa(port))
+}
 func (t traffic) BeginActivity() (end func()) { return t.sb.BeginActivity() }
 
 func (t traffic) Process(user string) processconnect.ProcessClient {
