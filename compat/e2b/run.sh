@@ -80,7 +80,17 @@ export CELLA_E2B_KEY
 echo "compat/e2b: daemon $CELLA_E2B_URL (pid $DAEMON_PID, data dir $DATA_DIR)"
 
 set +e
-node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" sdk.test.mjs code-interpreter.test.mjs network.test.mjs secrets.test.mjs fidelity.test.mjs cli.test.mjs
+# One suite a line, so that branches adding suites merge cleanly.
+SUITES=(
+  sdk.test.mjs
+  code-interpreter.test.mjs
+  network.test.mjs
+  secrets.test.mjs
+  quota.test.mjs
+  fidelity.test.mjs
+  cli.test.mjs
+)
+node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" "${SUITES[@]}"
 status=$?
 set -e
 exit "$status"

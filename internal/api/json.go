@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/quota"
 )
 
 // errorBody is E2B's error shape: code equals the HTTP status.
@@ -35,6 +36,9 @@ func writeError(w http.ResponseWriter, status int, format string, args ...any) {
 // errors keep their text: it is wrapped with context and names what failed.
 func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	status := errdefs.Status(err)
+	if d := errdefs.RetryAfterOf(err); d > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(quota.RetryAfter(d)))
+	}
 	if status >= 500 {
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/audit"
@@ -15,6 +16,8 @@ import (
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/mcpserver"
+	"github.com/cella-sandbox/cella/internal/metrics"
+	"github.com/cella-sandbox/cella/internal/quota"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 	"github.com/cella-sandbox/cella/internal/secrets"
 	"github.com/cella-sandbox/cella/internal/store"
@@ -45,6 +48,11 @@ type Config struct {
 	EgressCeiling *egress.Policy
 	// Egress counts the proxy's decisions for /metrics (nil: not shown).
 	Egress *EgressCounters
+	// Metrics are the daemon's instruments, served at /metrics with the
+	// API's own collectors (nil: a registry of the API's alone).
+	Metrics *metrics.Metrics
+	// AccessLog receives one line per API request (accesslog.go; nil: none).
+	AccessLog *slog.Logger
 }
 
 // Server serves the REST API and the sandbox proxy on one listener.
@@ -58,6 +66,8 @@ type Server struct {
 	pty  edge.Shells
 	// self is the API's in-process client (selfclient.go), MCP's way in.
 	self *selfClient
+	// buckets hold keys to their rates (quotas.go).
+	buckets quota.Buckets
 }
 
 // New builds the server's routes.
@@ -65,8 +75,15 @@ func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	s := &Server{cfg: cfg, log: cfg.Log, mux: newRouteMux(),
-		edge: edge.New(edge.Config{Router: cfg.Manager.TrafficRouter(), Domain: cfg.Domain})}
+	if cfg.Metrics == nil {
+		rt := ""
+		if cfg.Manager != nil {
+			rt = cfg.Manager.RuntimeName()
+		}
+		cfg.Metrics = metrics.New(rt, nil)
+	}
+	s := &Server{cfg: cfg, log: cfg.Log, mux: newRouteMux()}
+	s.edge = edge.New(edge.Config{Router: cfg.Manager.TrafficRouter(), Domain: cfg.Domain, ExecStarted: s.execStarted})
 	s.self = newSelfClient(s)
 	s.routes()
 	return s
@@ -114,6 +131,7 @@ func (s *Server) routes() {
 	m.Handle("GET /keys", auth(s.adminOnly("manage API keys", s.listKeys)))
 	m.Handle("GET /keys/self", auth(s.selfKey))
 	m.Handle("DELETE /keys/{id}", auth(s.adminOnly("manage API keys", s.deleteKey)))
+	m.Handle("PATCH /keys/{id}", auth(s.adminOnly("manage API keys", s.updateKey))) // quotas.go
 
 	// Later work answers 501 naming the feature, so clients fail clearly.
 	for pattern, feature := range map[string]string{
@@ -129,6 +147,14 @@ func notImplemented(feature string) http.HandlerFunc {
 	}
 }
 
+// execStarted is the edge's report of a process start: its latency, by the
+// sandbox's template.
+func (s *Server) execStarted(sb edge.Sandbox, took time.Duration) {
+	if x, err := s.cfg.Manager.Lookup(tenant.System, sb.ID()); err == nil {
+		s.cfg.Metrics.ExecStart(x.TemplateID, took)
+	}
+}
+
 // Close stops what the server runs besides its handler: the in-process
 // listener of its own client.
 func (s *Server) Close() { s.self.close() }
@@ -138,7 +164,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.edge.Handle(w, r) {
 		return
 	}
-	s.mux.ServeHTTP(&jsonStatusWriter{ResponseWriter: w}, r)
+	s.serveAPI(w, r) // accesslog.go
 }
 
 // requireKey checks X-API-Key (or a bearer token) against the stored hashes.
@@ -157,6 +183,12 @@ func (s *Server) requireKey(h http.HandlerFunc) http.Handler {
 		k, err := s.cfg.Store.LookupAPIKey(r.Context(), key)
 		if err != nil {
 			s.writeErr(w, r, errdefs.Unauthenticated("invalid API key"))
+			return
+		}
+		noteKey(r, k) // accesslog.go
+		// The key's request rate (quotas.go).
+		if err := s.takeRate(k, "requestRate", "--request-rate", k.Limits.RequestRate, 1); err != nil {
+			s.writeErr(w, r, err)
 			return
 		}
 		ctx := context.WithValue(r.Context(), keyCtx{}, k)

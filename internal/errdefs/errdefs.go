@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 )
 
 // Kind classifies an error.
@@ -29,6 +30,8 @@ type Error struct {
 	Kind Kind
 	Msg  string
 	Err  error
+	// RetryAfter is when a rate-limited request may succeed (0: unknown).
+	RetryAfter time.Duration
 }
 
 func (e *Error) Error() string {
@@ -74,6 +77,21 @@ func NotImplemented(format string, args ...any) error {
 // ResourceExhausted reports a quota or capacity limit.
 func ResourceExhausted(format string, args ...any) error {
 	return newf(KindResourceExhausted, format, args...)
+}
+
+// RateLimited reports a request over a rate that will allow it again after
+// retry (the API sends it as Retry-After).
+func RateLimited(retry time.Duration, format string, args ...any) error {
+	return &Error{Kind: KindResourceExhausted, Msg: fmt.Sprintf(format, args...), RetryAfter: retry}
+}
+
+// RetryAfterOf is the RetryAfter of err (0 when it has none).
+func RetryAfterOf(err error) time.Duration {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.RetryAfter
+	}
+	return 0
 }
 
 // KindOf returns the kind of err (KindInternal when it has none).
