@@ -245,7 +245,7 @@ describe('e2b@2.51.0 fidelity', () => {
     }
   })
 
-  step('files.watchDir on a volume mount ({allowNetworkMounts:true}, and without)', async ({ sdk }) => {
+  step('files.watchDir on a volume mount ({allowNetworkMounts:true}, and without); metadata on a volume', async ({ sdk }) => {
     const name = `w${RUN}`.slice(0, 30)
     const made = await api('POST', '/volumes', { name })
     assert.equal(made.status, 201, JSON.stringify(made.body))
@@ -253,6 +253,10 @@ describe('e2b@2.51.0 fidelity', () => {
       const v = janitor.track(await sdk("Sandbox.create({volumeMounts: {'/mnt/data': name}})",
         () => Sandbox.create({ volumeMounts: { '/mnt/data': name }, metadata: { suite: 'cella-e2b-compat', run: RUN }, timeoutMs: 120_000 })))
       try {
+        // File metadata is kept on a volume too.
+        const w = await sdk("v.files.write('/mnt/data/meta.txt', {metadata})", () => v.files.write('/mnt/data/meta.txt', 'm', { metadata: { on: 'volume' } }))
+        assert.deepEqual(w.metadata, { on: 'volume' })
+        assert.deepEqual((await v.files.getInfo('/mnt/data/meta.txt')).metadata, { on: 'volume' })
         for (const opts of [{ allowNetworkMounts: true, includeEntry: true }, {}]) {
           const events = []
           const w = await sdk(`v.files.watchDir('/mnt/data', onEvent, ${JSON.stringify(opts)})`, () => v.files.watchDir('/mnt/data', (e) => events.push(e), opts))
