@@ -41,8 +41,13 @@ function cli (args, { input, tty = false, timeout = 60_000 } = {}) {
     const timer = setTimeout(() => { child.kill('SIGKILL'); reject(new Error(`e2b ${args.join(' ')}: no exit within ${timeout} ms; stdout ${stdout} stderr ${stderr}`)) }, timeout)
     child.on('error', reject)
     child.on('close', (code) => { clearTimeout(timer); resolve({ code, stdout, stderr }) })
-    if (input !== undefined) input(child.stdin, () => stdout)
-    else child.stdin.end()
+    // A failing input script fails the call (and stops the CLI) instead of
+    // leaving an unhandled rejection and a CLI waiting for input.
+    if (input !== undefined) {
+      Promise.resolve().then(() => input(child.stdin, () => stdout)).catch((e) => {
+        clearTimeout(timer); child.kill('SIGKILL'); reject(e)
+      })
+    } else child.stdin.end()
   })
 }
 
@@ -142,6 +147,24 @@ describe('@e2b/cli 2.19.0 sandbox commands', () => {
     assert.match(pretty.stdout, /Logs for sandbox/)
     assert.match(pretty.stdout, /INFO/)
   })
+
+  step('sandbox logs --follow streams new lines and stops when the sandbox is killed', async ({ sdk }) => {
+    const f = janitor.track(await sdk('Sandbox.create()', () => Sandbox.create({ metadata: { ...META, role: 'follow' }, timeoutMs: 120_000 })))
+    let marked = false
+    const r = await cli(['sandbox', 'logs', f.sandboxId, '--follow', '--format', 'json'], {
+      timeout: 90_000,
+      input: async (stdin, out) => {
+        stdin.end()
+        await waitFor('the lifecycle line', () => out().includes('"logger":"lifecycle"'), { timeout: 30_000 })
+        await f.commands.run('echo followed-marker')
+        await waitFor('the new process.start line', () => out().includes('followed-marker'), { timeout: 30_000 })
+        marked = true
+        await Sandbox.kill(f.sandboxId)
+      },
+    })
+    assert.ok(marked, r.stdout)
+    assert.equal(r.code, 0, `${r.stdout}\n${r.stderr}`)
+  }, { timeout: 100_000 })
 
   step('sandbox pause / resume', async () => {
     const p = await cli(['sandbox', 'pause', b.sandboxId], { timeout: 120_000 })
