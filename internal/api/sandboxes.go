@@ -132,6 +132,16 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
+	if s.cfg.Builds != nil { // a template built over the API: its build (templatebuilds.go)
+		name, ours, err := s.cfg.Builds.Resolve(r.Context(), buildCaller(r), opts.TemplateID)
+		if err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		if ours {
+			opts.TemplateID = name
+		}
+	}
 	sb, err := s.cfg.Manager.Create(r.Context(), caller(r), opts)
 	if err != nil {
 		s.writeErr(w, r, err)
@@ -447,25 +457,6 @@ func (s *Server) listSandboxesV2(w http.ResponseWriter, r *http.Request) {
 	out := make([]listedSandbox, 0, len(page))
 	for _, in := range page {
 		out = append(out, listed(in))
-	}
-	writeJSON(w, http.StatusOK, out)
-}
-
-type templateInfo struct {
-	TemplateID string   `json:"templateID"`
-	Aliases    []string `json:"aliases"`
-	Public     bool     `json:"public"`
-}
-
-func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
-	tpls, err := s.cfg.Templates.List()
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	out := []templateInfo{}
-	for _, t := range tpls {
-		out = append(out, templateInfo{TemplateID: t.Name, Aliases: []string{t.Name}})
 	}
 	writeJSON(w, http.StatusOK, out)
 }

@@ -19,6 +19,7 @@ func (s *Server) volumeRoutes(auth func(http.HandlerFunc) http.Handler) {
 	m.Handle("GET /volumes", auth(s.listVolumes))
 	m.Handle("GET /volumes/{name}", auth(s.getVolume))
 	m.Handle("DELETE /volumes/{name}", auth(s.deleteVolume))
+	s.volumeContentRoutes() // volumecontent.go
 }
 
 // volumeResponse is a volume: E2B's volumeID/name plus cella's fields.
@@ -30,6 +31,9 @@ type volumeResponse struct {
 	Mounted   bool      `json:"mounted"`
 	CreatedAt time.Time `json:"createdAt"`
 	UsedBy    []string  `json:"usedBy"`
+	// Token is E2B's VolumeAndToken.token: in the answers of create and
+	// get, not in lists (as E2B).
+	Token string `json:"token,omitempty"`
 }
 
 // volumeBody shows v to the caller, with the sandboxes that mount it that
@@ -89,7 +93,9 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, s.volumeBody(r, v))
+	body := s.volumeBody(r, v)
+	body.Token = v.Token
+	writeJSON(w, http.StatusCreated, body)
 }
 
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
@@ -119,7 +125,9 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.volumeBody(r, v))
+	body := s.volumeBody(r, v)
+	body.Token = v.Token
+	writeJSON(w, http.StatusOK, body)
 }
 
 // deleteVolume is DELETE /volumes/{name}: 204; 409 while a live sandbox
