@@ -51,7 +51,7 @@ type sandboxResponse struct {
 	Alias              string  `json:"alias,omitempty"`
 	ClientID           string  `json:"clientID"`
 	EnvdVersion        string  `json:"envdVersion"`
-	EnvdAccessToken    string  `json:"envdAccessToken"`
+	EnvdAccessToken    *string `json:"envdAccessToken"`
 	TrafficAccessToken *string `json:"trafficAccessToken"`
 	Domain             string  `json:"domain"`
 }
@@ -64,7 +64,7 @@ const v1DefaultTimeout = 15 * time.Second
 func (s *Server) sandboxBody(in sandbox.Info) sandboxResponse {
 	return sandboxResponse{
 		SandboxID: in.ID, TemplateID: in.TemplateID, Alias: in.TemplateID, ClientID: clientID,
-		EnvdVersion: agentapi.Version, EnvdAccessToken: in.EnvdAccessToken, Domain: s.cfg.Domain,
+		EnvdVersion: agentapi.Version, EnvdAccessToken: envdTokenPtr(in), Domain: s.cfg.Domain,
 		TrafficAccessToken: trafficTokenPtr(in.Options), // traffic.go
 	}
 }
@@ -87,6 +87,11 @@ func (s *Server) createOptions(r *http.Request, lifecycleDefaults sandbox.Lifecy
 		opts.AutoResume = req.AutoResume.Enabled
 	}
 	opts.TrafficAccessToken = trafficTokenFor(req.Network) // traffic.go
+	opts.Insecure = req.Secure != nil && !*req.Secure      // traffic.go
+	var err error
+	if opts.MaskRequestHost, err = maskRequestHostFor(req.Network); err != nil { // traffic.go
+		return sandbox.Options{}, err
+	}
 	if len(req.SecretEnvVars) > 0 {
 		if err := s.checkSecretEnv(r, req.SecretEnvVars); err != nil { // network.go
 			return sandbox.Options{}, err

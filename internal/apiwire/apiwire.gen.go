@@ -922,7 +922,10 @@ type NewSandbox struct {
 	// rules: every process in the sandbox can read them.
 	SecretEnvVars map[string]string `json:"secretEnvVars,omitempty,omitzero"`
 
-	// Secure Accepted and ignored (E2B's SDKs <= 2.50 send it).
+	// Secure E2B's `secure` (default true). `false`: requests to the
+	// sandbox's envd port need no `X-Access-Token` and the answer's
+	// `envdAccessToken` is null, so anyone who knows the sandbox ID
+	// can use its envd API (the REST API still needs the team's key).
 	Secure bool `json:"secure,omitempty,omitzero"`
 
 	// TemplateID A template's name, or a snapshot's ID or name. Default `base`.
@@ -1202,7 +1205,7 @@ type Sandbox struct {
 	// Domain The domain of the sandbox's hosts, `<port>-<sandboxID>.<domain>`.
 	Domain string `json:"domain"`
 
-	// EnvdAccessToken The token every envd request of the sandbox must carry in `X-Access-Token`.
+	// EnvdAccessToken The token every envd request of the sandbox must carry in `X-Access-Token`; null for a sandbox created with `secure` false.
 	EnvdAccessToken string `json:"envdAccessToken"`
 
 	// EnvdVersion The envd version the agent implements; SDKs gate features on it.
@@ -1383,6 +1386,9 @@ type SandboxLifecycle struct {
 
 // SandboxLog E2B's log line.
 type SandboxLog struct {
+	// Line A JSON object, as E2B's raw log lines are (the E2B CLI parses
+	// it): `level`, `logger` (the entry's kind), `message`,
+	// `sandboxID` and the entry's fields.
 	Line      string    `json:"line"`
 	Timestamp time.Time `json:"timestamp"`
 }
