@@ -138,7 +138,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.edge.Handle(w, r) {
 		return
 	}
-	s.mux.ServeHTTP(&jsonStatusWriter{ResponseWriter: w}, r)
+	jw := &jsonStatusWriter{ResponseWriter: w}
+	s.mux.ServeHTTP(jw, r)
+	jw.finish()
 }
 
 // requireKey checks X-API-Key (or a bearer token) against the stored hashes.

@@ -97,7 +97,7 @@ func (p *Proxy) Handle(w http.ResponseWriter, r *http.Request) bool {
 		return false
 	}
 	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
+		writeJSON(w, http.StatusBadRequest, errorBody{Code: http.StatusBadRequest, Message: err.Error()})
 		return true
 	}
 	p.serve(w, r, t)
