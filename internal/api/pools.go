@@ -31,7 +31,7 @@ func poolBody(p sandbox.PoolStatus) poolResponse {
 
 func (s *Server) listPools(w http.ResponseWriter, r *http.Request) {
 	out := []poolResponse{}
-	for _, p := range s.cfg.Manager.Pools() {
+	for _, p := range s.cfg.Pools.Pools() {
 		out = append(out, poolBody(p))
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -45,7 +45,7 @@ func (s *Server) setPool(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	p, err := s.cfg.Manager.SetPool(r.Context(), r.PathValue("template"), size)
+	p, err := s.cfg.Pools.SetPool(r.Context(), r.PathValue("template"), size)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

@@ -57,7 +57,7 @@ func secretBody(i secrets.Info) secretInfo {
 }
 
 // secretsAdmin admits the admin key only, then needs a configured manager.
-func (s *Server) secretsAdmin(h func(http.ResponseWriter, *http.Request, *secrets.Manager)) http.HandlerFunc {
+func (s *Server) secretsAdmin(h func(http.ResponseWriter, *http.Request, Secrets)) http.HandlerFunc {
 	return s.adminOnly("manage secrets", func(w http.ResponseWriter, r *http.Request) {
 		if s.cfg.Secrets == nil {
 			s.writeErr(w, r, errdefs.NotImplemented("secrets are not configured on this daemon"))
@@ -70,7 +70,7 @@ func (s *Server) secretsAdmin(h func(http.ResponseWriter, *http.Request, *secret
 // createSecret is POST /secrets. It never replaces: E2B keeps create and
 // update apart, and a create that silently overwrote would let a typo or a
 // second script clobber a credential others rely on.
-func (s *Server) createSecret(w http.ResponseWriter, r *http.Request, sm *secrets.Manager) {
+func (s *Server) createSecret(w http.ResponseWriter, r *http.Request, sm Secrets) {
 	var req struct {
 		Name     string            `json:"name"`
 		Value    string            `json:"value"`
@@ -91,7 +91,7 @@ func (s *Server) createSecret(w http.ResponseWriter, r *http.Request, sm *secret
 // updateSecret is POST /secrets/{secretID}: a new value, the next version.
 // Metadata, when sent, replaces the stored metadata ({} clears it); when
 // left out it is kept, as the SDK's update without opts.metadata expects.
-func (s *Server) updateSecret(w http.ResponseWriter, r *http.Request, sm *secrets.Manager) {
+func (s *Server) updateSecret(w http.ResponseWriter, r *http.Request, sm Secrets) {
 	var req struct {
 		Value    string            `json:"value"`
 		Metadata map[string]string `json:"metadata"`
@@ -114,7 +114,7 @@ const maxSecretPage = 100
 // listSecrets is GET /secrets?limit=&nextToken=, by name. The token is the
 // last name of the page (base64url), so a page boundary stays put while
 // secrets are added or removed around it.
-func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request, sm *secrets.Manager) {
+func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request, sm Secrets) {
 	limit, after, err := parseSecretPage(r.URL.Query()) // bodies.go
 	if err != nil {
 		s.writeErr(w, r, err)
@@ -138,7 +138,7 @@ func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request, sm *secrets
 }
 
 // getSecret is GET /secrets/{secretID}, by ID or name.
-func (s *Server) getSecret(w http.ResponseWriter, r *http.Request, sm *secrets.Manager) {
+func (s *Server) getSecret(w http.ResponseWriter, r *http.Request, sm Secrets) {
 	info, err := sm.Info(r.PathValue("secretID"))
 	if err != nil {
 		s.writeErr(w, r, err)
@@ -149,7 +149,7 @@ func (s *Server) getSecret(w http.ResponseWriter, r *http.Request, sm *secrets.M
 
 // deleteSecret is DELETE /secrets/{secretID}, by ID or name; a missing
 // secret is 404, which the SDK's Secret.destroy turns into false.
-func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request, sm *secrets.Manager) {
+func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request, sm Secrets) {
 	if err := sm.Delete(r.Context(), r.PathValue("secretID")); err != nil {
 		s.writeErr(w, r, err)
 		return

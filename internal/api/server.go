@@ -10,36 +10,36 @@ import (
 	"strings"
 
 	"github.com/cella-sandbox/cella/internal/apiwire"
-	"github.com/cella-sandbox/cella/internal/audit"
 	"github.com/cella-sandbox/cella/internal/edge"
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/mcpserver"
-	"github.com/cella-sandbox/cella/internal/sandbox"
-	"github.com/cella-sandbox/cella/internal/secrets"
 	"github.com/cella-sandbox/cella/internal/store"
-	"github.com/cella-sandbox/cella/internal/template"
 	"github.com/cella-sandbox/cella/internal/tenant"
 	"github.com/cella-sandbox/cella/internal/ui"
-	"github.com/cella-sandbox/cella/internal/volume"
 )
 
-// Config configures the API server.
+// Config configures the API server. Its dependencies are the narrow
+// interfaces of deps.go; the daemon passes the real types.
 type Config struct {
-	Manager   *sandbox.Manager
-	Store     *store.Store
-	Templates *template.Store
+	// Manager is the sandbox core (sandbox.Manager).
+	Manager Sandboxes
+	// Pools are the warm pools (sandbox.Manager too).
+	Pools Pools
+	// Store holds the API keys (store.Store).
+	Store     Keys
+	Templates Templates
 	// Domain is returned to clients for <port>-<id>.<domain> hosts.
 	Domain string
 	// MCPMaxCalls is the tool-call budget of each /mcp session (0 = none).
 	MCPMaxCalls int64
 	Log         *slog.Logger
 	// Volumes serves /volumes (volumes.go).
-	Volumes *volume.Manager
+	Volumes Volumes
 	// Secrets serves /secrets (secrets.go); nil answers 501.
-	Secrets *secrets.Manager
+	Secrets Secrets
 	// Audit serves /sandboxes/{id}/logs (audit.go); nil answers 501.
-	Audit *audit.Log
+	Audit AuditLog
 	// EgressCeiling is the operator's egress ceiling (network.go); nil
 	// means sandboxes run with no network at all.
 	EgressCeiling *egress.Policy
@@ -65,8 +65,12 @@ func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
+	var router edge.Router
+	if cfg.Manager != nil {
+		router = cfg.Manager.TrafficRouter()
+	}
 	s := &Server{cfg: cfg, log: cfg.Log, mux: newRouteMux(),
-		edge: edge.New(edge.Config{Router: cfg.Manager.TrafficRouter(), Domain: cfg.Domain})}
+		edge: edge.New(edge.Config{Router: router, Domain: cfg.Domain})}
 	s.self = newSelfClient(s)
 	s.routes()
 	return s

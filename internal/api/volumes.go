@@ -45,7 +45,7 @@ func (s *Server) volumeBody(r *http.Request, v volume.Volume) volumeResponse {
 		Mounted: v.Mounted, CreatedAt: v.CreatedAt, UsedBy: users}
 }
 
-func (s *Server) volumes(w http.ResponseWriter, r *http.Request) *volume.Manager {
+func (s *Server) volumes(w http.ResponseWriter, r *http.Request) Volumes {
 	if s.cfg.Volumes == nil {
 		s.writeErr(w, r, errdefs.NotImplemented("this daemon has no volume store"))
 		return nil
