@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/audit"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/store"
@@ -23,43 +24,32 @@ func (s *Server) auditRoutes(auth func(http.HandlerFunc) http.Handler) {
 	m.Handle("GET /v2/sandboxes/{id}/logs", auth(s.sandboxLogsV2))
 }
 
-// sandboxLog is an item of E2B's v1 "logs": a plain line.
-type sandboxLog struct {
-	Timestamp time.Time `json:"timestamp"`
-	Line      string    `json:"line"`
-}
-
-// sandboxLogEntry is E2B's structured log item (v1 "logEntries", v2 "logs").
-type sandboxLogEntry struct {
-	Timestamp time.Time         `json:"timestamp"`
-	Level     string            `json:"level"`
-	Message   string            `json:"message"`
-	Fields    map[string]string `json:"fields"`
-}
-
-// sandboxLogsV1 is E2B's SandboxLogs plus cella's entries.
+// sandboxLogsV1 is E2B's SandboxLogs plus cella's entries. Not
+// apiwire.SandboxLogs: the entries are audit.Entry as the log keeps them
+// (apiwire.AuditEntry is their documented shape), not copied field by field.
 type sandboxLogsV1 struct {
-	Logs       []sandboxLog      `json:"logs"`
-	LogEntries []sandboxLogEntry `json:"logEntries"`
-	Entries    []audit.Entry     `json:"entries"`
+	Logs       []apiwire.SandboxLog      `json:"logs"`
+	LogEntries []apiwire.SandboxLogEntry `json:"logEntries"`
+	Entries    []audit.Entry             `json:"entries"`
 	// Dropped counts every entry the log did not keep (cella's field).
 	Dropped audit.Dropped `json:"dropped"`
 }
 
 // sandboxLogsV2 is E2B's SandboxLogsV2Response (whose "logs" are the
-// structured items, not lines) plus cella's entries.
+// structured items, not lines) plus cella's entries (audit.Entry, as in
+// sandboxLogsV1).
 type sandboxLogsV2 struct {
-	Logs    []sandboxLogEntry `json:"logs"`
-	Entries []audit.Entry     `json:"entries"`
-	Dropped audit.Dropped     `json:"dropped"`
+	Logs    []apiwire.SandboxLogEntry `json:"logs"`
+	Entries []audit.Entry             `json:"entries"`
+	Dropped audit.Dropped             `json:"dropped"`
 }
 
-func logEntry(e audit.Entry) sandboxLogEntry {
+func logEntry(e audit.Entry) apiwire.SandboxLogEntry {
 	level := "info"
 	if e.Blocked() {
 		level = "warn"
 	}
-	return sandboxLogEntry{Timestamp: e.Time.UTC(), Level: level, Message: e.Line(), Fields: e.Fields()}
+	return apiwire.SandboxLogEntry{Timestamp: e.Time.UTC(), Level: apiwire.LogLevel(level), Message: e.Line(), Fields: e.Fields()}
 }
 
 // GET /sandboxes/{id}/logs?since=&kind=&decision=&limit= (E2B's start= too).
@@ -68,10 +58,10 @@ func (s *Server) sandboxLogsV1(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	out := sandboxLogsV1{Logs: make([]sandboxLog, 0, len(entries)), LogEntries: make([]sandboxLogEntry, 0, len(entries)), Entries: entries, Dropped: st.Dropped}
+	out := sandboxLogsV1{Logs: make([]apiwire.SandboxLog, 0, len(entries)), LogEntries: make([]apiwire.SandboxLogEntry, 0, len(entries)), Entries: entries, Dropped: st.Dropped}
 	for _, e := range entries {
 		le := logEntry(e)
-		out.Logs = append(out.Logs, sandboxLog{Timestamp: le.Timestamp, Line: le.Message})
+		out.Logs = append(out.Logs, apiwire.SandboxLog{Timestamp: le.Timestamp, Line: le.Message})
 		out.LogEntries = append(out.LogEntries, le)
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -85,7 +75,7 @@ func (s *Server) sandboxLogsV2(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	out := sandboxLogsV2{Logs: make([]sandboxLogEntry, 0, len(entries)), Entries: entries, Dropped: st.Dropped}
+	out := sandboxLogsV2{Logs: make([]apiwire.SandboxLogEntry, 0, len(entries)), Entries: entries, Dropped: st.Dropped}
 	for _, e := range entries {
 		out.Logs = append(out.Logs, logEntry(e))
 	}

@@ -10,14 +10,12 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 )
 
 // errorBody is E2B's error shape: code equals the HTTP status.
-type errorBody struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
-}
+type errorBody = apiwire.Error
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")

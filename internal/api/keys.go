@@ -5,8 +5,8 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
-	"time"
 
+	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/secrets"
@@ -14,33 +14,14 @@ import (
 	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
-// keyInfo is an API key's public part; Key is set only in the answer that
-// creates it.
-type keyInfo struct {
-	ID   string `json:"id"`
-	Name string `json:"name"`
-	Key  string `json:"key,omitempty"`
-	// TeamID and Team are the team whose sandboxes, snapshots and volumes
-	// the key shares.
-	TeamID string `json:"teamID"`
-	Team   string `json:"team"`
-	// Secrets are the secrets the key may attach ("*": all; the admin key
-	// may use every secret).
-	Secrets     []string  `json:"secrets"`
-	MCPMaxCalls int64     `json:"mcpMaxCalls"`
-	CreatedAt   time.Time `json:"createdAt"`
-	// EgressAllow is the key's own egress ceiling (empty: the daemon's).
-	EgressAllow []string `json:"egressAllow"`
-	// Egress says in words what this key's sandboxes may reach at most.
-	Egress string `json:"egress"`
-}
-
-func (s *Server) keyBody(k store.APIKey) keyInfo {
+// keyBody is an API key's public part (Key is set only in the answer that
+// creates it).
+func (s *Server) keyBody(k store.APIKey) apiwire.APIKey {
 	secrets := nonNil(k.Secrets)
 	if k.ID == store.AdminKeyID {
 		secrets = []string{"*"}
 	}
-	return keyInfo{ID: k.ID, Name: k.Name, TeamID: k.TeamID, Team: k.TeamName, Secrets: secrets,
+	return apiwire.APIKey{ID: k.ID, Name: k.Name, TeamID: k.TeamID, Team: k.TeamName, Secrets: secrets,
 		MCPMaxCalls: k.MCPMaxCalls, CreatedAt: k.CreatedAt.UTC(), EgressAllow: nonNil(k.EgressAllow), Egress: s.egressText(k)}
 }
 
@@ -78,15 +59,9 @@ func (s *Server) adminOnly(what string, h http.HandlerFunc) http.HandlerFunc {
 // parseKeyCreate reads POST /keys {"name", "team"?, "mcpMaxCalls"?,
 // "egressAllow"?, "secrets"?}.
 func (s *Server) parseKeyCreate(r *http.Request) (store.NewKey, error) {
-	var req struct {
-		Name string `json:"name"`
-		// Team is the team to join (made if it does not exist); "" makes a
-		// team of the key's own, named after it.
-		Team        string   `json:"team"`
-		MCPMaxCalls int64    `json:"mcpMaxCalls"`
-		EgressAllow []string `json:"egressAllow"`
-		Secrets     []string `json:"secrets"`
-	}
+	// Team is the team to join (made if it does not exist); "" makes a team
+	// of the key's own, named after it.
+	var req apiwire.NewAPIKey
 	if err := decodeBody(r, &req); err != nil {
 		return store.NewKey{}, err
 	}
@@ -149,7 +124,7 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	out := []keyInfo{}
+	out := []apiwire.APIKey{}
 	for _, k := range keys {
 		out = append(out, s.keyBody(k))
 	}

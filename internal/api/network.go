@@ -126,7 +126,9 @@ func ceilingText(entries []string) string {
 }
 
 // networkUpdate is E2B's SandboxNetworkUpdateConfig: the egress fields of
-// network plus allow_internet_access; an omitted field is cleared.
+// network plus allow_internet_access; an omitted field is cleared. Not
+// apiwire.SandboxNetworkUpdateConfig: rules are egress.Rule, the proxy's own
+// type, which the update hands on as it is.
 type networkUpdate struct {
 	AllowOut            []string                 `json:"allowOut,omitempty"`
 	DenyOut             []string                 `json:"denyOut,omitempty"`
@@ -199,7 +201,8 @@ func mergeNetwork(stored, egressFields json.RawMessage) json.RawMessage {
 }
 
 // networkInfo is E2B's SandboxNetworkInfo (what was asked) plus what cella
-// enforces.
+// enforces. Not apiwire.SandboxNetworkInfo: its rules are egress.Rule
+// values (redacted), the proxy's own type, not copied field by field.
 type networkInfo struct {
 	AllowOut           []string                 `json:"allowOut"`
 	DenyOut            []string                 `json:"denyOut"`

@@ -10,12 +10,16 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/agentapi"
+	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 )
 
 // newSandboxRequest is E2B's NewSandbox / NewSandboxV2 plus cella's limit
-// fields. Unknown fields are accepted: newer SDKs add them.
+// fields. Unknown fields are accepted: newer SDKs add them. Not
+// apiwire.NewSandboxV2: network, volumeMounts and lifecycle stay raw JSON
+// for their own parsers (network.go's egress policy, lifecycle.go's strict
+// decoding), which a typed decode here would pre-empt with other errors.
 type newSandboxRequest struct {
 	TemplateID          string            `json:"templateID"`
 	Timeout             *int64            `json:"timeout"`
@@ -44,25 +48,14 @@ type newSandboxRequest struct {
 	OutputMB      int64             `json:"outputLimitMB"`
 }
 
-// sandboxResponse is E2B's Sandbox.
-type sandboxResponse struct {
-	SandboxID          string  `json:"sandboxID"`
-	TemplateID         string  `json:"templateID"`
-	Alias              string  `json:"alias,omitempty"`
-	ClientID           string  `json:"clientID"`
-	EnvdVersion        string  `json:"envdVersion"`
-	EnvdAccessToken    string  `json:"envdAccessToken"`
-	TrafficAccessToken *string `json:"trafficAccessToken"`
-	Domain             string  `json:"domain"`
-}
-
 const clientID = "cella"
 
 // v1DefaultTimeout is E2B's default of POST /sandboxes without a timeout.
 const v1DefaultTimeout = 15 * time.Second
 
-func (s *Server) sandboxBody(in sandbox.Info) sandboxResponse {
-	return sandboxResponse{
+// sandboxBody is E2B's Sandbox.
+func (s *Server) sandboxBody(in sandbox.Info) apiwire.Sandbox {
+	return apiwire.Sandbox{
 		SandboxID: in.ID, TemplateID: in.TemplateID, Alias: in.TemplateID, ClientID: clientID,
 		EnvdVersion: agentapi.Version, EnvdAccessToken: in.EnvdAccessToken, Domain: s.cfg.Domain,
 		TrafficAccessToken: trafficTokenPtr(in.Options), // traffic.go
@@ -131,20 +124,22 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, s.sandboxBody(sb.Info()))
 }
 
-// sandboxDetail is E2B's SandboxDetail plus cella's fields.
+// sandboxDetail is E2B's SandboxDetail plus cella's fields. Not
+// apiwire.SandboxDetail: its network carries egress.Rule values (redacted,
+// the proxy's own type: networkInfo, network.go).
 type sandboxDetail struct {
-	sandboxResponse
-	Metadata            map[string]string `json:"metadata"`
-	AllowInternetAccess bool              `json:"allowInternetAccess"`
-	StartedAt           time.Time         `json:"startedAt"`
-	EndAt               time.Time         `json:"endAt"`
-	State               string            `json:"state"`
-	CPUCount            float64           `json:"cpuCount"`
-	MemoryMB            int64             `json:"memoryMB"`
-	DiskSizeMB          int64             `json:"diskSizeMB"`
-	Network             networkInfo       `json:"network"`
-	Lifecycle           lifecycleDetail   `json:"lifecycle"`
-	VolumeMounts        []any             `json:"volumeMounts"`
+	apiwire.Sandbox
+	Metadata            map[string]string                  `json:"metadata"`
+	AllowInternetAccess bool                               `json:"allowInternetAccess"`
+	StartedAt           time.Time                          `json:"startedAt"`
+	EndAt               time.Time                          `json:"endAt"`
+	State               string                             `json:"state"`
+	CPUCount            float64                            `json:"cpuCount"`
+	MemoryMB            int64                              `json:"memoryMB"`
+	DiskSizeMB          int64                              `json:"diskSizeMB"`
+	Network             networkInfo                        `json:"network"`
+	Lifecycle           apiwire.SandboxLifecycle           `json:"lifecycle"`
+	VolumeMounts        []apiwire.SandboxVolumeMountDetail `json:"volumeMounts"`
 
 	// cella's own fields.
 	Runtime       string `json:"runtime"`
@@ -158,7 +153,7 @@ type sandboxDetail struct {
 	PauseMode string `json:"pauseMode,omitempty"`
 
 	// NextTransition is the next automatic lifecycle step (lifecycle.go).
-	NextTransition *transitionDetail `json:"nextTransition"`
+	NextTransition *apiwire.SandboxTransition `json:"nextTransition"`
 }
 
 func (s *Server) detail(in sandbox.Info) sandboxDetail {
@@ -171,9 +166,9 @@ func (s *Server) detail(in sandbox.Info) sandboxDetail {
 		allowInternet = *in.Options.AllowInternetAccess
 	}
 	return sandboxDetail{
-		sandboxResponse: s.sandboxBody(in),
-		Metadata:        md,
-		StartedAt:       in.StartedAt, EndAt: in.EndAt, State: in.State,
+		Sandbox:   s.sandboxBody(in),
+		Metadata:  md,
+		StartedAt: in.StartedAt, EndAt: in.EndAt, State: in.State,
 		CPUCount: in.Options.CPUs, MemoryMB: in.Options.MemoryMB, DiskSizeMB: in.Options.DiskMB,
 		AllowInternetAccess: allowInternet,
 		Network:             networkInfoOf(in.Options.Network, in.Options.Egress, s.cfg.EgressCeiling != nil), // network.go
@@ -297,33 +292,16 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, s.sandboxBody(sb.Info()))
 }
 
-// listedSandbox is E2B's ListedSandbox.
-type listedSandbox struct {
-	SandboxID    string            `json:"sandboxID"`
-	TemplateID   string            `json:"templateID"`
-	Alias        string            `json:"alias,omitempty"`
-	ClientID     string            `json:"clientID"`
-	CPUCount     float64           `json:"cpuCount"`
-	MemoryMB     int64             `json:"memoryMB"`
-	DiskSizeMB   int64             `json:"diskSizeMB"`
-	StartedAt    time.Time         `json:"startedAt"`
-	EndAt        time.Time         `json:"endAt"`
-	EnvdVersion  string            `json:"envdVersion"`
-	Metadata     map[string]string `json:"metadata"`
-	State        string            `json:"state"`
-	VolumeMounts []any             `json:"volumeMounts"`
-	Runtime      string            `json:"runtime"`
-}
-
-func listed(in sandbox.Info) listedSandbox {
+// listed is E2B's ListedSandbox.
+func listed(in sandbox.Info) apiwire.ListedSandbox {
 	md := in.Options.Metadata
 	if md == nil {
 		md = map[string]string{}
 	}
-	return listedSandbox{
+	return apiwire.ListedSandbox{
 		SandboxID: in.ID, TemplateID: in.TemplateID, Alias: in.TemplateID, ClientID: clientID,
 		CPUCount: in.Options.CPUs, MemoryMB: in.Options.MemoryMB, DiskSizeMB: in.Options.DiskMB,
-		StartedAt: in.StartedAt, EndAt: in.EndAt, EnvdVersion: agentapi.Version, Metadata: md, State: in.State,
+		StartedAt: in.StartedAt, EndAt: in.EndAt, EnvdVersion: agentapi.Version, Metadata: md, State: apiwire.SandboxState(in.State),
 		VolumeMounts: volumeMountsOf(in), Runtime: in.Runtime,
 	}
 }
@@ -370,7 +348,7 @@ func (s *Server) listSandboxesV1(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	out := []listedSandbox{}
+	out := []apiwire.ListedSandbox{}
 	for _, sb := range s.cfg.Manager.List(caller(r)) {
 		in := sb.Info()
 		if in.State == sandbox.StateRunning && matchesMetadata(in.Options.Metadata, want) {
@@ -434,17 +412,11 @@ func (s *Server) listSandboxesV2(w http.ResponseWriter, r *http.Request) {
 		last := page[len(page)-1]
 		w.Header().Set("X-Next-Token", strconv.FormatInt(last.StartedAt.UnixNano(), 10)+"_"+last.ID)
 	}
-	out := make([]listedSandbox, 0, len(page))
+	out := make([]apiwire.ListedSandbox, 0, len(page))
 	for _, in := range page {
 		out = append(out, listed(in))
 	}
 	writeJSON(w, http.StatusOK, out)
-}
-
-type templateInfo struct {
-	TemplateID string   `json:"templateID"`
-	Aliases    []string `json:"aliases"`
-	Public     bool     `json:"public"`
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
@@ -453,9 +425,9 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	out := []templateInfo{}
+	out := []apiwire.Template{}
 	for _, t := range tpls {
-		out = append(out, templateInfo{TemplateID: t.Name, Aliases: []string{t.Name}})
+		out = append(out, apiwire.Template{TemplateID: t.Name, Aliases: []string{t.Name}})
 	}
 	writeJSON(w, http.StatusOK, out)
 }

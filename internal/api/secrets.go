@@ -4,8 +4,8 @@ import (
 	"encoding/base64"
 	"net/http"
 	"sort"
-	"time"
 
+	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/secrets"
 )
@@ -34,23 +34,14 @@ func (s *Server) secretRoutes(auth func(http.HandlerFunc) http.Handler) {
 	m.Handle("DELETE /secrets/{secretID}", auth(s.secretsAdmin(s.deleteSecret)))
 }
 
-// secretInfo is E2B's Secret schema. Metadata is always an object, {} when
+// secretBody is E2B's Secret schema. Metadata is always an object, {} when
 // unset, as E2B documents it.
-type secretInfo struct {
-	SecretID       string            `json:"secretID"`
-	Name           string            `json:"name"`
-	CurrentVersion int64             `json:"currentVersion"`
-	Metadata       map[string]string `json:"metadata"`
-	CreatedAt      time.Time         `json:"createdAt"`
-	UpdatedAt      time.Time         `json:"updatedAt"`
-}
-
-func secretBody(i secrets.Info) secretInfo {
+func secretBody(i secrets.Info) apiwire.Secret {
 	md := i.Metadata
 	if md == nil {
 		md = map[string]string{}
 	}
-	return secretInfo{
+	return apiwire.Secret{
 		SecretID: i.ID, Name: i.Name, CurrentVersion: i.Version, Metadata: md,
 		CreatedAt: i.CreatedAt.UTC(), UpdatedAt: i.UpdatedAt.UTC(),
 	}
@@ -71,11 +62,7 @@ func (s *Server) secretsAdmin(h func(http.ResponseWriter, *http.Request, Secrets
 // update apart, and a create that silently overwrote would let a typo or a
 // second script clobber a credential others rely on.
 func (s *Server) createSecret(w http.ResponseWriter, r *http.Request, sm Secrets) {
-	var req struct {
-		Name     string            `json:"name"`
-		Value    string            `json:"value"`
-		Metadata map[string]string `json:"metadata"`
-	}
+	var req apiwire.NewSecret
 	if err := decodeBody(r, &req); err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -92,15 +79,16 @@ func (s *Server) createSecret(w http.ResponseWriter, r *http.Request, sm Secrets
 // Metadata, when sent, replaces the stored metadata ({} clears it); when
 // left out it is kept, as the SDK's update without opts.metadata expects.
 func (s *Server) updateSecret(w http.ResponseWriter, r *http.Request, sm Secrets) {
-	var req struct {
-		Value    string            `json:"value"`
-		Metadata map[string]string `json:"metadata"`
-	}
+	var req apiwire.SecretUpdate // Metadata: nil when left out
 	if err := decodeBody(r, &req); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
-	info, err := sm.Update(r.Context(), r.PathValue("secretID"), req.Value, req.Metadata)
+	var md map[string]string
+	if req.Metadata != nil {
+		md = *req.Metadata
+	}
+	info, err := sm.Update(r.Context(), r.PathValue("secretID"), req.Value, md)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -130,7 +118,7 @@ func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request, sm Secrets)
 		page = page[:limit]
 		w.Header().Set("X-Next-Token", base64.RawURLEncoding.EncodeToString([]byte(page[len(page)-1].Name)))
 	}
-	out := make([]secretInfo, 0, len(page))
+	out := make([]apiwire.Secret, 0, len(page))
 	for _, i := range page {
 		out = append(out, secretBody(i))
 	}

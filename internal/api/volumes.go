@@ -5,8 +5,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
+	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/volume"
 )
@@ -21,27 +21,16 @@ func (s *Server) volumeRoutes(auth func(http.HandlerFunc) http.Handler) {
 	m.Handle("DELETE /volumes/{name}", auth(s.deleteVolume))
 }
 
-// volumeResponse is a volume: E2B's volumeID/name plus cella's fields.
-type volumeResponse struct {
-	VolumeID  string    `json:"volumeID"`
-	Name      string    `json:"name"`
-	SizeMB    int64     `json:"sizeMB"`
-	UsedBytes int64     `json:"usedBytes"`
-	Mounted   bool      `json:"mounted"`
-	CreatedAt time.Time `json:"createdAt"`
-	UsedBy    []string  `json:"usedBy"`
-}
-
 // volumeBody shows v to the caller, with the sandboxes that mount it that
 // the caller may see.
-func (s *Server) volumeBody(r *http.Request, v volume.Volume) volumeResponse {
+func (s *Server) volumeBody(r *http.Request, v volume.Volume) apiwire.Volume {
 	users := []string{}
 	for _, id := range s.cfg.Manager.VolumeUsers(v.ID) {
 		if _, err := s.cfg.Manager.Lookup(caller(r), id); err == nil {
 			users = append(users, id)
 		}
 	}
-	return volumeResponse{VolumeID: v.ID, Name: v.Name, SizeMB: v.SizeBytes >> 20, UsedBytes: v.UsedBytes,
+	return apiwire.Volume{VolumeID: v.ID, Name: v.Name, SizeMB: v.SizeBytes >> 20, UsedBytes: v.UsedBytes,
 		Mounted: v.Mounted, CreatedAt: v.CreatedAt, UsedBy: users}
 }
 
@@ -102,7 +91,7 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	out := make([]volumeResponse, 0, len(vs))
+	out := make([]apiwire.Volume, 0, len(vs))
 	for _, v := range vs {
 		out = append(out, s.volumeBody(r, v))
 	}

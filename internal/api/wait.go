@@ -14,15 +14,6 @@ import (
 	"github.com/cella-sandbox/cella/internal/errdefs"
 )
 
-// waitRequest is the body of POST /sandboxes/{id}/wait.
-type waitRequest struct {
-	Port int    `json:"port"`
-	Log  string `json:"log"`
-	PID  int    `json:"pid"`
-	// Timeout is seconds (a number) or a Go duration string; default 30 s.
-	Timeout json.RawMessage `json:"timeout"`
-}
-
 const maxWaitTimeout = time.Hour
 
 // parseWaitTimeout reads the wait's timeout: seconds or a Go duration
