@@ -114,6 +114,8 @@ func applyVolumeMounts(opts *sandbox.Options, raw json.RawMessage) error {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil
 	}
+	// Not apiwire.SandboxVolumeMount: json's messages for a bad item name
+	// the Go type, and the answers have always shown this one's.
 	var items []struct {
 		Name     string `json:"name"`
 		Path     string `json:"path"`
