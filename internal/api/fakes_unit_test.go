@@ -350,3 +350,9 @@ func errMessage(rec *httptest.ResponseRecorder) string {
 	_ = json.Unmarshal(rec.Body.Bytes(), &body)
 	return body.Message
 }
+
+// UnitServer is the API over the fakes for the external tests of this
+// package (openapi_unit_test.go): its handler, the admin key and a team key.
+func UnitServer(t *testing.T) (h http.Handler, adminKey, teamKey string) {
+	return newUnitAPI(t).srv, unitAdminKey, unitKeyA
+}
