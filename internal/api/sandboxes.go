@@ -124,39 +124,11 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, s.sandboxBody(sb.Info()))
 }
 
-// sandboxDetail is E2B's SandboxDetail plus cella's fields. Not
-// apiwire.SandboxDetail: its network carries egress.Rule values (redacted,
-// the proxy's own type: networkInfo, network.go).
-type sandboxDetail struct {
-	apiwire.Sandbox
-	Metadata            map[string]string                  `json:"metadata"`
-	AllowInternetAccess bool                               `json:"allowInternetAccess"`
-	StartedAt           time.Time                          `json:"startedAt"`
-	EndAt               time.Time                          `json:"endAt"`
-	State               string                             `json:"state"`
-	CPUCount            float64                            `json:"cpuCount"`
-	MemoryMB            int64                              `json:"memoryMB"`
-	DiskSizeMB          int64                              `json:"diskSizeMB"`
-	Network             networkInfo                        `json:"network"`
-	Lifecycle           apiwire.SandboxLifecycle           `json:"lifecycle"`
-	VolumeMounts        []apiwire.SandboxVolumeMountDetail `json:"volumeMounts"`
-
-	// cella's own fields.
-	Runtime       string `json:"runtime"`
-	PidsLimit     int64  `json:"pidsLimit"`
-	OutputLimitMB int64  `json:"outputLimitMB"`
-	DiskUsedBytes int64  `json:"diskUsedBytes"`
-	Error         string `json:"error,omitempty"`
-	// PauseMode says how a paused sandbox keeps its state: "checkpoint"
-	// (memory saved to disk), "frozen" (memory kept in RAM) or "stopped"
-	// (filesystem only).
-	PauseMode string `json:"pauseMode,omitempty"`
-
-	// NextTransition is the next automatic lifecycle step (lifecycle.go).
-	NextTransition *apiwire.SandboxTransition `json:"nextTransition"`
-}
-
-func (s *Server) detail(in sandbox.Info) sandboxDetail {
+// detail is E2B's SandboxDetail plus cella's fields: runtime, limits, disk
+// use, the error of a dead sandbox, pauseMode ("checkpoint": memory saved to
+// disk, "frozen": kept in RAM, "stopped": filesystem only) and the next
+// automatic lifecycle step (lifecycle.go).
+func (s *Server) detail(in sandbox.Info) apiwire.SandboxDetail {
 	md := in.Options.Metadata
 	if md == nil {
 		md = map[string]string{}
@@ -165,17 +137,20 @@ func (s *Server) detail(in sandbox.Info) sandboxDetail {
 	if in.Options.AllowInternetAccess != nil {
 		allowInternet = *in.Options.AllowInternetAccess
 	}
-	return sandboxDetail{
-		Sandbox:   s.sandboxBody(in),
+	sb := s.sandboxBody(in)
+	return apiwire.SandboxDetail{
+		SandboxID: sb.SandboxID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: sb.ClientID,
+		EnvdVersion: sb.EnvdVersion, EnvdAccessToken: sb.EnvdAccessToken, TrafficAccessToken: sb.TrafficAccessToken,
+		Domain:    sb.Domain,
 		Metadata:  md,
-		StartedAt: in.StartedAt, EndAt: in.EndAt, State: in.State,
+		StartedAt: in.StartedAt, EndAt: in.EndAt, State: apiwire.SandboxState(in.State),
 		CPUCount: in.Options.CPUs, MemoryMB: in.Options.MemoryMB, DiskSizeMB: in.Options.DiskMB,
 		AllowInternetAccess: allowInternet,
 		Network:             networkInfoOf(in.Options.Network, in.Options.Egress, s.cfg.EgressCeiling != nil), // network.go
 		Lifecycle:           lifecycleOf(in),
 		VolumeMounts:        volumeMountsOf(in),
 		Runtime:             in.Runtime, PidsLimit: in.Options.Pids, OutputLimitMB: in.Options.OutputMB, DiskUsedBytes: in.DiskUsedBytes, Error: in.Error,
-		PauseMode: in.PauseMode, NextTransition: nextTransitionOf(in),
+		PauseMode: apiwire.SandboxPauseMode(in.PauseMode), NextTransition: nextTransitionOf(in),
 	}
 }
 
