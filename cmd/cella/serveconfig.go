@@ -50,6 +50,8 @@ func serveSettings(c *serveConfig) []*setting {
 			usage: "write runsc debug logs here (diagnostics)"},
 		{flag: "log-level", env: "CELLA_LOG_LEVEL", def: "info", kind: "level", apply: one(&c.LogLevel, logLevel),
 			usage: "debug, info, warn or error"},
+		{flag: "access-log", env: "CELLA_ACCESS_LOG", kind: "path", apply: one(&c.AccessLog, text),
+			usage: "append one JSON line per API request to this file (key name, route, status, latency, sandbox and request IDs; never a key, token or secret); - = stderr; default: none"},
 		{flag: "mcp-max-calls", env: "CELLA_MCP_MAX_CALLS", def: "0", kind: "int", apply: one(&c.MCPMaxCalls, integer[int64]),
 			usage: "tool calls each /mcp session may make; 0 = unlimited"},
 

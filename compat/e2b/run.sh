@@ -80,7 +80,7 @@ export CELLA_E2B_KEY
 echo "compat/e2b: daemon $CELLA_E2B_URL (pid $DAEMON_PID, data dir $DATA_DIR)"
 
 set +e
-node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" sdk.test.mjs code-interpreter.test.mjs network.test.mjs secrets.test.mjs
+node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" sdk.test.mjs code-interpreter.test.mjs network.test.mjs secrets.test.mjs quota.test.mjs
 status=$?
 set -e
 exit "$status"

@@ -8,6 +8,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/audit"
 	"github.com/cella-sandbox/cella/internal/edge"
 	"github.com/cella-sandbox/cella/internal/egress"
+	"github.com/cella-sandbox/cella/internal/quota"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 	"github.com/cella-sandbox/cella/internal/secrets"
 	"github.com/cella-sandbox/cella/internal/store"
@@ -55,6 +56,10 @@ type Sandboxes interface {
 	LatestMetric(p tenant.Principal, id string) (mt sandbox.Metric, ok bool, err error)
 
 	TrafficRouter() edge.Router
+	// RuntimeName labels the daemon's metrics.
+	RuntimeName() string
+	// Usage is what a key holds now against its quota (quotas.go).
+	Usage(key string) (sandboxes int, cpus float64, memMB int64)
 }
 
 // Pools is what the API uses of the warm pools (sandbox.Manager).
@@ -71,6 +76,8 @@ type Keys interface {
 	ListAPIKeys(ctx context.Context) ([]store.APIKey, error)
 	DeleteAPIKey(ctx context.Context, id string) error
 	SandboxOwner(ctx context.Context, id string) (team, key string, err error)
+	GetAPIKey(ctx context.Context, id string) (store.APIKey, error)
+	SetKeyLimits(ctx context.Context, id string, l quota.Limits) (store.APIKey, error)
 }
 
 // Templates is what the API uses of the template store.

@@ -17,6 +17,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/edge"
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/quota"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 	"github.com/cella-sandbox/cella/internal/secrets"
 	"github.com/cella-sandbox/cella/internal/store"
@@ -156,6 +157,16 @@ func (f *fakeSandboxes) LatestMetric(p tenant.Principal, id string) (sandbox.Met
 	return sandbox.Metric{}, false, err
 }
 func (f *fakeSandboxes) TrafficRouter() edge.Router { return noRoutes{} }
+func (f *fakeSandboxes) RuntimeName() string        { return "fake" }
+func (f *fakeSandboxes) Usage(key string) (int, float64, int64) {
+	n := 0
+	for _, sb := range f.List(tenant.System) {
+		if sb.Options.APIKeyID == key {
+			n++
+		}
+	}
+	return n, 0, 0
+}
 
 // noRoutes is a router that knows no sandbox: the edge answers 502.
 type noRoutes struct{}
@@ -212,6 +223,28 @@ func (f *fakeKeys) DeleteAPIKey(ctx context.Context, id string) error {
 		}
 	}
 	return errdefs.NotFound("key %q not found", id)
+}
+func (f *fakeKeys) GetAPIKey(ctx context.Context, id string) (store.APIKey, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, k := range f.byKey {
+		if k.ID == id {
+			return k, nil
+		}
+	}
+	return store.APIKey{}, errdefs.NotFound("key %q not found", id)
+}
+func (f *fakeKeys) SetKeyLimits(ctx context.Context, id string, l quota.Limits) (store.APIKey, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for s, k := range f.byKey {
+		if k.ID == id {
+			k.Limits = l
+			f.byKey[s] = k
+			return k, nil
+		}
+	}
+	return store.APIKey{}, errdefs.NotFound("key %q not found", id)
 }
 func (f *fakeKeys) SandboxOwner(ctx context.Context, id string) (string, string, error) {
 	return "", "", errdefs.NotFound("sandbox %q not found", id)

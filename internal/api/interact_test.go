@@ -159,6 +159,29 @@ func TestInteract(t *testing.T) {
 	}
 	apiKeyHdr := http.Header{"X-Api-Key": {key}}
 
+	t.Run("PTYWithoutHandshake", func(t *testing.T) {
+		// A plain GET is refused before any shell starts: none is left in
+		// the sandbox that nobody could reach or end.
+		req, _ := http.NewRequestWithContext(ctx, "GET", env.URL+"/sandboxes/"+id+"/pty", nil)
+		req.Header = apiKeyHdr.Clone()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 400 || !strings.Contains(string(body), "WebSocket") || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+			t.Fatalf("plain GET /pty: %d %s %q", resp.StatusCode, resp.Header.Get("Content-Type"), body)
+		}
+		r, err := sb.Exec(ctx, "ps -eo args= | grep -c '[b]ash -i -l' || true", client.ExecOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.TrimSpace(r.Stdout) != "0" {
+			t.Fatalf("a shell was started for a plain GET: %q", r.Stdout)
+		}
+	})
+
 	t.Run("PTY", func(t *testing.T) {
 		if _, resp, err := dialPTY(t, env, id, "", nil); err == nil || resp == nil || resp.StatusCode != 401 {
 			t.Fatalf("pty without a key: want 401, got %v %v", resp, err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/quota"
 )
 
 // errorBody is E2B's error shape: code equals the HTTP status.
@@ -35,6 +36,9 @@ func writeError(w http.ResponseWriter, status int, format string, args ...any) {
 // and is logged at debug; any other 5xx is the daemon's, at error.
 func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	status := errdefs.HTTPStatus(err)
+	if d := errdefs.RetryAfterOf(err); d > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(quota.RetryAfter(d)))
+	}
 	if status >= 500 && status != http.StatusNotImplemented {
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
 	} else {

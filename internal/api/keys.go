@@ -5,24 +5,54 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"time"
 
-	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/quota"
 	"github.com/cella-sandbox/cella/internal/secrets"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
-// keyBody is an API key's public part (Key is set only in the answer that
-// creates it).
-func (s *Server) keyBody(k store.APIKey) apiwire.APIKey {
+// keyInfo is an API key's public part; Key is set only in the answer that
+// creates it. Not apiwire.APIKey: the generated usage.vcpus is a float32,
+// which would round what this answer has always given as a float64.
+type keyInfo struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	Key  string `json:"key,omitempty"`
+	// TeamID and Team are the team whose sandboxes, snapshots and volumes
+	// the key shares.
+	TeamID string `json:"teamID"`
+	Team   string `json:"team"`
+	// Secrets are the secrets the key may attach ("*": all; the admin key
+	// may use every secret).
+	Secrets     []string  `json:"secrets"`
+	MCPMaxCalls int64     `json:"mcpMaxCalls"`
+	CreatedAt   time.Time `json:"createdAt"`
+	// EgressAllow is the key's own egress ceiling (empty: the daemon's).
+	EgressAllow []string `json:"egressAllow"`
+	// Egress says in words what this key's sandboxes may reach at most.
+	Egress string `json:"egress"`
+	// The key's quota (quotas.go; the admin key's is all zero: unlimited)
+	// and what it holds now against it.
+	keyLimits
+	Usage keyUsage `json:"usage"`
+}
+
+func (s *Server) keyBody(k store.APIKey) keyInfo {
 	secrets := nonNil(k.Secrets)
 	if k.ID == store.AdminKeyID {
 		secrets = []string{"*"}
 	}
-	return apiwire.APIKey{ID: k.ID, Name: k.Name, TeamID: k.TeamID, Team: k.TeamName, Secrets: secrets,
-		MCPMaxCalls: k.MCPMaxCalls, CreatedAt: k.CreatedAt.UTC(), EgressAllow: nonNil(k.EgressAllow), Egress: s.egressText(k)}
+	var u keyUsage
+	if s.cfg.Manager != nil {
+		u.Sandboxes, u.VCPUs, u.MemoryMB = s.cfg.Manager.Usage(k.ID)
+	}
+	return keyInfo{ID: k.ID, Name: k.Name, TeamID: k.TeamID, Team: k.TeamName, Secrets: secrets,
+		MCPMaxCalls: k.MCPMaxCalls, CreatedAt: k.CreatedAt.UTC(), EgressAllow: nonNil(k.EgressAllow), Egress: s.egressText(k),
+		keyLimits: limitsBody(k.Limits), Usage: u}
 }
 
 // egressText describes a key's ceiling for people and agents (MCP tool
@@ -57,12 +87,24 @@ func (s *Server) adminOnly(what string, h http.HandlerFunc) http.HandlerFunc {
 }
 
 // parseKeyCreate reads POST /keys {"name", "team"?, "mcpMaxCalls"?,
-// "egressAllow"?, "secrets"?}.
+// "egressAllow"?, "secrets"?, "maxSandboxes"?, "maxVcpus"?, "maxMemoryMB"?,
+// "createRate"?, "requestRate"?}.
 func (s *Server) parseKeyCreate(r *http.Request) (store.NewKey, error) {
-	// Team is the team to join (made if it does not exist); "" makes a team
-	// of the key's own, named after it.
-	var req apiwire.NewAPIKey
+	var req struct {
+		Name string `json:"name"`
+		// Team is the team to join (made if it does not exist); "" makes a
+		// team of the key's own, named after it.
+		Team        string   `json:"team"`
+		MCPMaxCalls int64    `json:"mcpMaxCalls"`
+		EgressAllow []string `json:"egressAllow"`
+		Secrets     []string `json:"secrets"`
+		limitsRequest
+	}
 	if err := decodeBody(r, &req); err != nil {
+		return store.NewKey{}, err
+	}
+	var limits quota.Limits
+	if err := req.limitsRequest.apply(&limits); err != nil { // quotas.go
 		return store.NewKey{}, err
 	}
 	if !keyNameRe.MatchString(req.Name) {
@@ -99,7 +141,7 @@ func (s *Server) parseKeyCreate(r *http.Request) (store.NewKey, error) {
 			return store.NewKey{}, errdefs.InvalidArgument("egressAllow: %v", err)
 		}
 	}
-	return store.NewKey{Name: req.Name, Team: req.Team, MCPMaxCalls: req.MCPMaxCalls, EgressAllow: req.EgressAllow, Secrets: req.Secrets}, nil
+	return store.NewKey{Name: req.Name, Team: req.Team, MCPMaxCalls: req.MCPMaxCalls, EgressAllow: req.EgressAllow, Secrets: req.Secrets, Limits: limits}, nil
 }
 
 func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
@@ -124,7 +166,7 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	out := []apiwire.APIKey{}
+	out := []keyInfo{}
 	for _, k := range keys {
 		out = append(out, s.keyBody(k))
 	}

@@ -69,8 +69,10 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 
 // metricsHandler serves /metrics in Prometheus' text format (scrape with
 // the API key as a bearer token).
+// The registry is the daemon's (metrics.Metrics: lifecycle histograms,
+// deaths, API errors, quota refusals), with the API's collectors added.
 func (s *Server) metricsHandler() http.Handler {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(newMetricsCollector(s), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	mx := s.cfg.Metrics
+	mx.Registry.MustRegister(newMetricsCollector(s), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return promhttp.HandlerFor(mx.Registry, promhttp.HandlerOpts{})
 }

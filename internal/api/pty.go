@@ -79,6 +79,12 @@ func (s *Server) ptyHandler(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
+	// Only a WebSocket handshake gets a shell: a plain GET must not start
+	// one that nobody can reach or end.
+	if !isWebSocketUpgrade(r) {
+		s.writeErr(w, r, errdefs.InvalidArgument("GET /sandboxes/%s/pty is a WebSocket: send the handshake (Connection: Upgrade, Upgrade: websocket)", id))
+		return
+	}
 	var ss *edge.Shell
 	if sid := q.Get("session"); sid != "" {
 		if ss = s.pty.Get(id, sid); ss == nil {
@@ -92,4 +98,20 @@ func (s *Server) ptyHandler(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	ss.Serve(w, r, offset)
+}
+
+// isWebSocketUpgrade reports whether r asks for a WebSocket (RFC 6455 §4.1:
+// a GET with Upgrade: websocket and Connection naming upgrade).
+func isWebSocketUpgrade(r *http.Request) bool {
+	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		return false
+	}
+	for _, v := range r.Header.Values("Connection") {
+		for _, tok := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(tok), "upgrade") {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -91,27 +91,32 @@ func TestUnitRoutesErrorsAreJSON(t *testing.T) {
 // a JSON 404.
 func TestUnitRouteMethods(t *testing.T) {
 	u := newUnitAPI(t)
-	methods := map[string][]string{} // path → methods registered for it
+	methods := map[string][]string{} // path → methods of every pattern it matches
 	for _, p := range u.srv.mux.patterns {
 		if !strings.Contains(p, " ") {
 			continue // every method
 		}
-		m, path := routeReq(p)
-		methods[path] = append(methods[path], m)
+		_, path := routeReq(p)
+		for _, q := range u.srv.mux.patterns {
+			if m, pat, ok := strings.Cut(q, " "); ok && patternMatches(pat, path) && !slices.Contains(methods[path], m) {
+				methods[path] = append(methods[path], m)
+			}
+		}
 	}
 	for path, ms := range methods {
-		wrong := http.MethodPatch
-		if slices.Contains(ms, wrong) {
-			t.Fatalf("%s serves PATCH; pick another method", path)
+		i := slices.IndexFunc([]string{http.MethodPatch, http.MethodPut, http.MethodDelete, http.MethodPost}, func(m string) bool { return !slices.Contains(ms, m) })
+		if i < 0 {
+			t.Fatalf("%s serves every method tried", path)
 		}
+		wrong := []string{http.MethodPatch, http.MethodPut, http.MethodDelete, http.MethodPost}[i]
 		rec := u.doJSON(wrong, path, unitAdminKey, "")
 		if rec.Code != http.StatusMethodNotAllowed || !isJSONError(rec) {
-			t.Errorf("PATCH %s: %d %s, want a JSON 405", path, rec.Code, rec.Body)
+			t.Errorf("%s %s: %d %s, want a JSON 405", wrong, path, rec.Code, rec.Body)
 			continue
 		}
 		for _, m := range ms {
 			if !strings.Contains(rec.Header().Get("Allow"), m) || !strings.Contains(rec.Body.String(), m) {
-				t.Errorf("PATCH %s: Allow %q, body %s, want them to name %s", path, rec.Header().Get("Allow"), rec.Body, m)
+				t.Errorf("%s %s: Allow %q, body %s, want them to name %s", wrong, path, rec.Header().Get("Allow"), rec.Body, m)
 			}
 		}
 	}
@@ -120,4 +125,23 @@ func TestUnitRouteMethods(t *testing.T) {
 			t.Errorf("GET %s: %d %s, want a JSON 404", path, rec.Code, rec.Body)
 		}
 	}
+}
+
+// patternMatches reports whether a ServeMux pattern's path (no method)
+// matches path: a wildcard segment matches any one segment, {x...} and a
+// trailing slash the rest.
+func patternMatches(pattern, path string) bool {
+	ps, xs := strings.Split(pattern, "/"), strings.Split(path, "/")
+	for i, seg := range ps {
+		switch {
+		case strings.HasSuffix(seg, "...}") || (seg == "" && i == len(ps)-1 && i > 0):
+			return len(xs) >= i
+		case i >= len(xs):
+			return false
+		case strings.HasPrefix(seg, "{"):
+		case seg != xs[i]:
+			return false
+		}
+	}
+	return len(ps) == len(xs)
 }

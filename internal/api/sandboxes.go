@@ -116,11 +116,16 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
+	if err := s.takeCreates(r, 1); err != nil { // quotas.go
+		s.writeErr(w, r, err)
+		return
+	}
 	sb, err := s.cfg.Manager.Create(r.Context(), caller(r), opts)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
+	noteSandbox(r, sb.ID) // accesslog.go
 	writeJSON(w, http.StatusCreated, s.sandboxBody(sb.Info()))
 }
 

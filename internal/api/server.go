@@ -8,12 +8,15 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/edge"
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/mcpserver"
+	"github.com/cella-sandbox/cella/internal/metrics"
+	"github.com/cella-sandbox/cella/internal/quota"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/tenant"
 	"github.com/cella-sandbox/cella/internal/ui"
@@ -45,6 +48,11 @@ type Config struct {
 	EgressCeiling *egress.Policy
 	// Egress counts the proxy's decisions for /metrics (nil: not shown).
 	Egress *EgressCounters
+	// Metrics are the daemon's instruments, served at /metrics with the
+	// API's own collectors (nil: a registry of the API's alone).
+	Metrics *metrics.Metrics
+	// AccessLog receives one line per API request (accesslog.go; nil: none).
+	AccessLog *slog.Logger
 }
 
 // Server serves the REST API and the sandbox proxy on one listener.
@@ -58,6 +66,8 @@ type Server struct {
 	pty  edge.Shells
 	// self is the API's in-process client (selfclient.go), MCP's way in.
 	self *selfClient
+	// buckets hold keys to their rates (quotas.go).
+	buckets quota.Buckets
 }
 
 // New builds the server's routes.
@@ -65,12 +75,19 @@ func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
+	if cfg.Metrics == nil {
+		rt := ""
+		if cfg.Manager != nil {
+			rt = cfg.Manager.RuntimeName()
+		}
+		cfg.Metrics = metrics.New(rt, nil)
+	}
+	s := &Server{cfg: cfg, log: cfg.Log, mux: newRouteMux()}
 	var router edge.Router
 	if cfg.Manager != nil {
 		router = cfg.Manager.TrafficRouter()
 	}
-	s := &Server{cfg: cfg, log: cfg.Log, mux: newRouteMux(),
-		edge: edge.New(edge.Config{Router: router, Domain: cfg.Domain})}
+	s.edge = edge.New(edge.Config{Router: router, Domain: cfg.Domain, ExecStarted: s.execStarted})
 	s.self = newSelfClient(s)
 	s.routes()
 	return s
@@ -118,6 +135,7 @@ func (s *Server) routes() {
 	m.Handle("GET /keys", auth(s.adminOnly("manage API keys", s.listKeys)))
 	m.Handle("GET /keys/self", auth(s.selfKey))
 	m.Handle("DELETE /keys/{id}", auth(s.adminOnly("manage API keys", s.deleteKey)))
+	m.Handle("PATCH /keys/{id}", auth(s.adminOnly("manage API keys", s.updateKey))) // quotas.go
 
 	// Later work answers 501 naming the feature, so clients fail clearly.
 	for pattern, feature := range map[string]string{
@@ -133,6 +151,14 @@ func notImplemented(feature string) http.HandlerFunc {
 	}
 }
 
+// execStarted is the edge's report of a process start: its latency, by the
+// sandbox's template.
+func (s *Server) execStarted(sb edge.Sandbox, took time.Duration) {
+	if x, err := s.cfg.Manager.Lookup(tenant.System, sb.ID()); err == nil {
+		s.cfg.Metrics.ExecStart(x.TemplateID, took)
+	}
+}
+
 // Close stops what the server runs besides its handler: the in-process
 // listener of its own client.
 func (s *Server) Close() { s.self.close() }
@@ -142,9 +168,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.edge.Handle(w, r) {
 		return
 	}
-	jw := &jsonStatusWriter{ResponseWriter: w}
-	s.mux.ServeHTTP(jw, r)
-	jw.finish()
+	s.serveAPI(w, r) // accesslog.go
 }
 
 // requireKey checks X-API-Key (or a bearer token) against the stored hashes.
@@ -163,6 +187,12 @@ func (s *Server) requireKey(h http.HandlerFunc) http.Handler {
 		k, err := s.cfg.Store.LookupAPIKey(r.Context(), key)
 		if err != nil {
 			s.writeErr(w, r, errdefs.Unauthenticated("invalid API key"))
+			return
+		}
+		noteKey(r, k) // accesslog.go
+		// The key's request rate (quotas.go).
+		if err := s.takeRate(k, "requestRate", "--request-rate", k.Limits.RequestRate, 1); err != nil {
+			s.writeErr(w, r, err)
 			return
 		}
 		ctx := context.WithValue(r.Context(), keyCtx{}, k)

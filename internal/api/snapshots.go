@@ -90,6 +90,10 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
+	if err := s.takeCreates(r, count); err != nil { // quotas.go
+		s.writeErr(w, r, err)
+		return
+	}
 	res, err := s.cfg.Manager.Fork(r.Context(), caller(r), r.PathValue("id"), count, timeout)
 	if err != nil {
 		s.writeErr(w, r, err)

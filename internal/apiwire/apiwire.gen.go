@@ -352,7 +352,11 @@ func (e ListSandboxesV2ParamsOrder) Valid() bool {
 
 // APIKey An API key's public part.
 type APIKey struct {
-	CreatedAt time.Time `json:"createdAt"`
+	// CreateRate Sandboxes the key may make per period (`N/s`, `N/m`, `N/h`, `N/d`; N at once, then N per period); "" = unlimited.
+	//
+	// Example: 60/m
+	CreateRate string    `json:"createRate"`
+	CreatedAt  time.Time `json:"createdAt"`
 
 	// Egress In words, what this key's sandboxes may reach at most.
 	Egress string `json:"egress"`
@@ -364,9 +368,23 @@ type APIKey struct {
 	// Key The key itself; only in the answer that creates it.
 	Key string `json:"key,omitempty,omitzero"`
 
+	// MaxMemoryMB Memory (MiB) of the key's running sandboxes together; 0 = unlimited.
+	MaxMemoryMB int64 `json:"maxMemoryMB"`
+
+	// MaxSandboxes Running sandboxes the key may hold at once (paused ones do not count); 0 = unlimited.
+	MaxSandboxes int `json:"maxSandboxes"`
+
+	// MaxVcpus vCPUs of the key's running sandboxes together; 0 = unlimited.
+	MaxVcpus int `json:"maxVcpus"`
+
 	// MCPMaxCalls The key's MCP tool-call budget per session (0 = the daemon's).
 	MCPMaxCalls int64  `json:"mcpMaxCalls"`
 	Name        string `json:"name"`
+
+	// RequestRate API requests the key may make per period, as createRate; "" = unlimited.
+	//
+	// Example: 100/s
+	RequestRate string `json:"requestRate"`
 
 	// Secrets The secrets the key may attach (`*` for all; the admin key has `["*"]`).
 	Secrets []string `json:"secrets"`
@@ -374,6 +392,38 @@ type APIKey struct {
 	// Team The team whose sandboxes, snapshots and volumes the key shares.
 	Team   string `json:"team"`
 	TeamID string `json:"teamID"`
+
+	// Usage What the key holds now against its quota (running sandboxes and creates in flight).
+	Usage APIKeyUsage `json:"usage"`
+}
+
+// APIKeyUpdate The quota fields to change; absent fields keep their value, 0 and "" make a limit unlimited.
+type APIKeyUpdate struct {
+	// CreateRate Sandboxes the key may make per period (`N/s`, `N/m`, `N/h`, `N/d`; N at once, then N per period); "" = unlimited.
+	//
+	// Example: 60/m
+	CreateRate string `json:"createRate,omitempty,omitzero"`
+
+	// MaxMemoryMB Memory (MiB) of the key's running sandboxes together; 0 = unlimited.
+	MaxMemoryMB int64 `json:"maxMemoryMB,omitempty,omitzero"`
+
+	// MaxSandboxes Running sandboxes the key may hold at once (paused ones do not count); 0 = unlimited.
+	MaxSandboxes int `json:"maxSandboxes,omitempty,omitzero"`
+
+	// MaxVcpus vCPUs of the key's running sandboxes together; 0 = unlimited.
+	MaxVcpus int `json:"maxVcpus,omitempty,omitzero"`
+
+	// RequestRate API requests the key may make per period, as createRate; "" = unlimited.
+	//
+	// Example: 100/s
+	RequestRate string `json:"requestRate,omitempty,omitzero"`
+}
+
+// APIKeyUsage What the key holds now against its quota (running sandboxes and creates in flight).
+type APIKeyUsage struct {
+	MemoryMB  int64   `json:"memoryMB"`
+	Sandboxes int     `json:"sandboxes"`
+	Vcpus     float32 `json:"vcpus"`
 }
 
 // AuditDecision defines model for AuditDecision.
@@ -557,12 +607,31 @@ type LogsDirection string
 
 // NewAPIKey defines model for NewAPIKey.
 type NewAPIKey struct {
+	// CreateRate Sandboxes the key may make per period (`N/s`, `N/m`, `N/h`, `N/d`; N at once, then N per period); "" = unlimited.
+	//
+	// Example: 60/m
+	CreateRate string `json:"createRate,omitempty,omitzero"`
+
 	// EgressAllow A narrower egress ceiling than the daemon's.
 	EgressAllow []string `json:"egressAllow,omitempty,omitzero"`
-	MCPMaxCalls int64    `json:"mcpMaxCalls,omitempty,omitzero"`
+
+	// MaxMemoryMB Memory (MiB) of the key's running sandboxes together; 0 = unlimited.
+	MaxMemoryMB int64 `json:"maxMemoryMB,omitempty,omitzero"`
+
+	// MaxSandboxes Running sandboxes the key may hold at once (paused ones do not count); 0 = unlimited.
+	MaxSandboxes int `json:"maxSandboxes,omitempty,omitzero"`
+
+	// MaxVcpus vCPUs of the key's running sandboxes together; 0 = unlimited.
+	MaxVcpus    int   `json:"maxVcpus,omitempty,omitzero"`
+	MCPMaxCalls int64 `json:"mcpMaxCalls,omitempty,omitzero"`
 
 	// Name 1-63 letters, digits, '.', '_' and '-', starting with a letter or digit.
 	Name string `json:"name"`
+
+	// RequestRate API requests the key may make per period, as createRate; "" = unlimited.
+	//
+	// Example: 100/s
+	RequestRate string `json:"requestRate,omitempty,omitzero"`
 
 	// Secrets Secrets the key may attach (`*` for all).
 	Secrets []string `json:"secrets,omitempty,omitzero"`
@@ -1414,6 +1483,9 @@ type SandboxCreated = Sandbox
 // Everything an SDK needs to reach the sandbox's envd.
 type SandboxResumed = Sandbox
 
+// TooManyRequests E2B's error body. Every error answer of the REST API has this shape.
+type TooManyRequests = Error
+
 // Unauthorized E2B's error body. Every error answer of the REST API has this shape.
 type Unauthorized = Error
 
@@ -1590,6 +1662,9 @@ type GetSandboxLogsV2Params struct {
 
 // CreateAPIKeyJSONRequestBody defines body for CreateAPIKey for application/json ContentType.
 type CreateAPIKeyJSONRequestBody = NewAPIKey
+
+// UpdateAPIKeyJSONRequestBody defines body for UpdateAPIKey for application/json ContentType.
+type UpdateAPIKeyJSONRequestBody = APIKeyUpdate
 
 // PostMCPJSONRequestBody defines body for PostMCP for application/json ContentType.
 type PostMCPJSONRequestBody = PostMCPJSONBody

@@ -39,6 +39,9 @@ type Config struct {
 	// MCPMaxCalls is the tool-call budget of each /mcp session (0 = none).
 	MCPMaxCalls int64
 	Log         *slog.Logger
+	// AccessLog is where one JSON line per API request goes: a file
+	// (appended), "-" for stderr, "" for nowhere (observe.go).
+	AccessLog string
 	// BuildProgress receives template build progress (default: the log).
 	BuildProgress io.Writer
 	// Lifecycle is the default idle/archive/delete policy of new sandboxes.

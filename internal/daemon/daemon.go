@@ -22,6 +22,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/api"
 	"github.com/cella-sandbox/cella/internal/audit"
 	"github.com/cella-sandbox/cella/internal/egress"
+	"github.com/cella-sandbox/cella/internal/metrics"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/runtime/crun"
@@ -48,6 +49,9 @@ type Daemon struct {
 	Reconcile sandbox.ReconcileReport
 	// AdminKeyPath is where the admin key was written on first start.
 	AdminKeyPath string
+	// Metrics are the daemon's instruments (served at /metrics); template
+	// builds report through ObservedBuilder (observe.go).
+	Metrics *metrics.Metrics
 
 	log     *slog.Logger
 	closers []closer
@@ -182,10 +186,12 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		d.add("network", closeNet)
 	}
 
+	d.Metrics = newMetrics(rt.Name(), tpls) // observe.go
 	mgr, err := sandbox.NewManager(sandbox.Config{
 		DataDir: c.DataDir, Runtime: rt, Templates: tpls, Store: st, AgentBinary: c.AgentBinary, Log: log,
 		BuildProgress: c.BuildProgress, Volumes: vols, Lifecycle: c.Lifecycle,
 		AgentAudit: agentAudit{al}, Network: sbNet, SecretValue: sm.Get, MetricsInterval: c.MetricsInterval, Maxima: c.Maxima,
+		Metrics: d.Metrics, KeyLimits: keyLimits(st),
 	})
 	if err != nil {
 		return nil, err
@@ -206,8 +212,14 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	}
 	stopPrune := pruneAuditLogs(al, mgr, c.AuditRetention, log) // audit.go
 	d.add("audit pruning", func() error { stopPrune(); return nil })
+	accessLog, closeAccessLog, err := openAccessLog(c.AccessLog) // observe.go
+	if err != nil {
+		return nil, err
+	}
+	d.add("access log", closeAccessLog)
 	srv := api.New(api.Config{Manager: mgr, Pools: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
-		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts})
+		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts,
+		Metrics: d.Metrics, AccessLog: accessLog})
 	d.Handler = srv
 	d.add("api", func() error { srv.Close(); return nil })
 	return d, nil

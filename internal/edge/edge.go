@@ -15,6 +15,7 @@ package edge
 import (
 	"context"
 	"net/http"
+	"time"
 
 	"github.com/cella-sandbox/cella/internal/envd/process/processconnect"
 )
@@ -78,16 +79,22 @@ type Config struct {
 	// Domain is the domain of <port>-<id>.<domain> hosts ("" = routing by
 	// headers only).
 	Domain string
+	// ExecStarted, when set, learns how long each envd process Start
+	// through the proxy took to its start event (execstart.go).
+	ExecStarted func(sb Sandbox, took time.Duration)
 }
 
 // Proxy routes sandbox traffic.
 type Proxy struct {
-	router Router
-	domain string
+	router      Router
+	domain      string
+	execStarted func(Sandbox, time.Duration)
 }
 
 // New makes a proxy.
-func New(cfg Config) *Proxy { return &Proxy{router: cfg.Router, domain: cfg.Domain} }
+func New(cfg Config) *Proxy {
+	return &Proxy{router: cfg.Router, domain: cfg.Domain, execStarted: cfg.ExecStarted}
+}
 
 // Handle serves r if it is sandbox traffic (E2B's routing: route.go) and
 // reports whether it was; any other request is the caller's.

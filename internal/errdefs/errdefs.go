@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"connectrpc.com/connect"
 )
@@ -58,6 +59,8 @@ type Error struct {
 	Kind Kind
 	Msg  string
 	Err  error
+	// RetryAfter is when a rate-limited request may succeed (0: unknown).
+	RetryAfter time.Duration
 }
 
 func (e *Error) Error() string {
@@ -122,6 +125,21 @@ func FailedPrecondition(format string, args ...any) error {
 // DeadlineExceeded reports an operation that ran out of time.
 func DeadlineExceeded(format string, args ...any) error {
 	return newf(KindDeadlineExceeded, format, args...)
+}
+
+// RateLimited reports a request over a rate that will allow it again after
+// retry (the API sends it as Retry-After).
+func RateLimited(retry time.Duration, format string, args ...any) error {
+	return &Error{Kind: KindResourceExhausted, Msg: fmt.Sprintf(format, args...), RetryAfter: retry}
+}
+
+// RetryAfterOf is the RetryAfter of err (0 when it has none).
+func RetryAfterOf(err error) time.Duration {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.RetryAfter
+	}
+	return 0
 }
 
 // KindOf returns the kind of err (KindInternal when it has none).

@@ -438,7 +438,7 @@ func (m *Manager) handOut(ctx context.Context, pd *pooled, opts Options) (*Sandb
 		m.mu.Unlock()
 		return nil, errdefs.Unavailable("daemon is shutting down")
 	}
-	m.sandboxes[sb.ID] = sb
+	m.addLocked(ctx, sb) // quota.go
 	m.mu.Unlock()
 	go m.supervise(sb, sb.gen)
 	return sb, nil
@@ -596,7 +596,7 @@ func (m *Manager) prunePools(ctx context.Context) {
 	ps.mu.Unlock()
 	for _, pd := range dead {
 		m.log.Warn("pooled sandbox lost its agent: destroying it", "template", pd.sb.TemplateID, "id", pd.sb.ID,
-			"reason", m.deathReason(pd.sb))
+			"reason", m.deathReason(pd.sb).reason)
 	}
 	m.destroyPooled(context.WithoutCancel(ctx), dead)
 }

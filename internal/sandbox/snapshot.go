@@ -104,7 +104,12 @@ func readOrigin(sandboxDir string) (origin, bool) {
 // writable layer takes to copy. name may be empty. The snapshot belongs to
 // p (who must be able to act on the sandbox).
 func (m *Manager) Snapshot(ctx context.Context, p tenant.Principal, id, name string) (SnapshotInfo, error) {
-	return m.snapshot(ctx, p, id, name, false)
+	t0 := time.Now()
+	info, err := m.snapshot(ctx, p, id, name, false)
+	if err == nil {
+		m.cfg.Metrics.Snapshot(info.TemplateID, time.Since(t0))
+	}
+	return info, err
 }
 
 func (m *Manager) snapshot(ctx context.Context, p tenant.Principal, id, name string, hidden bool) (SnapshotInfo, error) {

@@ -70,6 +70,12 @@ CREATE TABLE IF NOT EXISTS volumes (
 );`)},
 	{"secrets", migrateSecrets}, // secrets.go
 	{"teams", migrateTeams},
+	{"key quotas", addColumns("api_keys", // quotas.go
+		column{"max_sandboxes", "INTEGER NOT NULL DEFAULT 0"},
+		column{"max_vcpus", "INTEGER NOT NULL DEFAULT 0"},
+		column{"max_memory_mb", "INTEGER NOT NULL DEFAULT 0"},
+		column{"create_rate", "TEXT NOT NULL DEFAULT ''"},
+		column{"request_rate", "TEXT NOT NULL DEFAULT ''"})},
 }
 
 // execSQL is a migration that runs statements.

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	_ "modernc.org/sqlite"
+
+	"github.com/cella-sandbox/cella/internal/quota"
 )
 
 // ErrNotFound is returned when a record does not exist.
@@ -67,6 +69,9 @@ type APIKey struct {
 	// Secrets are the names of the secrets the key may attach to requests
 	// or environments ("*": all); the admin key may use all.
 	Secrets []string
+	// Limits are the key's quota (zero fields: unlimited; the admin key is
+	// always unlimited).
+	Limits quota.Limits
 }
 
 // AddAPIKey stores the hash of key under name, in the admin team (the

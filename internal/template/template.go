@@ -87,12 +87,14 @@ var DefaultEnv = []string{
 	"LANG=C.UTF-8",
 }
 
-// BaseRecipe is the recipe of the "base" template.
+// BaseRecipe is the recipe of the "base" template: what E2B's base image
+// has and the SDKs' own tests use (`python` as a command, passwordless
+// `sudo` for the user, git, curl).
 var BaseRecipe = Recipe{
 	Suite: "bookworm",
 	Packages: []string{
-		"bash", "coreutils", "procps", "python3", "nodejs", "npm",
-		"git", "curl", "ca-certificates", "python3-pip", "python3-venv",
+		"bash", "ca-certificates", "coreutils", "curl", "git", "nodejs", "npm",
+		"procps", "python-is-python3", "python3", "python3-pip", "python3-venv", "sudo",
 	},
 }
 
@@ -104,12 +106,17 @@ const CodeInterpreterName = "code-interpreter-v1"
 // agent's contract names it.
 const ServiceCodeInterpreter = agentapi.ServiceCodeInterpreter
 
-// CodeInterpreterRecipe is base plus Debian's scientific Python stack, so
-// that pandas DataFrames and matplotlib figures work out of the box.
+// CodeInterpreterRecipe is base plus what the code interpreter's contexts
+// run on: IPython (the Python context is IPython's shell), Debian's
+// scientific Python stack (pandas DataFrames and matplotlib figures work
+// out of the box), R with the packages IRkernel evaluates and displays with
+// (the r context), and esbuild (the typescript context strips types with
+// it before the Node driver runs the cell).
 var CodeInterpreterRecipe = Recipe{
 	Suite: BaseRecipe.Suite,
 	Packages: append(slices.Clone(BaseRecipe.Packages),
-		"python3-numpy", "python3-pandas", "python3-matplotlib", "python3-scipy"),
+		"esbuild", "python3-ipython", "python3-matplotlib", "python3-numpy", "python3-pandas",
+		"python3-scipy", "r-base-core", "r-cran-irkernel"),
 }
 
 // Builtin is a template cella knows how to build on first use.
@@ -667,6 +674,9 @@ func (s *Store) buildImage(ctx context.Context, name, key string, r Recipe, prog
 	if err := EnsureUser(root); err != nil {
 		return "", err
 	}
+	if err := grantSudo(root); err != nil {
+		return "", err
+	}
 	step("clean apt caches")
 	if err := runInChroot(ctx, root, progress, "apt-get", "clean"); err != nil {
 		return "", fmt.Errorf("apt-get clean: %w", err)
@@ -873,6 +883,25 @@ func EnsureUser(root string) error {
 		}
 		return os.Lchown(p, DefaultUID, DefaultGID)
 	})
+}
+
+// sudoersFile gives the user passwordless sudo, as in E2B's images.
+const sudoersFile = "etc/sudoers.d/user"
+
+// grantSudo writes sudoersFile when the image has sudo. sudo elevates only
+// inside the sandbox, and not at all under the namespaces runtime, whose
+// Landlock sets no_new_privs.
+func grantSudo(root string) error {
+	if _, err := os.Stat(filepath.Join(root, "etc/sudoers.d")); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("grant sudo: %w", err)
+	}
+	line := DefaultUser + " ALL=(ALL:ALL) NOPASSWD: ALL\n"
+	if err := os.WriteFile(filepath.Join(root, sudoersFile), []byte(line), 0o440); err != nil {
+		return fmt.Errorf("grant sudo: %w", err)
+	}
+	return nil
 }
 
 // ensureLine appends line to the colon-separated database file unless an

@@ -112,6 +112,8 @@ type Options struct {
 	MetricsInterval time.Duration
 	// Maxima bound sandboxes' limits (zero fields: the host's).
 	Maxima sandbox.Maxima
+	// AccessLog is the daemon's access log (daemon.Config.AccessLog).
+	AccessLog string
 }
 
 // Start runs a daemon with the given runtime until the test ends.
@@ -146,6 +148,7 @@ func Start(t testing.TB, runtimeName string, o Options) *Env {
 	d, err := daemon.New(context.Background(), daemon.Config{
 		DataDir: dataDir, CacheDir: CacheDir(), Runtime: runtimeName, Domain: "cella.test",
 		RunscPath: runsc, AgentBinary: cella, Log: log, Network: o.Network, MetricsInterval: o.MetricsInterval, Maxima: o.Maxima,
+		AccessLog: o.AccessLog,
 	})
 	if err != nil {
 		t.Fatalf("start daemon: %v", err)

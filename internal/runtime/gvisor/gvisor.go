@@ -166,6 +166,10 @@ func globalFlags(cfg *Config) []string {
 		"--oci-seccomp",
 		"--overlay2=none",
 		"--ignore-cgroups=false",
+		// setuid binaries (sudo, as in E2B's images) elevate, inside the
+		// sentry only: to the sandbox's own root, which commands can run
+		// as anyway (the bundle leaves no_new_privs off for it).
+		"--allow-suid",
 	}
 	if cfg.DebugLogDir != "" {
 		// A trailing slash makes runsc name one file per command.
@@ -232,7 +236,7 @@ func hasGuestCgroup(imageDir string) bool {
 // boot writes spec's bundle and runs `runsc <verb> --detach` (run, or a
 // restore with its flags); withCgroup gives the guest its cgroup hierarchy.
 func (r *Runtime) boot(ctx context.Context, spec *runtime.Spec, what string, withCgroup bool, verb ...string) error {
-	var o oci.Options
+	o := oci.Options{SetuidElevates: true} // sudo works inside, as in E2B
 	if withCgroup {
 		o.ExtraMounts = []specs.Mount{guestCgroup}
 		verb = append([]string{"--in-sandbox-cgroup=v2"}, verb...)
