@@ -131,11 +131,11 @@ func TestAPI(t *testing.T) {
 			t.Fatalf("list after bad creates: %d %s", st, body)
 		}
 	})
-	t.Run("UnknownRouteAnd501", func(t *testing.T) {
+	t.Run("UnknownRouteAndBadTemplateName", func(t *testing.T) {
 		st, _, body := a.do(t, "GET", "/nope", key, nil, nil)
 		a.wantError(t, 404, st, body, "")
-		st, _, body = a.do(t, "POST", "/v3/templates", key, "{}", nil)
-		a.wantError(t, 501, st, body, "not implemented")
+		st, _, body = a.do(t, "POST", "/v3/templates", key, "{}", nil) // templatebuilds_test.go has the rest
+		a.wantError(t, 400, st, body, "Invalid template name")
 		st, _, body = a.do(t, "PATCH", "/sandboxes/abc", key, nil, nil)
 		a.wantError(t, 405, st, body, "")
 	})

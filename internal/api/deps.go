@@ -92,6 +92,9 @@ type Volumes interface {
 	List(ctx context.Context, p tenant.Principal) ([]volume.Volume, error)
 	Get(ctx context.Context, p tenant.Principal, ref string) (volume.Volume, error)
 	Delete(ctx context.Context, p tenant.Principal, ref string, usedBy func(id string) []string) error
+	// OpenContent opens a volume's file tree for its content token's bearer
+	// or a principal that may act on it (volumecontent.go).
+	OpenContent(ctx context.Context, id, token string, p *tenant.Principal) (*volume.Content, error)
 }
 
 // Secrets is what the API uses of the secret store.

@@ -266,6 +266,9 @@ func (fakeVolumes) List(context.Context, tenant.Principal) ([]volume.Volume, err
 func (fakeVolumes) Get(ctx context.Context, p tenant.Principal, ref string) (volume.Volume, error) {
 	return volume.Volume{}, errdefs.NotFound("volume %q not found", ref)
 }
+func (fakeVolumes) OpenContent(ctx context.Context, id, token string, p *tenant.Principal) (*volume.Content, error) {
+	return nil, errdefs.NotFound("volume %q not found", id)
+}
 func (fakeVolumes) Delete(ctx context.Context, p tenant.Principal, ref string, usedBy func(string) []string) error {
 	return errdefs.NotFound("volume %q not found", ref)
 }

@@ -120,6 +120,16 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
+	if s.cfg.Builds != nil { // a template built over the API: its build (templatebuilds.go)
+		name, ours, err := s.cfg.Builds.Resolve(r.Context(), buildCaller(r), opts.TemplateID)
+		if err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		if ours {
+			opts.TemplateID = name
+		}
+	}
 	sb, err := s.cfg.Manager.Create(r.Context(), caller(r), opts)
 	if err != nil {
 		s.writeErr(w, r, err)
@@ -395,19 +405,6 @@ func (s *Server) listSandboxesV2(w http.ResponseWriter, r *http.Request) {
 	out := make([]apiwire.ListedSandbox, 0, len(page))
 	for _, in := range page {
 		out = append(out, listed(in))
-	}
-	writeJSON(w, http.StatusOK, out)
-}
-
-func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
-	tpls, err := s.cfg.Templates.List()
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	out := []apiwire.Template{}
-	for _, t := range tpls {
-		out = append(out, apiwire.Template{TemplateID: t.Name, Aliases: []string{t.Name}})
 	}
 	writeJSON(w, http.StatusOK, out)
 }

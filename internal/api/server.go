@@ -11,9 +11,11 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/apiwire"
+	"github.com/cella-sandbox/cella/internal/builds"
 	"github.com/cella-sandbox/cella/internal/edge"
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/events"
 	"github.com/cella-sandbox/cella/internal/mcpserver"
 	"github.com/cella-sandbox/cella/internal/metrics"
 	"github.com/cella-sandbox/cella/internal/quota"
@@ -53,6 +55,11 @@ type Config struct {
 	Metrics *metrics.Metrics
 	// AccessLog receives one line per API request (accesslog.go; nil: none).
 	AccessLog *slog.Logger
+	// Builds serves E2B's template build API (templatebuilds.go); nil
+	// answers 501.
+	Builds *builds.Service
+	// Events serves /events (events.go); nil answers 501.
+	Events *events.Service
 }
 
 // Server serves the REST API and the sandbox proxy on one listener.
@@ -127,6 +134,7 @@ func (s *Server) routes() {
 	s.auditRoutes(auth)    // audit.go
 	s.interactRoutes(auth) // pty.go, wait.go: PTY WebSocket, readiness waits, process logs
 	s.poolRoutes(auth)     // pools.go: warm pools
+	s.eventRoutes(auth)    // events.go: lifecycle events and webhooks
 	m.Handle("/mcp", auth(mcpserver.HTTPHandler(mcpserver.HTTPConfig{
 		API: s.self.http, APIURL: selfURL, Budget: s.mcpBudget,
 		Network: func(r *http.Request) string { return s.egressText(apiKeyFrom(r.Context())) },
@@ -137,18 +145,7 @@ func (s *Server) routes() {
 	m.Handle("DELETE /keys/{id}", auth(s.adminOnly("manage API keys", s.deleteKey)))
 	m.Handle("PATCH /keys/{id}", auth(s.adminOnly("manage API keys", s.updateKey))) // quotas.go
 
-	// Later work answers 501 naming the feature, so clients fail clearly.
-	for pattern, feature := range map[string]string{
-		"POST /v3/templates": "template builds over the API (use: cella template build)",
-	} {
-		m.Handle(pattern, auth(notImplemented(feature)))
-	}
-}
-
-func notImplemented(feature string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotImplemented, "%s is not implemented in this version of cella (%s %s)", feature, r.Method, r.URL.Path)
-	}
+	s.templateBuildRoutes(auth) // templatebuilds.go: E2B's template build API
 }
 
 // execStarted is the edge's report of a process start: its latency, by the

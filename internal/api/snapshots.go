@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"github.com/cella-sandbox/cella/internal/apiwire"
+	"github.com/cella-sandbox/cella/internal/builds"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 )
@@ -63,8 +64,9 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 }
 
 // deleteTemplate is E2B's DELETE /templates/{id}, which the SDK's
-// deleteSnapshot calls: snapshots are deleted; templates are managed with
-// `cella template`.
+// deleteSnapshot and `e2b template delete` call: snapshots and templates
+// built over the API are deleted; this machine's templates are managed
+// with `cella template`.
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if s.cfg.Manager.IsSnapshot(r.Context(), caller(r), id) {
@@ -75,7 +77,17 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
-	if s.cfg.Templates != nil {
+	if s.cfg.Builds != nil { // a template built over the API (templatebuilds.go)
+		if ours, err := s.cfg.Builds.Delete(r.Context(), buildCaller(r), id); ours {
+			if err != nil {
+				s.writeErr(w, r, err)
+				return
+			}
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+	}
+	if s.cfg.Templates != nil && !builds.IsStoreName(id) {
 		if _, err := s.cfg.Templates.Get(id); err == nil {
 			s.writeErr(w, r, errdefs.NotImplemented("template %q cannot be deleted over the API (use: cella template rm)", id))
 			return

@@ -19,6 +19,7 @@ func (s *Server) volumeRoutes(auth func(http.HandlerFunc) http.Handler) {
 	m.Handle("GET /volumes", auth(s.listVolumes))
 	m.Handle("GET /volumes/{name}", auth(s.getVolume))
 	m.Handle("DELETE /volumes/{name}", auth(s.deleteVolume))
+	s.volumeContentRoutes() // volumecontent.go
 }
 
 // volumeBody shows v to the caller, with the sandboxes that mount it that
@@ -78,7 +79,9 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, s.volumeBody(r, v))
+	body := s.volumeBody(r, v)
+	body.Token = v.Token
+	writeJSON(w, http.StatusCreated, body)
 }
 
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
@@ -108,7 +111,9 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.volumeBody(r, v))
+	body := s.volumeBody(r, v)
+	body.Token = v.Token
+	writeJSON(w, http.StatusOK, body)
 }
 
 // deleteVolume is DELETE /volumes/{name}: 204; 409 while a live sandbox

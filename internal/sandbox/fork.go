@@ -63,7 +63,7 @@ func (m *Manager) Fork(ctx context.Context, p tenant.Principal, id string, count
 	}
 	defer res.release()
 	ctx = withReservation(ctx, res)
-	sn, err := m.snapshot(ctx, p, id, "", true)
+	sn, err := m.snapshot(ctx, p, id, "", true, "")
 	if err != nil {
 		return nil, err
 	}
@@ -268,6 +268,7 @@ func (m *Manager) fromSnapshot(ctx context.Context, p tenant.Principal, opts Opt
 	go m.supervise(sb, sb.gen)
 	m.log.Info("sandbox created from snapshot", "id", sb.ID, "snapshot", row.ID, "memory", memory, "opts", opts.String())
 	m.lifecycleEvent(sb.ID, "created from snapshot %s (memory %v): %s; egress %s", row.ID, memory, opts.String(), egressSummary(opts.Egress))
+	m.emit(sb, EventCreated, "")
 	if len(dropped) > 0 {
 		m.lifecycleEvent(sb.ID, "not carried over from snapshot %s (beyond the rights of API key %s): %s", row.ID, p.Key, strings.Join(dropped, "; "))
 	}

@@ -45,6 +45,9 @@ type Config struct {
 	Lifecycle Lifecycle
 	// AgentAudit receives the agents' audit feeds (nil: not followed).
 	AgentAudit AgentAudit
+	// Events receives lifecycle events (E2B's events API and webhooks);
+	// nil: none.
+	Events EventSink
 	// Network gives sandboxes egress through the proxy (network.go); nil
 	// runs them with no network at all.
 	Network *Network
@@ -119,6 +122,11 @@ type Manager struct {
 	samplerDone chan struct{}
 
 	pools poolSet // warm pools (pool.go)
+
+	snapsMu sync.Mutex
+	// pendingSnaps are template snapshots whose template does not name
+	// them yet: the pruning of template snapshots leaves them (build.go).
+	pendingSnaps map[string]bool
 
 	layers *rootfs.Layers // makes the writable layers (blank images in <data>/layers)
 }
@@ -218,6 +226,19 @@ func (m *Manager) Create(ctx context.Context, p tenant.Principal, opts Options) 
 		}
 		return sb, err
 	}
+	tpl, err := m.templateFor(ctx, opts) // build.go
+	if err != nil {
+		return nil, err
+	}
+	if tpl.Snapshot != "" && opts.Image == "" {
+		// A built template with its start command captured running.
+		if sb, ok, err := m.fromTemplateSnapshot(ctx, p, opts, tpl); ok { // build.go
+			if err == nil {
+				m.cfg.Metrics.Create(metrics.CreateSnapshot, sb.TemplateID, time.Since(t0))
+			}
+			return sb, err
+		}
+	}
 	res, err := m.reserve(ctx, opts, 1) // quota.go: the key's slot, before anything starts
 	if err != nil {
 		return nil, err
@@ -227,10 +248,6 @@ func (m *Manager) Create(ctx context.Context, p tenant.Principal, opts Options) 
 	if sb, ok := m.fromPool(ctx, opts); ok { // pool.go: a warm sandbox, else cold below
 		m.cfg.Metrics.Create(metrics.CreatePooled, sb.TemplateID, time.Since(t0))
 		return sb, nil
-	}
-	tpl, err := m.template(ctx, opts.TemplateID)
-	if err != nil {
-		return nil, err
 	}
 
 	sb := &Sandbox{
@@ -266,6 +283,7 @@ func (m *Manager) Create(ctx context.Context, p tenant.Principal, opts Options) 
 	m.cfg.Metrics.Create(metrics.CreateCold, sb.TemplateID, time.Since(t0))
 	m.log.Info("sandbox created", "id", sb.ID, "opts", opts.String(), "runtime", sb.Runtime)
 	m.lifecycleEvent(sb.ID, "created on %s: %s; egress %s", sb.Runtime, opts.String(), egressSummary(opts.Egress))
+	m.emit(sb, EventCreated, "")
 	return sb, nil
 }
 
@@ -606,6 +624,7 @@ func (m *Manager) markDead(sb *Sandbox, gen uint64, d death) {
 	m.cfg.Metrics.Death(d.cause)
 	m.log.Warn("sandbox died", "id", sb.ID, "reason", reason)
 	m.lifecycleEvent(sb.ID, "died: %s", reason)
+	m.emit(sb, EventKilled, "died: "+reason)
 	ctx := context.Background()
 	m.releaseHost(ctx, sb)
 	if err := m.persist(ctx, sb); err != nil {
@@ -720,12 +739,16 @@ func (m *Manager) kill(ctx context.Context, p tenant.Principal, id, cause string
 	// Wait for a pause or resume in flight to finish first.
 	sb.opMu.Lock()
 	defer sb.opMu.Unlock()
-	if sb.State() != StateDead {
+	died := sb.State() == StateDead // it had its killed event when it died
+	if !died {
 		m.cfg.Metrics.Death(cause)
 	}
 	m.cleanup(ctx, sb)
 	m.log.Info("sandbox killed", "id", id)
 	m.lifecycleEvent(id, "killed")
+	if !died {
+		m.emit(sb, EventKilled, "")
+	}
 	go m.gcSnapshots(context.WithoutCancel(ctx)) // its snapshot layers may be unused now
 	return nil
 }
@@ -749,7 +772,11 @@ func (m *Manager) SetTimeout(ctx context.Context, p tenant.Principal, id string,
 	sb.mu.Lock()
 	sb.endAt = time.Now().UTC().Add(d)
 	sb.mu.Unlock()
-	return m.persist(ctx, sb)
+	if err := m.persist(ctx, sb); err != nil {
+		return err
+	}
+	m.emit(sb, EventUpdated, "timeout")
+	return nil
 }
 
 // Extend makes the sandbox live at least d from now (E2B connect: TTL is

@@ -148,6 +148,11 @@ type Options struct {
 	Volumes   []VolumeMount `json:"volumes,omitempty"`
 	Lifecycle Lifecycle     `json:"lifecycle"`
 
+	// Image, set only by template builds (internal/build), is the image of
+	// the template store to start on instead of TemplateID's (build.go);
+	// never taken from a request.
+	Image string `json:"image,omitempty"`
+
 	// APIKeyID and TeamID own the sandbox (tenant.Owner): set by Create
 	// from the caller, never from the request.
 	APIKeyID string `json:"api_key_id,omitempty"`

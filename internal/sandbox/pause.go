@@ -108,6 +108,7 @@ func (m *Manager) Pause(ctx context.Context, p tenant.Principal, id string, keep
 	m.cfg.Metrics.Pause(sb.TemplateID, time.Since(start))
 	m.log.Info("sandbox paused", "id", id, "mode", mode, "took", time.Since(start).Round(time.Millisecond))
 	m.lifecycleEvent(id, "paused (%s)", mode)
+	m.emit(sb, EventPaused, mode)
 	return nil
 }
 
@@ -267,6 +268,7 @@ func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, kee
 	m.cfg.Metrics.Resume(sb.TemplateID, time.Since(start))
 	m.log.Info("sandbox resumed", "id", id, "mode", mode, "took", time.Since(start).Round(time.Millisecond))
 	m.lifecycleEvent(id, "resumed (%s)", mode)
+	m.emit(sb, EventResumed, mode)
 	return true, nil
 }
 

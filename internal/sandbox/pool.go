@@ -386,6 +386,7 @@ func (m *Manager) fromPool(ctx context.Context, opts Options) (*Sandbox, bool) {
 	m.log.Info("sandbox created from warm pool", "id", sb.ID, "opts", opts.String(), "runtime", sb.Runtime,
 		"took", time.Since(start).Round(time.Microsecond), "pooled_for", start.Sub(pd.made).Round(time.Millisecond))
 	m.lifecycleEvent(sb.ID, "created from the warm pool on %s: %s; egress %s", sb.Runtime, opts.String(), egressSummary(opts.Egress))
+	m.emit(sb, EventCreated, "")
 	return sb, true
 }
 

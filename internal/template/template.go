@@ -229,6 +229,19 @@ type Template struct {
 	// Size is the bytes its layers hold on disk (0: not recorded).
 	Size int64 `json:"size,omitempty"`
 
+	// An image made by a build (derive.go): Base is the image key it
+	// stacks on (whatever its kind), BuildLayers the layers the build's
+	// steps added, bottom first, in the layer store. StartCmd and ReadyCmd
+	// are the build's start and ready commands.
+	Base        string   `json:"base,omitempty"`
+	BuildLayers []string `json:"buildLayers,omitempty"`
+	StartCmd    string   `json:"startCmd,omitempty"`
+	ReadyCmd    string   `json:"readyCmd,omitempty"`
+	// Snapshot (of the name, not the image) is the memory snapshot, in the
+	// building daemon's data dir, that sandboxes of the template start
+	// from: its start command already running.
+	Snapshot string `json:"snapshot,omitempty"`
+
 	lowers []string
 }
 
@@ -240,6 +253,10 @@ func (t *Template) Lowers() []string { return slices.Clone(t.lowers) }
 // Describe says where the template came from, for listings.
 func (t *Template) Describe() string {
 	switch {
+	case t.Base != "" && t.Ref != "":
+		return fmt.Sprintf("build on %s +%d layers", t.Ref, len(t.BuildLayers))
+	case t.Base != "":
+		return fmt.Sprintf("build +%d layers", len(t.BuildLayers))
 	case t.Ref != "":
 		return t.Ref
 	case t.Recipe != nil:
@@ -303,6 +320,7 @@ func (s *Store) imageDir(key string) string {
 type nameRecord struct {
 	Image    string   `json:"image"`
 	Services []string `json:"services,omitempty"`
+	Snapshot string   `json:"snapshot,omitempty"`
 }
 
 // Get returns the template called name, or an error wrapping ErrNotFound.
@@ -327,6 +345,7 @@ func (s *Store) Get(name string) (*Template, error) {
 	}
 	t.Name = name
 	t.Services = rec.Services
+	t.Snapshot = rec.Snapshot
 	if t.Services == nil {
 		// A builtin name built by hand (cella template build
 		// code-interpreter-v1 ...) still gets its services.
@@ -350,6 +369,9 @@ func (s *Store) readImage(key string) (*Template, error) {
 	}
 	// The cache dir may have moved since the image was written.
 	t.Image = key
+	if t.Base != "" {
+		return s.derivedLowers(&t)
+	}
 	if len(t.Layers) > 0 {
 		t.RootFS = ""
 		if t.Finalize {
