@@ -296,12 +296,10 @@ describe('e2b@2.51.0 Template and @e2b/cli@2.19.0 template', () => {
   }, { timeout: 180_000 })
 
   // E2B keeps a RUN step's /tmp in the template (§9 scenario 2: cat
-  // /tmp/hello.txt). Under gVisor it is not: runsc mounts a tmpfs over an
-  // empty /tmp in every sandbox, so the build sandbox's /tmp never reaches
-  // its captured layer. Kept as a todo until the engine gives /tmp a mount
-  // of its own.
+  // /tmp/hello.txt): under gVisor /tmp is the root's own directory, not
+  // runsc's tmpfs, so it is in the step's captured layer.
   it('template step 2 (/tmp): a RUN step\'s /tmp/hello.txt is in the sandbox', {
-    todo: 'gVisor mounts a tmpfs over /tmp in build sandboxes: a RUN step\'s /tmp is not captured (internal/build)', timeout: 120_000,
+    timeout: 120_000,
   }, async () => {
     assert.ok(demo, 'scenario 1 built the template')
     const sbx = janitor.track(await Sandbox.create(ALIAS))
