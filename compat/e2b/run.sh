@@ -29,7 +29,7 @@ fi
 # A daemon of our own, run from a private copy of the binaries: the daemon
 # hands its own executable to every new sandbox as the agent, so a `make
 # build` during the run would otherwise mix two agent versions.
-DATA_DIR=$(mktemp -d /tmp/cella-e2b-compat.XXXXXX)
+DATA_DIR=$(mktemp -d "${TMPDIR:-/tmp}/cella-e2b-compat.XXXXXX")
 mkdir "$DATA_DIR/bin"
 cp "$CELLA" "$DATA_DIR/bin/cella"
 RUNSC=${CELLA_RUNSC:-$(dirname "$CELLA")/runsc}
@@ -114,7 +114,20 @@ echo "compat/e2b: daemon $CELLA_E2B_URL (pid $DAEMON_PID, data dir $DATA_DIR)"
 TEMPLATE_TESTS=template.test.mjs
 [ "${CELLA_E2B_SKIP_TEMPLATES:-0}" = 1 ] && TEMPLATE_TESTS=
 set +e
-node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" sdk.test.mjs code-interpreter.test.mjs network.test.mjs secrets.test.mjs quota.test.mjs volume.test.mjs git.test.mjs events.test.mjs
+# One suite a line, so that branches adding suites merge cleanly.
+SUITES=(
+  sdk.test.mjs
+  code-interpreter.test.mjs
+  network.test.mjs
+  secrets.test.mjs
+  quota.test.mjs
+  volume.test.mjs
+  git.test.mjs
+  events.test.mjs
+  fidelity.test.mjs
+  cli.test.mjs
+)
+node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" "${SUITES[@]}"
 status=$?
 # Template builds take minutes each on a loaded machine: their own, longer bound.
 if [ -n "$TEMPLATE_TESTS" ]; then

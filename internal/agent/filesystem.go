@@ -225,6 +225,14 @@ func entryInfo(p string, names idNames) (*filesystem.EntryInfo, error) {
 
 // entryFromInfo builds an EntryInfo; shown is the path reported, real the
 // path on disk (they differ below a symlinked directory).
+//
+// A symlink is encoded as envd encodes it (every 0.5 and 0.6 version): the
+// type and mode of what it finally points at, symlink_target the fully
+// resolved path, permissions and size the link's own. A link whose target
+// is missing or unreadable has no type (UNSPECIFIED, which the SDKs leave
+// out of listings). FILE_TYPE_SYMLINK is never sent: older SDKs fail to
+// parse it, newer ones drop the entry, so `files.list('/')` on a Debian
+// root (/bin -> usr/bin) would break.
 func entryFromInfo(shown, real string, fi fs.FileInfo, names idNames) *filesystem.EntryInfo {
 	e := &filesystem.EntryInfo{
 		Name:         filepath.Base(shown),
@@ -233,27 +241,38 @@ func entryFromInfo(shown, real string, fi fs.FileInfo, names idNames) *filesyste
 		Mode:         uint32(fi.Mode().Perm()),
 		Permissions:  fi.Mode().String(),
 		ModifiedTime: timestamppb.New(fi.ModTime()),
+		Metadata:     readMetadata(real),
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		e.Owner = names.user(st.Uid)
 		e.Group = names.group(st.Gid)
 	}
-	switch {
-	case fi.Mode()&fs.ModeSymlink != 0:
-		e.Type = filesystem.FileType_FILE_TYPE_SYMLINK
-		if target, err := filepath.EvalSymlinks(real); err == nil {
-			e.SymlinkTarget = &target
-		} else if target, err := os.Readlink(real); err == nil {
-			e.SymlinkTarget = &target
-		}
-	case fi.IsDir():
-		e.Type = filesystem.FileType_FILE_TYPE_DIRECTORY
-	default:
-		// Devices, fifos and sockets are reported as files rather than
-		// UNSPECIFIED, which the SDK would silently drop from listings.
-		e.Type = filesystem.FileType_FILE_TYPE_FILE
+	if fi.Mode()&fs.ModeSymlink == 0 {
+		e.Type = fileType(fi)
+		return e
+	}
+	target, err := filepath.EvalSymlinks(real)
+	if err != nil {
+		target = real // envd's fallback: the link's own path
+	}
+	e.SymlinkTarget = &target
+	e.Mode = 0
+	e.Type = filesystem.FileType_FILE_TYPE_UNSPECIFIED
+	if ti, err := os.Stat(target); err == nil {
+		e.Type = fileType(ti)
+		e.Mode = uint32(ti.Mode().Perm())
 	}
 	return e
+}
+
+// fileType is the EntryInfo type of what fi describes (not a symlink).
+func fileType(fi fs.FileInfo) filesystem.FileType {
+	if fi.IsDir() {
+		return filesystem.FileType_FILE_TYPE_DIRECTORY
+	}
+	// Devices, fifos and sockets are reported as files rather than
+	// UNSPECIFIED, which the SDK would silently drop from listings.
+	return filesystem.FileType_FILE_TYPE_FILE
 }
 
 // fsError gives a filesystem error its kind (its Connect code: rpcError).

@@ -69,7 +69,15 @@ func (ps processService) Start(ctx context.Context, req *connect.Request[process
 		p.unsubscribe(sub)
 		return err
 	}
-	return streamEvents(ctx, p, sub, keepaliveInterval(req.Header()), send)
+	// The deadline is the process's lifetime: it ends the stream as envd
+	// does (deadline_exceeded, which the SDKs raise as a timeout error)
+	// and kills the process, whose timer may not have fired yet.
+	reason := timeoutReason(spec.timeout)
+	deadline := func() error {
+		p.kill(s, reason)
+		return errdefs.DeadlineExceeded("%s", reason)
+	}
+	return streamEvents(ctx, p, sub, keepaliveInterval(req.Header()), send, deadline)
 }
 
 func (ps processService) Connect(ctx context.Context, req *connect.Request[process.ConnectRequest], stream *connect.ServerStream[process.ConnectResponse]) (err error) {
@@ -84,7 +92,9 @@ func (ps processService) Connect(ctx context.Context, req *connect.Request[proce
 		p.unsubscribe(sub)
 		return err
 	}
-	return streamEvents(ctx, p, sub, keepaliveInterval(req.Header()), send)
+	// A re-attached stream's deadline ends only the stream (envd's too).
+	deadline := func() error { return errdefs.Wrap(errdefs.KindDeadlineExceeded, ctx.Err()) }
+	return streamEvents(ctx, p, sub, keepaliveInterval(req.Header()), send, deadline)
 }
 
 func (ps processService) List(ctx context.Context, req *connect.Request[process.ListRequest]) (*connect.Response[process.ListResponse], error) {
@@ -169,9 +179,10 @@ func (ps processService) SendSignal(ctx context.Context, req *connect.Request[pr
 		return nil, errdefs.NotImplemented("invalid signal: %s", req.Msg.GetSignal())
 	}
 	if !p.running() {
-		// Retained for a late Connect only; its pid may already belong to
-		// another process, which must not get the signal.
-		return connect.NewResponse(&process.SendSignalResponse{}), nil
+		// Retained for a late Connect only (its pid may already belong to
+		// another process, which must not get the signal): to a signal it is
+		// gone, as envd answers, and the SDKs' kill() returns false.
+		return nil, errdefs.NotFound("process with pid %d not found", p.pid)
 	}
 	if err := p.signal(sig); err != nil {
 		return nil, errdefs.Internal("signal process %d: %w", p.pid, err)
@@ -233,16 +244,21 @@ func (p *proc) writeInput(in *process.ProcessInput) error {
 // streamEvents pumps a subscriber into a Start/Connect stream until the end
 // event, sending keepalives when idle. A client disconnect only detaches
 // the stream; the process keeps running. When the stream's own deadline
-// (Connect-Timeout-Ms) fires, the process is being killed by the same
-// timeout, so the stream lingers briefly to deliver the named end event.
-func streamEvents(ctx context.Context, p *proc, sub *subscriber, keepalive time.Duration, send func(*process.ProcessEvent) error) error {
+// (Connect-Timeout-Ms) passes, the output taken so far is sent and the
+// stream ends with deadline's error instead of the end event, as envd's
+// does.
+func streamEvents(ctx context.Context, p *proc, sub *subscriber, keepalive time.Duration, send func(*process.ProcessEvent) error, deadline func() error) error {
 	defer p.unsubscribe(sub)
 	timer := time.NewTimer(keepalive)
 	defer timer.Stop()
-	var linger <-chan time.Time
 	for {
 		evs, closed := sub.take()
 		for _, ev := range evs {
+			if ev.GetEnd() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				// Ended by the timeout's kill, or just as the deadline
+				// passed: either way the deadline came first.
+				return deadline()
+			}
 			if err := send(ev); err != nil {
 				return err
 			}
@@ -266,7 +282,7 @@ func streamEvents(ctx context.Context, p *proc, sub *subscriber, keepalive time.
 		// while the client is still reading. A client that really left is
 		// found by the next send (an event or a keepalive) failing.
 		done := ctx.Done()
-		if linger != nil || (ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded)) {
+		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			done = nil
 		}
 		select {
@@ -281,9 +297,16 @@ func streamEvents(ctx context.Context, p *proc, sub *subscriber, keepalive time.
 				slog.Debug("stream context cancelled; streaming on until a send fails", "pid", p.pid)
 				continue
 			}
-			linger = time.After(3 * time.Second)
-		case <-linger:
-			return errdefs.Wrap(errdefs.KindDeadlineExceeded, ctx.Err())
+			evs, _ := sub.take()
+			for _, ev := range evs {
+				if ev.GetEnd() != nil {
+					break
+				}
+				if err := send(ev); err != nil {
+					return err
+				}
+			}
+			return deadline()
 		}
 	}
 }

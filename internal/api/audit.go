@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
 	"slices"
@@ -8,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/audit"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/store"
@@ -24,32 +24,59 @@ func (s *Server) auditRoutes(auth func(http.HandlerFunc) http.Handler) {
 	m.Handle("GET /v2/sandboxes/{id}/logs", auth(s.sandboxLogsV2))
 }
 
-// sandboxLogsV1 is E2B's SandboxLogs plus cella's entries. Not
-// apiwire.SandboxLogs: the entries are audit.Entry as the log keeps them
-// (apiwire.AuditEntry is their documented shape), not copied field by field.
+// sandboxLog is an item of E2B's v1 "logs": a line that is itself a JSON
+// object, as E2B's are (the raw structured log line; the E2B CLI's
+// `sandbox logs` parses it and reads level, logger and the rest).
+type sandboxLog struct {
+	Timestamp time.Time `json:"timestamp"`
+	Line      string    `json:"line"`
+}
+
+// sandboxLogEntry is E2B's structured log item (v1 "logEntries", v2 "logs").
+type sandboxLogEntry struct {
+	Timestamp time.Time         `json:"timestamp"`
+	Level     string            `json:"level"`
+	Message   string            `json:"message"`
+	Fields    map[string]string `json:"fields"`
+}
+
+// sandboxLogsV1 is E2B's SandboxLogs plus cella's entries.
 type sandboxLogsV1 struct {
-	Logs       []apiwire.SandboxLog      `json:"logs"`
-	LogEntries []apiwire.SandboxLogEntry `json:"logEntries"`
-	Entries    []audit.Entry             `json:"entries"`
+	Logs       []sandboxLog      `json:"logs"`
+	LogEntries []sandboxLogEntry `json:"logEntries"`
+	Entries    []audit.Entry     `json:"entries"`
 	// Dropped counts every entry the log did not keep (cella's field).
 	Dropped audit.Dropped `json:"dropped"`
 }
 
 // sandboxLogsV2 is E2B's SandboxLogsV2Response (whose "logs" are the
-// structured items, not lines) plus cella's entries (audit.Entry, as in
-// sandboxLogsV1).
+// structured items, not lines) plus cella's entries.
 type sandboxLogsV2 struct {
-	Logs    []apiwire.SandboxLogEntry `json:"logs"`
-	Entries []audit.Entry             `json:"entries"`
-	Dropped audit.Dropped             `json:"dropped"`
+	Logs    []sandboxLogEntry `json:"logs"`
+	Entries []audit.Entry     `json:"entries"`
+	Dropped audit.Dropped     `json:"dropped"`
 }
 
-func logEntry(e audit.Entry) apiwire.SandboxLogEntry {
+func logEntry(e audit.Entry) sandboxLogEntry {
 	level := "info"
 	if e.Blocked() {
 		level = "warn"
 	}
-	return apiwire.SandboxLogEntry{Timestamp: e.Time.UTC(), Level: apiwire.LogLevel(level), Message: e.Line(), Fields: e.Fields()}
+	return sandboxLogEntry{Timestamp: e.Time.UTC(), Level: level, Message: e.Line(), Fields: e.Fields()}
+}
+
+// logLine is the v1 line of an entry: a JSON object with E2B's keys (level,
+// logger, message, sandboxID) and the entry's fields. The logger is the
+// entry's kind, so that the CLI's --loggers filters by it.
+func logLine(e audit.Entry, le sandboxLogEntry) string {
+	line := make(map[string]string, len(le.Fields)+4)
+	for k, v := range le.Fields {
+		line[k] = v
+	}
+	delete(line, "sandboxId")
+	line["level"], line["logger"], line["message"], line["sandboxID"] = le.Level, e.Kind, le.Message, e.SandboxID
+	b, _ := json.Marshal(line) // a map of strings: no error
+	return string(b)
 }
 
 // GET /sandboxes/{id}/logs?since=&kind=&decision=&limit= (E2B's start= too).
@@ -58,10 +85,10 @@ func (s *Server) sandboxLogsV1(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	out := sandboxLogsV1{Logs: make([]apiwire.SandboxLog, 0, len(entries)), LogEntries: make([]apiwire.SandboxLogEntry, 0, len(entries)), Entries: entries, Dropped: st.Dropped}
+	out := sandboxLogsV1{Logs: make([]sandboxLog, 0, len(entries)), LogEntries: make([]sandboxLogEntry, 0, len(entries)), Entries: entries, Dropped: st.Dropped}
 	for _, e := range entries {
 		le := logEntry(e)
-		out.Logs = append(out.Logs, apiwire.SandboxLog{Timestamp: le.Timestamp, Line: le.Message})
+		out.Logs = append(out.Logs, sandboxLog{Timestamp: le.Timestamp, Line: logLine(e, le)})
 		out.LogEntries = append(out.LogEntries, le)
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -75,7 +102,7 @@ func (s *Server) sandboxLogsV2(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	out := sandboxLogsV2{Logs: make([]apiwire.SandboxLogEntry, 0, len(entries)), Entries: entries, Dropped: st.Dropped}
+	out := sandboxLogsV2{Logs: make([]sandboxLogEntry, 0, len(entries)), Entries: entries, Dropped: st.Dropped}
 	for _, e := range entries {
 		out.Logs = append(out.Logs, logEntry(e))
 	}

@@ -56,6 +56,8 @@ type Sandboxes interface {
 	LatestMetric(p tenant.Principal, id string) (mt sandbox.Metric, ok bool, err error)
 
 	TrafficRouter() edge.Router
+	// Maxima are the daemon's per-sandbox ceilings (overview.go).
+	Maxima() sandbox.Maxima
 	// RuntimeName labels the daemon's metrics.
 	RuntimeName() string
 	// Usage is what a key holds now against its quota (quotas.go).

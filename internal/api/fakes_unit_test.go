@@ -158,6 +158,7 @@ func (f *fakeSandboxes) LatestMetric(p tenant.Principal, id string) (sandbox.Met
 }
 func (f *fakeSandboxes) TrafficRouter() edge.Router { return noRoutes{} }
 func (f *fakeSandboxes) RuntimeName() string        { return "fake" }
+func (f *fakeSandboxes) Maxima() sandbox.Maxima     { return sandbox.Maxima{} }
 func (f *fakeSandboxes) Usage(key string) (int, float64, int64) {
 	n := 0
 	for _, sb := range f.List(tenant.System) {
@@ -170,6 +171,8 @@ func (f *fakeSandboxes) Usage(key string) (int, float64, int64) {
 
 // noRoutes is a router that knows no sandbox: the edge answers 502.
 type noRoutes struct{}
+
+func (noRoutes) Signed(func(string) bool) (string, bool) { return "", false }
 
 func (noRoutes) Route(ctx context.Context, id string, admit func(edge.Sandbox) error) (edge.Sandbox, error) {
 	return nil, errdefs.NotFound("sandbox %q not found", id)

@@ -16,10 +16,7 @@ import (
 )
 
 // newSandboxRequest is E2B's NewSandbox / NewSandboxV2 plus cella's limit
-// fields. Unknown fields are accepted: newer SDKs add them. Not
-// apiwire.NewSandboxV2: network, volumeMounts and lifecycle stay raw JSON
-// for their own parsers (network.go's egress policy, lifecycle.go's strict
-// decoding), which a typed decode here would pre-empt with other errors.
+// fields. Unknown fields are accepted: newer SDKs add them.
 type newSandboxRequest struct {
 	TemplateID          string            `json:"templateID"`
 	Timeout             *int64            `json:"timeout"`
@@ -48,16 +45,27 @@ type newSandboxRequest struct {
 	OutputMB      int64             `json:"outputLimitMB"`
 }
 
+// sandboxResponse is E2B's Sandbox.
+type sandboxResponse struct {
+	SandboxID          string  `json:"sandboxID"`
+	TemplateID         string  `json:"templateID"`
+	Alias              string  `json:"alias,omitempty"`
+	ClientID           string  `json:"clientID"`
+	EnvdVersion        string  `json:"envdVersion"`
+	EnvdAccessToken    *string `json:"envdAccessToken"`
+	TrafficAccessToken *string `json:"trafficAccessToken"`
+	Domain             string  `json:"domain"`
+}
+
 const clientID = "cella"
 
 // v1DefaultTimeout is E2B's default of POST /sandboxes without a timeout.
 const v1DefaultTimeout = 15 * time.Second
 
-// sandboxBody is E2B's Sandbox.
-func (s *Server) sandboxBody(in sandbox.Info) apiwire.Sandbox {
-	return apiwire.Sandbox{
+func (s *Server) sandboxBody(in sandbox.Info) sandboxResponse {
+	return sandboxResponse{
 		SandboxID: in.ID, TemplateID: in.TemplateID, Alias: in.TemplateID, ClientID: clientID,
-		EnvdVersion: agentapi.Version, EnvdAccessToken: in.EnvdAccessToken, Domain: s.cfg.Domain,
+		EnvdVersion: agentapi.Version, EnvdAccessToken: envdTokenPtr(in), Domain: s.cfg.Domain,
 		TrafficAccessToken: trafficTokenPtr(in.Options), // traffic.go
 	}
 }
@@ -80,6 +88,11 @@ func (s *Server) createOptions(r *http.Request, lifecycleDefaults sandbox.Lifecy
 		opts.AutoResume = req.AutoResume.Enabled
 	}
 	opts.TrafficAccessToken = trafficTokenFor(req.Network) // traffic.go
+	opts.Insecure = req.Secure != nil && !*req.Secure      // traffic.go
+	var err error
+	if opts.MaskRequestHost, err = maskRequestHostFor(req.Network); err != nil { // traffic.go
+		return sandbox.Options{}, err
+	}
 	if len(req.SecretEnvVars) > 0 {
 		if err := s.checkSecretEnv(r, req.SecretEnvVars); err != nil { // network.go
 			return sandbox.Options{}, err
@@ -135,15 +148,45 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	noteSandbox(r, sb.ID) // accesslog.go
+	noteSandbox(r, sb.ID)        // accesslog.go
+	s.creates.add(time.Now(), 1) // overview.go
 	writeJSON(w, http.StatusCreated, s.sandboxBody(sb.Info()))
 }
 
-// detail is E2B's SandboxDetail plus cella's fields: runtime, limits, disk
-// use, the error of a dead sandbox, pauseMode ("checkpoint": memory saved to
-// disk, "frozen": kept in RAM, "stopped": filesystem only) and the next
-// automatic lifecycle step (lifecycle.go).
-func (s *Server) detail(in sandbox.Info) apiwire.SandboxDetail {
+// sandboxDetail is E2B's SandboxDetail plus cella's fields. Not
+// apiwire.SandboxDetail, nor sandboxResponse apiwire.Sandbox: envdAccessToken
+// is null for a sandbox created with secure false, which the generated
+// string cannot say.
+type sandboxDetail struct {
+	sandboxResponse
+	Metadata            map[string]string                  `json:"metadata"`
+	AllowInternetAccess bool                               `json:"allowInternetAccess"`
+	StartedAt           time.Time                          `json:"startedAt"`
+	EndAt               time.Time                          `json:"endAt"`
+	State               string                             `json:"state"`
+	CPUCount            float64                            `json:"cpuCount"`
+	MemoryMB            int64                              `json:"memoryMB"`
+	DiskSizeMB          int64                              `json:"diskSizeMB"`
+	Network             apiwire.SandboxNetworkInfo         `json:"network"`
+	Lifecycle           apiwire.SandboxLifecycle           `json:"lifecycle"`
+	VolumeMounts        []apiwire.SandboxVolumeMountDetail `json:"volumeMounts"`
+
+	// cella's own fields.
+	Runtime       string `json:"runtime"`
+	PidsLimit     int64  `json:"pidsLimit"`
+	OutputLimitMB int64  `json:"outputLimitMB"`
+	DiskUsedBytes int64  `json:"diskUsedBytes"`
+	Error         string `json:"error,omitempty"`
+	// PauseMode says how a paused sandbox keeps its state: "checkpoint"
+	// (memory saved to disk), "frozen" (memory kept in RAM) or "stopped"
+	// (filesystem only).
+	PauseMode string `json:"pauseMode,omitempty"`
+
+	// NextTransition is the next automatic lifecycle step (lifecycle.go).
+	NextTransition *apiwire.SandboxTransition `json:"nextTransition"`
+}
+
+func (s *Server) detail(in sandbox.Info) sandboxDetail {
 	md := in.Options.Metadata
 	if md == nil {
 		md = map[string]string{}
@@ -152,20 +195,17 @@ func (s *Server) detail(in sandbox.Info) apiwire.SandboxDetail {
 	if in.Options.AllowInternetAccess != nil {
 		allowInternet = *in.Options.AllowInternetAccess
 	}
-	sb := s.sandboxBody(in)
-	return apiwire.SandboxDetail{
-		SandboxID: sb.SandboxID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: sb.ClientID,
-		EnvdVersion: sb.EnvdVersion, EnvdAccessToken: sb.EnvdAccessToken, TrafficAccessToken: sb.TrafficAccessToken,
-		Domain:    sb.Domain,
-		Metadata:  md,
-		StartedAt: in.StartedAt, EndAt: in.EndAt, State: apiwire.SandboxState(in.State),
+	return sandboxDetail{
+		sandboxResponse: s.sandboxBody(in),
+		Metadata:        md,
+		StartedAt:       in.StartedAt, EndAt: in.EndAt, State: in.State,
 		CPUCount: in.Options.CPUs, MemoryMB: in.Options.MemoryMB, DiskSizeMB: in.Options.DiskMB,
 		AllowInternetAccess: allowInternet,
 		Network:             networkInfoOf(in.Options.Network, in.Options.Egress, s.cfg.EgressCeiling != nil), // network.go
 		Lifecycle:           lifecycleOf(in),
 		VolumeMounts:        volumeMountsOf(in),
 		Runtime:             in.Runtime, PidsLimit: in.Options.Pids, OutputLimitMB: in.Options.OutputMB, DiskUsedBytes: in.DiskUsedBytes, Error: in.Error,
-		PauseMode: apiwire.SandboxPauseMode(in.PauseMode), NextTransition: nextTransitionOf(in),
+		PauseMode: in.PauseMode, NextTransition: nextTransitionOf(in),
 	}
 }
 
@@ -282,16 +322,33 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, s.sandboxBody(sb.Info()))
 }
 
-// listed is E2B's ListedSandbox.
-func listed(in sandbox.Info) apiwire.ListedSandbox {
+// listedSandbox is E2B's ListedSandbox.
+type listedSandbox struct {
+	SandboxID    string                             `json:"sandboxID"`
+	TemplateID   string                             `json:"templateID"`
+	Alias        string                             `json:"alias,omitempty"`
+	ClientID     string                             `json:"clientID"`
+	CPUCount     float64                            `json:"cpuCount"`
+	MemoryMB     int64                              `json:"memoryMB"`
+	DiskSizeMB   int64                              `json:"diskSizeMB"`
+	StartedAt    time.Time                          `json:"startedAt"`
+	EndAt        time.Time                          `json:"endAt"`
+	EnvdVersion  string                             `json:"envdVersion"`
+	Metadata     map[string]string                  `json:"metadata"`
+	State        string                             `json:"state"`
+	VolumeMounts []apiwire.SandboxVolumeMountDetail `json:"volumeMounts"`
+	Runtime      string                             `json:"runtime"`
+}
+
+func listed(in sandbox.Info) listedSandbox {
 	md := in.Options.Metadata
 	if md == nil {
 		md = map[string]string{}
 	}
-	return apiwire.ListedSandbox{
+	return listedSandbox{
 		SandboxID: in.ID, TemplateID: in.TemplateID, Alias: in.TemplateID, ClientID: clientID,
 		CPUCount: in.Options.CPUs, MemoryMB: in.Options.MemoryMB, DiskSizeMB: in.Options.DiskMB,
-		StartedAt: in.StartedAt, EndAt: in.EndAt, EnvdVersion: agentapi.Version, Metadata: md, State: apiwire.SandboxState(in.State),
+		StartedAt: in.StartedAt, EndAt: in.EndAt, EnvdVersion: agentapi.Version, Metadata: md, State: in.State,
 		VolumeMounts: volumeMountsOf(in), Runtime: in.Runtime,
 	}
 }
@@ -338,7 +395,7 @@ func (s *Server) listSandboxesV1(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	out := []apiwire.ListedSandbox{}
+	out := []listedSandbox{}
 	for _, sb := range s.cfg.Manager.List(caller(r)) {
 		in := sb.Info()
 		if in.State == sandbox.StateRunning && matchesMetadata(in.Options.Metadata, want) {
@@ -402,7 +459,7 @@ func (s *Server) listSandboxesV2(w http.ResponseWriter, r *http.Request) {
 		last := page[len(page)-1]
 		w.Header().Set("X-Next-Token", strconv.FormatInt(last.StartedAt.UnixNano(), 10)+"_"+last.ID)
 	}
-	out := make([]apiwire.ListedSandbox, 0, len(page))
+	out := make([]listedSandbox, 0, len(page))
 	for _, in := range page {
 		out = append(out, listed(in))
 	}

@@ -75,6 +75,8 @@ type Server struct {
 	self *selfClient
 	// buckets hold keys to their rates (quotas.go).
 	buckets quota.Buckets
+	// creates counts creates per minute for GET /overview (overview.go).
+	creates createCounts
 }
 
 // New builds the server's routes.
@@ -134,6 +136,7 @@ func (s *Server) routes() {
 	s.auditRoutes(auth)    // audit.go
 	s.interactRoutes(auth) // pty.go, wait.go: PTY WebSocket, readiness waits, process logs
 	s.poolRoutes(auth)     // pools.go: warm pools
+	s.overviewRoutes(auth) // overview.go: the console's host page
 	s.eventRoutes(auth)    // events.go: lifecycle events and webhooks
 	m.Handle("/mcp", auth(mcpserver.HTTPHandler(mcpserver.HTTPConfig{
 		API: s.self.http, APIURL: selfURL, Budget: s.mcpBudget,

@@ -3,8 +3,8 @@ package api
 import (
 	"net/http"
 	"strconv"
+	"time"
 
-	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/builds"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/sandbox"
@@ -17,10 +17,25 @@ func (s *Server) snapshotRoutes(auth func(http.HandlerFunc) http.Handler) {
 	s.mux.Handle("POST /sandboxes/{id}/fork", auth(s.forkSandbox))
 }
 
-// snapshotBody is E2B's SnapshotInfo plus cella's fields.
-func snapshotBody(in sandbox.SnapshotInfo) apiwire.SnapshotInfo {
-	return apiwire.SnapshotInfo{SnapshotID: in.ID, Names: in.Names, SandboxID: in.SandboxID, TemplateID: in.TemplateID,
-		CreatedAt: in.CreatedAt, Memory: in.Memory, SizeBytes: in.SizeBytes, TookMs: in.Took.Milliseconds()}
+// snapshotInfo is E2B's SnapshotInfo plus cella's fields.
+type snapshotInfo struct {
+	SnapshotID string   `json:"snapshotID"`
+	Names      []string `json:"names"`
+
+	// cella's own fields.
+	SandboxID  string    `json:"sandboxID"`
+	TemplateID string    `json:"templateID"`
+	CreatedAt  time.Time `json:"createdAt"`
+	// Memory: sandboxes made from it go on with the original's processes
+	// (gVisor); false: they boot fresh on its files (namespaces runtime).
+	Memory    bool  `json:"memory"`
+	SizeBytes int64 `json:"sizeBytes"`
+	TookMS    int64 `json:"tookMs,omitempty"`
+}
+
+func snapshotBody(in sandbox.SnapshotInfo) snapshotInfo {
+	return snapshotInfo{SnapshotID: in.ID, Names: in.Names, SandboxID: in.SandboxID, TemplateID: in.TemplateID,
+		CreatedAt: in.CreatedAt, Memory: in.Memory, SizeBytes: in.SizeBytes, TookMS: in.Took.Milliseconds()}
 }
 
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
@@ -53,7 +68,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	out := []apiwire.SnapshotInfo{}
+	out := []snapshotInfo{}
 	for i := offset; i < len(all) && len(out) < limit; i++ {
 		out = append(out, snapshotBody(all[i]))
 	}
@@ -96,6 +111,19 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	s.writeErr(w, r, errdefs.NotFound("snapshot or template %q not found", id))
 }
 
+// forkResult is one element of E2B's fork answer: a sandbox or an error.
+type forkResult struct {
+	Sandbox *forkedSandbox `json:"sandbox,omitempty"`
+	Error   *errorBody     `json:"error,omitempty"`
+}
+
+type forkedSandbox struct {
+	sandboxResponse
+	// cella: whether the fork goes on with the original's processes
+	// (gVisor memory restore) or booted fresh on its files (namespaces).
+	MemoryRestored bool `json:"memoryRestored"`
+}
+
 func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 	count, timeout, err := parseFork(r) // bodies.go
 	if err != nil {
@@ -111,23 +139,16 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	// Each element is a sandbox or an error; memoryRestored (cella's) says
-	// whether the fork goes on with the original's processes (gVisor
-	// memory restore) or booted fresh on its files (namespaces).
-	out := make([]apiwire.SandboxForkResult, 0, len(res))
+	out := make([]forkResult, 0, len(res))
 	for _, f := range res {
 		if f.Err != nil {
 			st := errdefs.HTTPStatus(f.Err)
-			out = append(out, apiwire.SandboxForkResult{Error: &apiwire.Error{Code: st, Message: f.Err.Error()}})
+			out = append(out, forkResult{Error: &errorBody{Code: st, Message: f.Err.Error()}})
 			continue
 		}
 		_, mem := s.cfg.Manager.SnapshotOrigin(f.Sandbox)
-		sb := s.sandboxBody(f.Sandbox.Info())
-		out = append(out, apiwire.SandboxForkResult{Sandbox: &apiwire.ForkedSandbox{
-			SandboxID: sb.SandboxID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: sb.ClientID,
-			EnvdVersion: sb.EnvdVersion, EnvdAccessToken: sb.EnvdAccessToken, TrafficAccessToken: sb.TrafficAccessToken,
-			Domain: sb.Domain, MemoryRestored: mem,
-		}})
+		s.creates.add(time.Now(), 1) // overview.go
+		out = append(out, forkResult{Sandbox: &forkedSandbox{sandboxResponse: s.sandboxBody(f.Sandbox.Info()), MemoryRestored: mem}})
 	}
 	writeJSON(w, http.StatusCreated, out)
 }

@@ -922,7 +922,10 @@ type NewSandbox struct {
 	// rules: every process in the sandbox can read them.
 	SecretEnvVars map[string]string `json:"secretEnvVars,omitempty,omitzero"`
 
-	// Secure Accepted and ignored (E2B's SDKs <= 2.50 send it).
+	// Secure E2B's `secure` (default true). `false`: requests to the
+	// sandbox's envd port need no `X-Access-Token` and the answer's
+	// `envdAccessToken` is null, so anyone who knows the sandbox ID
+	// can use its envd API (the REST API still needs the team's key).
 	Secure bool `json:"secure,omitempty,omitzero"`
 
 	// TemplateID A template's name, or a snapshot's ID or name. Default `base`.
@@ -1034,6 +1037,39 @@ type NewVolume struct {
 
 	// SizeMB Size in MiB. Give sizeMB or size, not both; neither is 1 GiB.
 	SizeMB *int64 `json:"sizeMB,omitempty"`
+}
+
+// Overview The daemon at a glance.
+type Overview struct {
+	Creates struct {
+		// PerMinute Sandboxes created (and forked) in each of the last 60 minutes, oldest first; the last is the current minute.
+		PerMinute []int `json:"perMinute"`
+
+		// Start Unix time of the first minute's start.
+		Start int64 `json:"start"`
+	} `json:"creates"`
+
+	// Egress The egress proxy's decisions since start; null when sandboxes have no network.
+	Egress struct {
+		Allowed int64 `json:"allowed"`
+		Blocked int64 `json:"blocked"`
+	} `json:"egress"`
+	Memory struct {
+		// CommittedMB The memory ceilings of the running sandboxes, summed (MiB).
+		CommittedMB int64 `json:"committedMB"`
+
+		// HostMB The host's RAM (MiB).
+		HostMB int64 `json:"hostMB"`
+
+		// MaxMB The daemon's per-sandbox memory maximum (`--max-memory`; MiB).
+		MaxMB int64 `json:"maxMB"`
+
+		// UsedMB What the running sandboxes use, file cache excluded, summed (MiB).
+		UsedMB int64 `json:"usedMB"`
+	} `json:"memory"`
+
+	// Sandboxes Sandboxes by state (running and paused always present).
+	Sandboxes map[string]int `json:"sandboxes"`
 }
 
 // Pool A template's warm pool.
@@ -1169,7 +1205,7 @@ type Sandbox struct {
 	// Domain The domain of the sandbox's hosts, `<port>-<sandboxID>.<domain>`.
 	Domain string `json:"domain"`
 
-	// EnvdAccessToken The token every envd request of the sandbox must carry in `X-Access-Token`.
+	// EnvdAccessToken The token every envd request of the sandbox must carry in `X-Access-Token`; null for a sandbox created with `secure` false.
 	EnvdAccessToken string `json:"envdAccessToken"`
 
 	// EnvdVersion The envd version the agent implements; SDKs gate features on it.
@@ -1350,6 +1386,9 @@ type SandboxLifecycle struct {
 
 // SandboxLog E2B's log line.
 type SandboxLog struct {
+	// Line A JSON object, as E2B's raw log lines are (the E2B CLI parses
+	// it): `level`, `logger` (the entry's kind), `message`,
+	// `sandboxID` and the entry's fields.
 	Line      string    `json:"line"`
 	Timestamp time.Time `json:"timestamp"`
 }

@@ -9,6 +9,8 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/cella-sandbox/cella/internal/agentapi"
 )
 
 // sandboxError is E2B's answer for a sandbox the edge cannot reach.
@@ -73,7 +75,14 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, t Target) {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(&url.URL{Scheme: "http", Host: "sandbox:" + strconv.Itoa(t.Port)})
 			pr.Out.Host = r.Host
-			pr.SetXForwarded()
+			pr.SetXForwarded() // X-Forwarded-Host: the Host the client used
+			if t.Port != agentapi.Port {
+				if mask := sb.RequestHost(t.Port); mask != "" {
+					// network.maskRequestHost, for servers that check
+					// the Host they are addressed by (E2B's proxy).
+					pr.Out.Host = mask
+				}
+			}
 		},
 		Transport:      link,
 		FlushInterval:  -1,
