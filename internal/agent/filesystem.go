@@ -17,6 +17,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/envd/filesystem"
 	"github.com/cella-sandbox/cella/internal/envd/filesystem/filesystemconnect"
+	"github.com/cella-sandbox/cella/internal/errdefs"
 )
 
 // filesystemService implements filesystem.Filesystem. Unlike envd, which
@@ -50,12 +51,13 @@ func (fsvc filesystemService) userAndPath(h http.Header, p string) (*sandboxUser
 	}
 	abs, err := fsvc.s.resolve(p, u)
 	if err != nil {
-		return nil, "", connect.NewError(connect.CodeInvalidArgument, err)
+		return nil, "", errdefs.Wrap(errdefs.KindInvalidArgument, err)
 	}
 	return u, abs, nil
 }
 
-func (fsvc filesystemService) Stat(ctx context.Context, req *connect.Request[filesystem.StatRequest]) (*connect.Response[filesystem.StatResponse], error) {
+func (fsvc filesystemService) Stat(ctx context.Context, req *connect.Request[filesystem.StatRequest]) (_ *connect.Response[filesystem.StatResponse], err error) {
+	defer rpcError(&err)
 	u, p, err := fsvc.userAndPath(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
@@ -68,7 +70,8 @@ func (fsvc filesystemService) Stat(ctx context.Context, req *connect.Request[fil
 	return connect.NewResponse(&filesystem.StatResponse{Entry: e}), nil
 }
 
-func (fsvc filesystemService) MakeDir(ctx context.Context, req *connect.Request[filesystem.MakeDirRequest]) (*connect.Response[filesystem.MakeDirResponse], error) {
+func (fsvc filesystemService) MakeDir(ctx context.Context, req *connect.Request[filesystem.MakeDirRequest]) (_ *connect.Response[filesystem.MakeDirResponse], err error) {
+	defer rpcError(&err)
 	u, p, err := fsvc.userAndPath(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
@@ -79,13 +82,13 @@ func (fsvc filesystemService) MakeDir(ctx context.Context, req *connect.Request[
 		st, err := os.Stat(p)
 		switch {
 		case err == nil && st.IsDir():
-			return connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory already exists: %s", p))
+			return errdefs.Conflict("directory already exists: %s", p)
 		case err == nil:
-			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path already exists but it is not a directory: %s", p))
+			return errdefs.InvalidArgument("path already exists but it is not a directory: %s", p)
 		case errors.Is(err, fs.ErrPermission):
 			return fsError(u.denied("create", p, err))
 		case !errors.Is(err, fs.ErrNotExist):
-			return connect.NewError(connect.CodeInternal, fmt.Errorf("error getting file info: %w", err))
+			return errdefs.Internal("error getting file info: %w", err)
 		}
 		if err := ensureDirs(p); err != nil {
 			return fsError(u.denied("create", p, err))
@@ -102,7 +105,8 @@ func (fsvc filesystemService) MakeDir(ctx context.Context, req *connect.Request[
 	return connect.NewResponse(&filesystem.MakeDirResponse{Entry: e}), nil
 }
 
-func (fsvc filesystemService) Move(ctx context.Context, req *connect.Request[filesystem.MoveRequest]) (*connect.Response[filesystem.MoveResponse], error) {
+func (fsvc filesystemService) Move(ctx context.Context, req *connect.Request[filesystem.MoveRequest]) (_ *connect.Response[filesystem.MoveResponse], err error) {
+	defer rpcError(&err)
 	u, src, err := fsvc.userAndPath(req.Header(), req.Msg.GetSource())
 	if err != nil {
 		return nil, err
@@ -135,7 +139,8 @@ func (fsvc filesystemService) Move(ctx context.Context, req *connect.Request[fil
 	return connect.NewResponse(&filesystem.MoveResponse{Entry: e}), nil
 }
 
-func (fsvc filesystemService) ListDir(ctx context.Context, req *connect.Request[filesystem.ListDirRequest]) (*connect.Response[filesystem.ListDirResponse], error) {
+func (fsvc filesystemService) ListDir(ctx context.Context, req *connect.Request[filesystem.ListDirRequest]) (_ *connect.Response[filesystem.ListDirResponse], err error) {
+	defer rpcError(&err)
 	u, requested, err := fsvc.userAndPath(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
@@ -167,7 +172,7 @@ func listDir(requested string, depth int, names idNames) ([]*filesystem.EntryInf
 		return nil, err
 	}
 	if !st.IsDir() {
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path is not a directory: %s", requested))
+		return nil, errdefs.InvalidArgument("path is not a directory: %s", requested)
 	}
 	var entries []*filesystem.EntryInfo
 	err = filepath.WalkDir(resolved, func(p string, d fs.DirEntry, err error) error {
@@ -196,7 +201,8 @@ func listDir(requested string, depth int, names idNames) ([]*filesystem.EntryInf
 	return entries, err
 }
 
-func (fsvc filesystemService) Remove(ctx context.Context, req *connect.Request[filesystem.RemoveRequest]) (*connect.Response[filesystem.RemoveResponse], error) {
+func (fsvc filesystemService) Remove(ctx context.Context, req *connect.Request[filesystem.RemoveRequest]) (_ *connect.Response[filesystem.RemoveResponse], err error) {
+	defer rpcError(&err)
 	u, p, err := fsvc.userAndPath(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
@@ -269,24 +275,23 @@ func fileType(fi fs.FileInfo) filesystem.FileType {
 	return filesystem.FileType_FILE_TYPE_FILE
 }
 
-// fsError maps filesystem errors to Connect codes.
+// fsError gives a filesystem error its kind (its Connect code: rpcError).
 func fsError(err error) error {
-	var ce *connect.Error
 	switch {
-	case errors.As(err, &ce):
-		return err // already mapped
+	case errdefs.HasKind(err):
+		return err // already given one
 	case errors.Is(err, fs.ErrNotExist):
-		return connect.NewError(connect.CodeNotFound, err)
+		return errdefs.Wrap(errdefs.KindNotFound, err)
 	case errors.Is(err, fs.ErrPermission):
-		return connect.NewError(connect.CodePermissionDenied, err)
+		return errdefs.Wrap(errdefs.KindForbidden, err)
 	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.EINVAL):
-		return connect.NewError(connect.CodeInvalidArgument, err)
+		return errdefs.Wrap(errdefs.KindInvalidArgument, err)
 	case errors.Is(err, syscall.ENOSPC):
-		return connect.NewError(connect.CodeResourceExhausted, err)
+		return errdefs.Wrap(errdefs.KindResourceExhausted, err)
 	case errors.Is(err, syscall.ELOOP):
-		return connect.NewError(connect.CodeFailedPrecondition, err)
+		return errdefs.Wrap(errdefs.KindFailedPrecondition, err)
 	}
-	return connect.NewError(connect.CodeInternal, err)
+	return errdefs.Wrap(errdefs.KindInternal, err)
 }
 
 // ensureDirs creates dir and its missing parents (envd's EnsureDirs). Run

@@ -97,7 +97,9 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 	in := &reqInfo{}
 	r = r.WithContext(context.WithValue(r.Context(), reqInfoCtx{}, in))
 	sw := &statusWriter{ResponseWriter: w}
-	s.mux.ServeHTTP(&jsonStatusWriter{ResponseWriter: sw}, r)
+	jw := &jsonStatusWriter{ResponseWriter: sw}
+	s.mux.ServeHTTP(jw, r)
+	jw.finish() // before sw.status is read: a rewritten error is written here
 
 	route := r.Pattern // set by the mux on r itself
 	if route == "" {

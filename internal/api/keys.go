@@ -16,7 +16,8 @@ import (
 )
 
 // keyInfo is an API key's public part; Key is set only in the answer that
-// creates it.
+// creates it. Not apiwire.APIKey: the generated usage.vcpus is a float32,
+// which would round what this answer has always given as a float64.
 type keyInfo struct {
 	ID   string `json:"id"`
 	Name string `json:"name"`

@@ -54,7 +54,7 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	for state, n := range counts {
 		ch <- prometheus.MustNewConstMetric(c.sandboxes, prometheus.GaugeValue, float64(n), state)
 	}
-	for _, p := range m.Pools() {
+	for _, p := range c.s.cfg.Pools.Pools() {
 		ch <- prometheus.MustNewConstMetric(c.poolSize, prometheus.GaugeValue, float64(p.Size), p.Template)
 		ch <- prometheus.MustNewConstMetric(c.poolReady, prometheus.GaugeValue, float64(p.Ready), p.Template)
 		ch <- prometheus.MustNewConstMetric(c.poolFilling, prometheus.GaugeValue, float64(p.Filling), p.Template)

@@ -89,7 +89,7 @@ func TestLifecycleMetrics(t *testing.T) {
 	// Two cold creates, one exec, a pause and a resume, a snapshot.
 	var ids []string
 	for range 2 {
-		sb, err := c.Create(ctx, client.CreateRequest{TemplateID: "base", Timeout: 300})
+		sb, err := c.Create(ctx, client.CreateRequest{TemplateID: "base", Timeout: new(int64(300))})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -113,7 +113,7 @@ func TestLifecycleMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A create from the snapshot, and one fork request of two.
-	fromSnap, err := c.Create(ctx, client.CreateRequest{TemplateID: snap.SnapshotID, Timeout: 300})
+	fromSnap, err := c.Create(ctx, client.CreateRequest{TemplateID: snap.SnapshotID, Timeout: new(int64(300))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestLifecycleMetrics(t *testing.T) {
 		ids = append(ids, f.Sandbox.SandboxID)
 	}
 	// A sandbox that times out (a cold create too).
-	short, err := c.Create(ctx, client.CreateRequest{TemplateID: "base", Timeout: 1})
+	short, err := c.Create(ctx, client.CreateRequest{TemplateID: "base", Timeout: new(int64(1))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func TestLifecycleMetrics(t *testing.T) {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	pooled, err := c.Create(ctx, client.CreateRequest{TemplateID: "base", Timeout: 300})
+	pooled, err := c.Create(ctx, client.CreateRequest{TemplateID: "base", Timeout: new(int64(300))})
 	if err != nil {
 		t.Fatal(err)
 	}

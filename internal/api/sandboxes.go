@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/agentapi"
+	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 )
@@ -152,20 +153,23 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, s.sandboxBody(sb.Info()))
 }
 
-// sandboxDetail is E2B's SandboxDetail plus cella's fields.
+// sandboxDetail is E2B's SandboxDetail plus cella's fields. Not
+// apiwire.SandboxDetail, nor sandboxResponse apiwire.Sandbox: envdAccessToken
+// is null for a sandbox created with secure false, which the generated
+// string cannot say.
 type sandboxDetail struct {
 	sandboxResponse
-	Metadata            map[string]string `json:"metadata"`
-	AllowInternetAccess bool              `json:"allowInternetAccess"`
-	StartedAt           time.Time         `json:"startedAt"`
-	EndAt               time.Time         `json:"endAt"`
-	State               string            `json:"state"`
-	CPUCount            float64           `json:"cpuCount"`
-	MemoryMB            int64             `json:"memoryMB"`
-	DiskSizeMB          int64             `json:"diskSizeMB"`
-	Network             networkInfo       `json:"network"`
-	Lifecycle           lifecycleDetail   `json:"lifecycle"`
-	VolumeMounts        []any             `json:"volumeMounts"`
+	Metadata            map[string]string                  `json:"metadata"`
+	AllowInternetAccess bool                               `json:"allowInternetAccess"`
+	StartedAt           time.Time                          `json:"startedAt"`
+	EndAt               time.Time                          `json:"endAt"`
+	State               string                             `json:"state"`
+	CPUCount            float64                            `json:"cpuCount"`
+	MemoryMB            int64                              `json:"memoryMB"`
+	DiskSizeMB          int64                              `json:"diskSizeMB"`
+	Network             apiwire.SandboxNetworkInfo         `json:"network"`
+	Lifecycle           apiwire.SandboxLifecycle           `json:"lifecycle"`
+	VolumeMounts        []apiwire.SandboxVolumeMountDetail `json:"volumeMounts"`
 
 	// cella's own fields.
 	Runtime       string `json:"runtime"`
@@ -179,7 +183,7 @@ type sandboxDetail struct {
 	PauseMode string `json:"pauseMode,omitempty"`
 
 	// NextTransition is the next automatic lifecycle step (lifecycle.go).
-	NextTransition *transitionDetail `json:"nextTransition"`
+	NextTransition *apiwire.SandboxTransition `json:"nextTransition"`
 }
 
 func (s *Server) detail(in sandbox.Info) sandboxDetail {
@@ -320,20 +324,20 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 
 // listedSandbox is E2B's ListedSandbox.
 type listedSandbox struct {
-	SandboxID    string            `json:"sandboxID"`
-	TemplateID   string            `json:"templateID"`
-	Alias        string            `json:"alias,omitempty"`
-	ClientID     string            `json:"clientID"`
-	CPUCount     float64           `json:"cpuCount"`
-	MemoryMB     int64             `json:"memoryMB"`
-	DiskSizeMB   int64             `json:"diskSizeMB"`
-	StartedAt    time.Time         `json:"startedAt"`
-	EndAt        time.Time         `json:"endAt"`
-	EnvdVersion  string            `json:"envdVersion"`
-	Metadata     map[string]string `json:"metadata"`
-	State        string            `json:"state"`
-	VolumeMounts []any             `json:"volumeMounts"`
-	Runtime      string            `json:"runtime"`
+	SandboxID    string                             `json:"sandboxID"`
+	TemplateID   string                             `json:"templateID"`
+	Alias        string                             `json:"alias,omitempty"`
+	ClientID     string                             `json:"clientID"`
+	CPUCount     float64                            `json:"cpuCount"`
+	MemoryMB     int64                              `json:"memoryMB"`
+	DiskSizeMB   int64                              `json:"diskSizeMB"`
+	StartedAt    time.Time                          `json:"startedAt"`
+	EndAt        time.Time                          `json:"endAt"`
+	EnvdVersion  string                             `json:"envdVersion"`
+	Metadata     map[string]string                  `json:"metadata"`
+	State        string                             `json:"state"`
+	VolumeMounts []apiwire.SandboxVolumeMountDetail `json:"volumeMounts"`
+	Runtime      string                             `json:"runtime"`
 }
 
 func listed(in sandbox.Info) listedSandbox {

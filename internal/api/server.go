@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/apiwire"
-	"github.com/cella-sandbox/cella/internal/audit"
 	"github.com/cella-sandbox/cella/internal/builds"
 	"github.com/cella-sandbox/cella/internal/edge"
 	"github.com/cella-sandbox/cella/internal/egress"
@@ -20,31 +19,32 @@ import (
 	"github.com/cella-sandbox/cella/internal/mcpserver"
 	"github.com/cella-sandbox/cella/internal/metrics"
 	"github.com/cella-sandbox/cella/internal/quota"
-	"github.com/cella-sandbox/cella/internal/sandbox"
-	"github.com/cella-sandbox/cella/internal/secrets"
 	"github.com/cella-sandbox/cella/internal/store"
-	"github.com/cella-sandbox/cella/internal/template"
 	"github.com/cella-sandbox/cella/internal/tenant"
 	"github.com/cella-sandbox/cella/internal/ui"
-	"github.com/cella-sandbox/cella/internal/volume"
 )
 
-// Config configures the API server.
+// Config configures the API server. Its dependencies are the narrow
+// interfaces of deps.go; the daemon passes the real types.
 type Config struct {
-	Manager   *sandbox.Manager
-	Store     *store.Store
-	Templates *template.Store
+	// Manager is the sandbox core (sandbox.Manager).
+	Manager Sandboxes
+	// Pools are the warm pools (sandbox.Manager too).
+	Pools Pools
+	// Store holds the API keys (store.Store).
+	Store     Keys
+	Templates Templates
 	// Domain is returned to clients for <port>-<id>.<domain> hosts.
 	Domain string
 	// MCPMaxCalls is the tool-call budget of each /mcp session (0 = none).
 	MCPMaxCalls int64
 	Log         *slog.Logger
 	// Volumes serves /volumes (volumes.go).
-	Volumes *volume.Manager
+	Volumes Volumes
 	// Secrets serves /secrets (secrets.go); nil answers 501.
-	Secrets *secrets.Manager
+	Secrets Secrets
 	// Audit serves /sandboxes/{id}/logs (audit.go); nil answers 501.
-	Audit *audit.Log
+	Audit AuditLog
 	// EgressCeiling is the operator's egress ceiling (network.go); nil
 	// means sandboxes run with no network at all.
 	EgressCeiling *egress.Policy
@@ -92,7 +92,11 @@ func New(cfg Config) *Server {
 		cfg.Metrics = metrics.New(rt, nil)
 	}
 	s := &Server{cfg: cfg, log: cfg.Log, mux: newRouteMux()}
-	s.edge = edge.New(edge.Config{Router: cfg.Manager.TrafficRouter(), Domain: cfg.Domain, ExecStarted: s.execStarted})
+	var router edge.Router
+	if cfg.Manager != nil {
+		router = cfg.Manager.TrafficRouter()
+	}
+	s.edge = edge.New(edge.Config{Router: router, Domain: cfg.Domain, ExecStarted: s.execStarted})
 	s.self = newSelfClient(s)
 	s.routes()
 	return s

@@ -142,7 +142,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 	out := make([]forkResult, 0, len(res))
 	for _, f := range res {
 		if f.Err != nil {
-			st := errdefs.Status(f.Err)
+			st := errdefs.HTTPStatus(f.Err)
 			out = append(out, forkResult{Error: &errorBody{Code: st, Message: f.Err.Error()}})
 			continue
 		}

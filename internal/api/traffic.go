@@ -23,6 +23,8 @@ func trafficTokenFor(network json.RawMessage) string {
 	if len(network) == 0 {
 		return ""
 	}
+	// One field of the raw network (apiwire.SandboxNetworkConfig), read
+	// leniently: a network the egress parser refuses is its error to give.
 	var n struct {
 		AllowPublicTraffic *bool `json:"allowPublicTraffic"`
 	}

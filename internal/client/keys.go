@@ -8,6 +8,7 @@ import (
 )
 
 // Key is an API key's public part; Key is set only when it was just created.
+// Not apiwire.APIKey, whose generated usage.vcpus is a float32.
 type Key struct {
 	ID   string `json:"id"`
 	Name string `json:"name"`

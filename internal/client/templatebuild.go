@@ -186,7 +186,7 @@ func (tb *TemplateBuilds) follow(ctx context.Context, tid, bid string) error {
 // Export is a tar of path in a new sandbox of template (named by path's
 // base name and below); the sandbox goes when it is closed.
 func (tb *TemplateBuilds) Export(ctx context.Context, template, path string) (io.ReadCloser, error) {
-	sb, err := tb.C.Create(ctx, CreateRequest{TemplateID: template, Timeout: 600})
+	sb, err := tb.C.Create(ctx, CreateRequest{TemplateID: template, Timeout: new(int64(600))})
 	if err != nil {
 		return nil, err
 	}

@@ -249,7 +249,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	}
 	d.Builds = bsvc
 	d.add("template builds", func() error { bsvc.Close(); return nil })
-	srv := api.New(api.Config{Manager: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
+	srv := api.New(api.Config{Manager: mgr, Pools: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
 		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts,
 		Metrics: d.Metrics, AccessLog: accessLog, Builds: bsvc, Events: evs})
 	d.Handler = srv

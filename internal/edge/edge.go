@@ -119,7 +119,7 @@ func (p *Proxy) Handle(w http.ResponseWriter, r *http.Request) bool {
 		}
 	}
 	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
+		writeJSON(w, http.StatusBadRequest, errorBody{Code: http.StatusBadRequest, Message: err.Error()})
 		return true
 	}
 	p.serve(w, r, t)
