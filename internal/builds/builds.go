@@ -233,7 +233,7 @@ func (s *Service) RequestBuild(ctx context.Context, c Caller, req Request) (Requ
 		return Requested{}, err
 	}
 	for _, t := range more {
-		if !contains(tags, t) {
+		if !slices.Contains(tags, t) {
 			tags = append(tags, t)
 		}
 	}
@@ -284,7 +284,7 @@ func (s *Service) templateFor(ctx context.Context, c Caller, alias string) (stor
 			return t, errdefs.Conflict("Alias '%s' is already used (by a template of this machine: cella template ls)", alias)
 		}
 		now := time.Now()
-		t = store.APITemplate{ID: newTemplateID(), Alias: alias, TeamID: c.P.Team, KeyID: c.P.Key, CreatedAt: now, UpdatedAt: now}
+		t = store.APITemplate{ID: store.NewID(), Alias: alias, TeamID: c.P.Team, KeyID: c.P.Key, CreatedAt: now, UpdatedAt: now}
 		err = s.cfg.Store.PutAPITemplate(ctx, t)
 		if err == nil {
 			return t, nil
@@ -730,7 +730,7 @@ func (s *Service) RemoveTags(ctx context.Context, c Caller, name string, tags []
 	if len(tags) == 0 {
 		return errdefs.InvalidArgument("tags must name at least one tag")
 	}
-	if contains(tags, DefaultTag) {
+	if slices.Contains(tags, DefaultTag) {
 		return errdefs.InvalidArgument("the %q tag cannot be removed", DefaultTag)
 	}
 	t, _, err := s.findTemplate(ctx, c, n.Alias, true)

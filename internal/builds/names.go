@@ -1,10 +1,12 @@
 package builds
 
 import (
-	"crypto/rand"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
+
+	"github.com/google/uuid"
 
 	"github.com/cella-sandbox/cella/internal/errdefs"
 )
@@ -109,45 +111,16 @@ func validTags(tags []string) ([]string, error) {
 		if err := checkTag(t); err != nil {
 			return nil, errdefs.InvalidArgument("Invalid tag: %v (a tag is a-z, 0-9, -, _ and .)", err)
 		}
-		if !contains(out, t) {
+		if !slices.Contains(out, t) {
 			out = append(out, t)
 		}
 	}
 	return out, nil
 }
 
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
-const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-
-// newTemplateID is E2B's 20 characters of [a-z0-9].
-func newTemplateID() string {
-	b := make([]byte, 20)
-	if _, err := rand.Read(b); err != nil {
-		panic(err)
-	}
-	for i := range b {
-		b[i] = idAlphabet[int(b[i])%len(idAlphabet)]
-	}
-	return string(b)
-}
-
 // newBuildID is a random (version 4) UUID, E2B's build IDs.
 func newBuildID() string {
-	b := make([]byte, 16)
-	if _, err := rand.Read(b); err != nil {
-		panic(err)
-	}
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+	return uuid.NewString()
 }
 
 // storeNamePrefix starts the template-store name of every API build: "." is

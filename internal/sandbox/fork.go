@@ -162,7 +162,7 @@ func (m *Manager) fromSnapshot(ctx context.Context, p tenant.Principal, opts Opt
 	}
 
 	sb := &Sandbox{
-		ID:              newID(),
+		ID:              store.NewID(),
 		TemplateID:      opts.TemplateID,
 		Runtime:         rt.Name(),
 		Options:         opts,

@@ -251,7 +251,7 @@ func (m *Manager) Create(ctx context.Context, p tenant.Principal, opts Options) 
 	}
 
 	sb := &Sandbox{
-		ID:              newID(),
+		ID:              store.NewID(),
 		TemplateID:      opts.TemplateID,
 		Runtime:         m.cfg.Runtime.Name(),
 		Options:         opts,

@@ -453,7 +453,7 @@ func (m *Manager) makePooled(ctx context.Context, base Options) (*pooled, error)
 		return nil, err
 	}
 	sb := &Sandbox{
-		ID:              newID(),
+		ID:              store.NewID(),
 		TemplateID:      base.TemplateID,
 		Runtime:         m.cfg.Runtime.Name(),
 		Options:         base,

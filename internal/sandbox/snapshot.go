@@ -143,7 +143,7 @@ func (m *Manager) snapshot(ctx context.Context, p tenant.Principal, id, name str
 	parent, _ := readOrigin(sb.Dir)
 
 	start := time.Now()
-	snID := newID()
+	snID := store.NewID()
 	dir := m.snapshotDir(snID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", id, err)

@@ -34,6 +34,23 @@ func parseList(v string) []string {
 // AdminKeyID is the ID of the key made on first start.
 const AdminKeyID = "admin"
 
+// idAlphabet is what record IDs are made of: lowercase letters and
+// digits, so an ID is a valid DNS label (E2B's sandbox and template IDs).
+const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+// NewID returns a random 20-character [a-z0-9] ID, E2B's form of sandbox,
+// snapshot and template IDs.
+func NewID() string {
+	b := make([]byte, 20)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	for i := range b {
+		b[i] = idAlphabet[int(b[i])%len(idAlphabet)]
+	}
+	return string(b)
+}
+
 // NewKeySecret returns a new API key: "e2b_" and 32 hex digits (128
 // random bits), the form E2B's SDKs expect.
 func NewKeySecret() (string, error) {
