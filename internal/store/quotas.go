@@ -2,8 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
 
 	"github.com/cella-sandbox/cella/internal/quota"
@@ -11,12 +9,9 @@ import (
 
 // GetAPIKey returns a key's public part by ID; ErrNotFound when unknown.
 func (s *Store) GetAPIKey(ctx context.Context, id string) (APIKey, error) {
-	k, err := scanKey(s.db.QueryRowContext(ctx, `SELECT `+keyCols+` FROM api_keys k LEFT JOIN teams t ON t.id=k.team_id WHERE k.id=?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return APIKey{}, ErrNotFound
-	}
+	k, err := getOne(s.db.QueryRowContext(ctx, `SELECT `+keyCols+` FROM api_keys k LEFT JOIN teams t ON t.id=k.team_id WHERE k.id=?`, id), scanKey, "read api key "+id)
 	if err != nil {
-		return APIKey{}, fmt.Errorf("read api key %s: %w", id, err)
+		return APIKey{}, err
 	}
 	return k, nil
 }

@@ -90,14 +90,7 @@ func (s *Store) CountAPIKeys(ctx context.Context) (int, error) {
 
 // LookupAPIKey finds the key whose hash matches key.
 func (s *Store) LookupAPIKey(ctx context.Context, key string) (APIKey, error) {
-	k, err := scanKey(s.db.QueryRowContext(ctx, `SELECT `+keyCols+` FROM api_keys k LEFT JOIN teams t ON t.id=k.team_id WHERE k.hash=?`, HashKey(key)))
-	if errors.Is(err, sql.ErrNoRows) {
-		return k, ErrNotFound
-	}
-	if err != nil {
-		return k, fmt.Errorf("look up api key: %w", err)
-	}
-	return k, nil
+	return getOne(s.db.QueryRowContext(ctx, `SELECT `+keyCols+` FROM api_keys k LEFT JOIN teams t ON t.id=k.team_id WHERE k.hash=?`, HashKey(key)), scanKey, "look up api key")
 }
 
 // Sandbox is the durable record of one sandbox. Fields the daemon needs to
@@ -165,6 +158,20 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 }
 
 type scanner interface{ Scan(...any) error }
+
+// getOne scans the one row a query answered with scan: ErrNotFound when
+// it answered none, any other error wrapped with what (e.g. "look up
+// volume v1").
+func getOne[T any](row *sql.Row, scan func(scanner) (T, error), what string) (T, error) {
+	v, err := scan(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return v, ErrNotFound
+	}
+	if err != nil {
+		return v, fmt.Errorf("%s: %w", what, err)
+	}
+	return v, nil
+}
 
 func scanSandbox(r scanner) (Sandbox, error) {
 	var sb Sandbox

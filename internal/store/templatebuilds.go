@@ -133,14 +133,7 @@ func scanAPITemplate(r scanner) (APITemplate, error) {
 }
 
 func (s *Store) getAPITemplate(ctx context.Context, where, arg string) (APITemplate, error) {
-	t, err := scanAPITemplate(s.db.QueryRowContext(ctx, `SELECT `+apiTemplateCols+` FROM api_templates WHERE `+where+`=?`, arg))
-	if errors.Is(err, sql.ErrNoRows) {
-		return t, ErrNotFound
-	}
-	if err != nil {
-		return t, fmt.Errorf("look up template %s: %w", arg, err)
-	}
-	return t, nil
+	return getOne(s.db.QueryRowContext(ctx, `SELECT `+apiTemplateCols+` FROM api_templates WHERE `+where+`=?`, arg), scanAPITemplate, "look up template "+arg)
 }
 
 // GetAPITemplate returns the template with this ID, or ErrNotFound.
@@ -240,27 +233,13 @@ func scanBuild(r scanner) (Build, error) {
 
 // GetBuild returns a build, or ErrNotFound.
 func (s *Store) GetBuild(ctx context.Context, id string) (Build, error) {
-	b, err := scanBuild(s.db.QueryRowContext(ctx, `SELECT `+buildCols+` FROM template_builds WHERE id=?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return b, ErrNotFound
-	}
-	if err != nil {
-		return b, fmt.Errorf("look up build %s: %w", id, err)
-	}
-	return b, nil
+	return getOne(s.db.QueryRowContext(ctx, `SELECT `+buildCols+` FROM template_builds WHERE id=?`, id), scanBuild, "look up build "+id)
 }
 
 // GetBuildByStoreName returns the build that installs this template-store
 // name, or ErrNotFound.
 func (s *Store) GetBuildByStoreName(ctx context.Context, name string) (Build, error) {
-	b, err := scanBuild(s.db.QueryRowContext(ctx, `SELECT `+buildCols+` FROM template_builds WHERE store_name=?`, name))
-	if errors.Is(err, sql.ErrNoRows) {
-		return b, ErrNotFound
-	}
-	if err != nil {
-		return b, fmt.Errorf("look up build of %s: %w", name, err)
-	}
-	return b, nil
+	return getOne(s.db.QueryRowContext(ctx, `SELECT `+buildCols+` FROM template_builds WHERE store_name=?`, name), scanBuild, "look up build of "+name)
 }
 
 // ListBuilds returns a template's builds, oldest first.

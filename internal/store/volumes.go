@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -56,26 +55,12 @@ func scanVolume(r scanner) (Volume, error) {
 
 // GetVolume returns the team's volume called name, or ErrNotFound.
 func (s *Store) GetVolume(ctx context.Context, team, name string) (Volume, error) {
-	v, err := scanVolume(s.db.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE team_id=? AND name=?`, team, name))
-	if errors.Is(err, sql.ErrNoRows) {
-		return v, ErrNotFound
-	}
-	if err != nil {
-		return v, fmt.Errorf("look up volume %s: %w", name, err)
-	}
-	return v, nil
+	return getOne(s.db.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE team_id=? AND name=?`, team, name), scanVolume, "look up volume "+name)
 }
 
 // GetVolumeByID returns a volume by its ID, or ErrNotFound.
 func (s *Store) GetVolumeByID(ctx context.Context, id string) (Volume, error) {
-	v, err := scanVolume(s.db.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE id=?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return v, ErrNotFound
-	}
-	if err != nil {
-		return v, fmt.Errorf("look up volume %s: %w", id, err)
-	}
-	return v, nil
+	return getOne(s.db.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE id=?`, id), scanVolume, "look up volume "+id)
 }
 
 // ListVolumes returns the team's volume records by name ("": every team's,

@@ -2,9 +2,7 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 )
@@ -52,14 +50,7 @@ func scanWebhook(r scanner) (Webhook, error) {
 // GetWebhook returns the team's webhook with this ID, or ErrNotFound
 // (team "": any team's).
 func (s *Store) GetWebhook(ctx context.Context, team, id string) (Webhook, error) {
-	w, err := scanWebhook(s.db.QueryRowContext(ctx, `SELECT record FROM webhooks WHERE id=? AND (?='' OR team_id=?)`, id, team, team))
-	if errors.Is(err, sql.ErrNoRows) {
-		return w, ErrNotFound
-	}
-	if err != nil {
-		return w, fmt.Errorf("look up webhook %s: %w", id, err)
-	}
-	return w, nil
+	return getOne(s.db.QueryRowContext(ctx, `SELECT record FROM webhooks WHERE id=? AND (?='' OR team_id=?)`, id, team, team), scanWebhook, "look up webhook "+id)
 }
 
 // ListWebhooks returns the team's webhooks, oldest first ("": every team's).
