@@ -12,12 +12,15 @@ import assert from 'node:assert/strict';
 import { mkdirSync, mkdtempSync, writeFileSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { execFileSync } from 'node:child_process';
 import { chromium } from 'playwright-core';
 
 const URL_ = process.env.CELLA_UI_URL;
 const KEY = process.env.CELLA_UI_KEY;
 const SHOTS = process.env.CELLA_UI_SHOTS || join(tmpdir(), 'cella-ui-screenshots');
 const CHROMIUM = process.env.CELLA_UI_CHROMIUM || '/usr/bin/chromium';
+const CELLA = process.env.CELLA_UI_CELLA;
+const CACHE_DIR = process.env.CELLA_UI_CACHE_DIR || '/var/cache/cella';
 assert.ok(URL_ && KEY, 'CELLA_UI_URL and CELLA_UI_KEY must be set (use run.sh)');
 mkdirSync(SHOTS, { recursive: true });
 
@@ -452,11 +455,38 @@ test('kill the sandbox and see it gone from the list', async () => {
   assert.equal(auditRequests, n, 'the audit log kept polling after the page was left');
 });
 
-test('the templates page lists GET /templates', async () => {
+// storeTemplates is what the template store itself reports, read on the
+// host without the daemon (cella template ls --json): by cache name.
+function storeTemplates() {
+  assert.ok(CELLA, 'CELLA_UI_CELLA must name bin/cella (use run.sh)');
+  const out = execFileSync(CELLA, ['template', 'ls', '--json', '--cache-dir', CACHE_DIR], { encoding: 'utf8' });
+  return new Map(JSON.parse(out).map((t) => [t.name, t]));
+}
+
+// checkTemplateRow holds a templates page row to the store's own figures.
+async function checkTemplateRow(templateID, storeName, kind) {
+  const row = page.locator(`#templates tr[data-template="${templateID}"]`);
+  await row.waitFor();
+  const st = storeTemplates().get(storeName);
+  assert.ok(st, `the store has no template ${storeName}`);
+  assert.equal(await row.getAttribute('data-store'), storeName);
+  const layers = Number(await row.getAttribute('data-layers'));
+  const size = Number(await row.getAttribute('data-size'));
+  assert.ok(size > 0, `${templateID}: size ${size}`);
+  if (st.size) assert.equal(size, st.size, `${templateID}: the size the store records`);
+  assert.equal(layers, st.lowers.length, `${templateID}: the layers the store stacks`);
+  assert.equal(await row.locator('td.layers').textContent(), String(st.lowers.length));
+  assert.equal(await row.locator('td.source').getAttribute('data-kind'), kind);
+  assert.equal(await row.locator('td.source').textContent(), `${kind}: ${st.source}`);
+  assert.match(await row.locator('td.size').textContent(), /^[\d.]+ (KiB|MiB|GiB)$/);
+}
+
+test('the templates page lists GET /templates, with each one\'s source, size and layers', async () => {
   await go('#/templates', '#templates tbody tr');
   const api = (await call('GET', '/templates')).json.map((t) => t.templateID).sort();
   const shown = (await page.locator('#templates tbody tr').evaluateAll((trs) => trs.map((tr) => tr.dataset.template))).sort();
   assert.deepEqual(shown, api);
+  await checkTemplateRow('base', 'base', 'builtin');
   await shot('templates');
 });
 
@@ -500,6 +530,14 @@ test('build a template from the templates page and watch its log; a failing step
   assert.deepEqual(await page.locator('#build-steps li').evaluateAll((ls) => ls.map((l) => l.dataset.step)).then((s) => s.filter((x) => /^\d+$/.test(x))), ['1', '2', '3', '4']);
   assert.equal(await page.locator('#build-steps li.failing').count(), 0);
   await shot('build-ready');
+  // The templates page shows the built template's source, size and layers
+  // as the store has them under its build's cache name.
+  const listed = (await call('GET', '/templates')).json.find((t) => t.templateID === ok.tid);
+  assert.ok(listed && listed.storeName && listed.storeName.startsWith(`e2b.${ok.tid}.`), JSON.stringify(listed));
+  await go('#/templates', `#templates tr[data-template="${ok.tid}"]`);
+  await checkTemplateRow(ok.tid, listed.storeName, 'build');
+  assert.equal(await page.locator(`#templates tr[data-template="${ok.tid}"] .store`).textContent(), listed.storeName);
+  await shot('templates-built');
   // The template is usable.
   const sb = await call('POST', '/v2/sandboxes', { templateID: 'console-built', timeout: 120 });
   assert.equal(sb.status, 201, sb.text);

@@ -38,7 +38,8 @@ for _ in $(seq 1 600); do
   kill -0 "$DAEMON_PID" 2>/dev/null || { echo "compat/ui: daemon died" >&2; exit 1; }
   sleep 0.1
 done
-export CELLA_UI_URL="http://127.0.0.1:$PORT" CELLA_UI_KEY=$(cat "$DATA_DIR/admin.key") CELLA_UI_SHOTS="$SHOTS" CELLA_UI_CHROMIUM="$CHROMIUM"
+export CELLA_UI_URL="http://127.0.0.1:$PORT" CELLA_UI_KEY=$(cat "$DATA_DIR/admin.key") CELLA_UI_SHOTS="$SHOTS" CELLA_UI_CHROMIUM="$CHROMIUM" \
+  CELLA_UI_CELLA="$ROOT/bin/cella" CELLA_UI_CACHE_DIR="$CACHE_DIR"
 set +e
 node --test --test-concurrency=1 --test-reporter=spec console.test.mjs
 status=$?

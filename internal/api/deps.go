@@ -86,6 +86,10 @@ type Keys interface {
 type Templates interface {
 	Get(name string) (*template.Template, error)
 	List() ([]*template.Template, error)
+	// What listings say of a template: its source, layers and size.
+	SourceKind(t *template.Template) string
+	Stack(t *template.Template) []template.Layer
+	SizeOf(t *template.Template, stack []template.Layer) int64
 }
 
 // Volumes is what the API uses of the volume manager.

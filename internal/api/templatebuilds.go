@@ -348,6 +348,7 @@ type templateInfo struct {
 	BuildCount    int        `json:"buildCount"`
 	EnvdVersion   string     `json:"envdVersion"`
 	BuildStatus   string     `json:"buildStatus"`
+	templateStore            // cella's (templateinfo.go)
 }
 
 // listTemplates is GET /templates: the API templates the caller may see,
@@ -366,9 +367,15 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 			if status == "" {
 				status = builds.StatusWaiting
 			}
-			out = append(out, templateInfo{TemplateID: t.ID, BuildID: t.Latest.ID, CPUCount: t.Latest.CPUCount, MemoryMB: t.Latest.MemoryMB,
+			info := templateInfo{TemplateID: t.ID, BuildID: t.Latest.ID, CPUCount: t.Latest.CPUCount, MemoryMB: t.Latest.MemoryMB,
 				Public: t.Public, Aliases: []string{t.Alias}, Names: t.Names, CreatedAt: t.CreatedAt.UTC(), UpdatedAt: t.UpdatedAt.UTC(),
-				BuildCount: t.BuildCount, EnvdVersion: agentapi.Version, BuildStatus: status})
+				BuildCount: t.BuildCount, EnvdVersion: agentapi.Version, BuildStatus: status}
+			// The build a create of it starts from (its default tag, else
+			// its newest ready build), as Sandbox.create resolves it.
+			if name, _, err := s.cfg.Builds.Resolve(r.Context(), buildCaller(r), t.ID); err == nil {
+				info.templateStore = s.describeTemplate(name, nil)
+			}
+			out = append(out, info)
 		}
 	}
 	tpls, err := s.cfg.Templates.List()
@@ -381,7 +388,8 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		out = append(out, templateInfo{TemplateID: t.Name, BuildID: t.Image, Public: true, Aliases: []string{t.Name}, Names: []string{t.Name},
-			CreatedAt: t.Created.UTC(), UpdatedAt: t.Created.UTC(), BuildCount: 1, EnvdVersion: agentapi.Version, BuildStatus: builds.StatusReady})
+			CreatedAt: t.Created.UTC(), UpdatedAt: t.Created.UTC(), BuildCount: 1, EnvdVersion: agentapi.Version, BuildStatus: builds.StatusReady,
+			templateStore: s.describeTemplate(t.Name, t)})
 	}
 	writeJSON(w, http.StatusOK, out)
 }

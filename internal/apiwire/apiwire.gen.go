@@ -431,6 +431,54 @@ func (e TemplateBuildInfoStatus) Valid() bool {
 	}
 }
 
+// Defines values for TemplateLayerKind.
+const (
+	TemplateLayerFinalize TemplateLayerKind = "finalize"
+	TemplateLayerLayer    TemplateLayerKind = "layer"
+	TemplateLayerRootfs   TemplateLayerKind = "rootfs"
+)
+
+// Valid indicates whether the value is a known member of the TemplateLayerKind enum.
+func (e TemplateLayerKind) Valid() bool {
+	switch e {
+	case TemplateLayerFinalize:
+		return true
+	case TemplateLayerLayer:
+		return true
+	case TemplateLayerRootfs:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for TemplateSourceKind.
+const (
+	TemplateSourceBuild       TemplateSourceKind = "build"
+	TemplateSourceBuiltin     TemplateSourceKind = "builtin"
+	TemplateSourceDebootstrap TemplateSourceKind = "debootstrap"
+	TemplateSourceImage       TemplateSourceKind = "image"
+	TemplateSourceImport      TemplateSourceKind = "import"
+)
+
+// Valid indicates whether the value is a known member of the TemplateSourceKind enum.
+func (e TemplateSourceKind) Valid() bool {
+	switch e {
+	case TemplateSourceBuild:
+		return true
+	case TemplateSourceBuiltin:
+		return true
+	case TemplateSourceDebootstrap:
+		return true
+	case TemplateSourceImage:
+		return true
+	case TemplateSourceImport:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for VolumeEntryStatType.
 const (
 	Directory VolumeEntryStatType = "directory"
@@ -1666,12 +1714,30 @@ type Template struct {
 
 	// LastSpawnedAt Always null.
 	LastSpawnedAt time.Time `json:"lastSpawnedAt"`
-	MemoryMB      int       `json:"memoryMB"`
-	Names         []string  `json:"names"`
-	Public        bool      `json:"public"`
+
+	// LayerCount The layers a sandbox of it stacks (absent without an image).
+	LayerCount int `json:"layerCount,omitempty,omitzero"`
+
+	// Layers Those layers, top first.
+	Layers   []TemplateLayer `json:"layers,omitempty,omitzero"`
+	MemoryMB int             `json:"memoryMB"`
+	Names    []string        `json:"names"`
+	Public   bool            `json:"public"`
+
+	// SizeBytes Bytes its layers hold on disk (absent without an image).
+	SizeBytes int64 `json:"sizeBytes,omitempty,omitzero"`
+
+	// Source What a template's image was made from (absent without an image).
+	Source TemplateSource `json:"source,omitempty,omitzero"`
 
 	// SpawnCount Always 0.
 	SpawnCount int `json:"spawnCount"`
+
+	// StoreName The template-store (cache) name a create of the template starts
+	// from: an API template's build as `Sandbox.create` resolves it
+	// (`e2b.<templateID>.<buildID>`; absent while it has no ready
+	// build), a machine template's own name.
+	StoreName string `json:"storeName,omitempty,omitzero"`
 
 	// TemplateID The template's ID (a machine template's name).
 	TemplateID string    `json:"templateID"`
@@ -1747,6 +1813,17 @@ type TemplateBuildStartV2 struct {
 	Steps        []TemplateStep `json:"steps,omitempty,omitzero"`
 }
 
+// TemplateLayer One layer of a template's stack.
+type TemplateLayer struct {
+	// ID A layer's diffID, or `<image key>/rootfs`, `<image key>/finalize`.
+	ID        string            `json:"id"`
+	Kind      TemplateLayerKind `json:"kind"`
+	SizeBytes int64             `json:"sizeBytes"`
+}
+
+// TemplateLayerKind defines model for TemplateLayer.Kind.
+type TemplateLayerKind string
+
 // TemplateRequestResponseV3 E2B's TemplateRequestResponseV3.
 type TemplateRequestResponseV3 struct {
 	Aliases []string `json:"aliases"`
@@ -1758,6 +1835,35 @@ type TemplateRequestResponseV3 struct {
 	Tags       []string `json:"tags"`
 	TemplateID string   `json:"templateID"`
 }
+
+// TemplateSource What a template's image was made from (absent without an image).
+type TemplateSource struct {
+	// Description In words, as `cella template ls` says it.
+	Description string `json:"description"`
+
+	// Digest That image's manifest digest.
+	Digest string `json:"digest,omitempty,omitzero"`
+
+	// ImageRef The OCI image it is (or stacks on), by digest.
+	ImageRef string `json:"imageRef,omitempty,omitzero"`
+
+	// Kind `builtin`: a builtin recipe (Debian packages, built on first use);
+	// `debootstrap`: `cella template build --debootstrap`; `image`: an
+	// OCI image; `build`: steps run by the build engine (a Dockerfile,
+	// E2B's build API) on `imageRef` if it stacks on an image;
+	// `import`: `cella template import`.
+	Kind TemplateSourceKind `json:"kind"`
+
+	// Packages A recipe's Debian packages.
+	Packages []string `json:"packages,omitempty,omitzero"`
+}
+
+// TemplateSourceKind `builtin`: a builtin recipe (Debian packages, built on first use);
+// `debootstrap`: `cella template build --debootstrap`; `image`: an
+// OCI image; `build`: steps run by the build engine (a Dockerfile,
+// E2B's build API) on `imageRef` if it stacks on an image;
+// `import`: `cella template import`.
+type TemplateSourceKind string
 
 // TemplateStep E2B's TemplateStep. COPY steps' `forceUpload`, `resolveSymlinks` and
 // `gzip` keys are ignored (the archive's format is detected).

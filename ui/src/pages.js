@@ -61,20 +61,30 @@ export function templatesView() {
   const tbody = h('tbody');
   const st = status('templates-status');
   page('Templates',
-    h('p', { class: 'muted note' }, 'The templates on this machine (built with cella template on the host), with their warm pools. '
+    h('p', { class: 'muted note' }, 'The templates this key may use: those built over the API and this machine\'s (builtins, images, '
+      + 'cella template builds), with what each was made from, its size and layers, and its warm pool. '
       + 'Start a sandbox from one here or on the Sandboxes page.'),
-    table('templates', ['Template', 'Aliases', 'Build', 'Warm pool', ''], tbody), st.el,
+    table('templates', ['Template', 'Aliases', 'Source', 'Size', 'Layers', 'Build', 'Warm pool', ''], tbody), st.el,
     buildForm());
   refresher(st, async () => {
     const [ts, pools] = await Promise.all([api('GET', '/templates'), api('GET', '/pools').catch(() => [])]);
     const pool = new Map(pools.map((p) => [p.template, p]));
     tbody.replaceChildren(...ts.map((t) => {
-      const p = pool.get(t.templateID);
+      // Pools are kept by template-store name (an API template's build's).
+      const p = pool.get(t.templateID) || (t.storeName && pool.get(t.storeName));
       const btn = h('button', { class: 'small create' }, 'Create sandbox');
       btn.onclick = () => act(btn, 'Create', () => createFrom(t.templateID));
-      return h('tr', { dataset: { template: t.templateID } },
-        h('td', { class: 'mono name' }, t.templateID),
+      const src = t.source;
+      const layers = t.layers || [];
+      return h('tr', { dataset: { template: t.templateID, store: t.storeName || '', size: String(t.sizeBytes || 0), layers: String(t.layerCount || 0) } },
+        h('td', { class: 'mono name' }, t.templateID,
+          t.storeName && t.storeName !== t.templateID ? h('div', { class: 'muted store', title: 'its name in the template store' }, t.storeName) : null),
         h('td', {}, (t.aliases || []).filter((a) => a !== t.templateID).join(', ') || '—'),
+        h('td', { class: 'source', dataset: { kind: src ? src.kind : '' }, title: src && src.digest ? src.digest : '' },
+          src ? `${src.kind}: ${src.description}` : '—'),
+        h('td', { class: 'size' }, t.sizeBytes ? fmtBytes(t.sizeBytes) : '—'),
+        h('td', { class: 'layers', title: layers.map((l) => `${l.kind} ${l.id} (${fmtBytes(l.sizeBytes)})`).join('\n') },
+          t.layerCount ? String(t.layerCount) : '—'),
         h('td', { class: 'build' }, t.buildStatus ? `${t.buildStatus}${t.buildCount ? ` (${plural(t.buildCount, 'build')})` : ''}` : '—'),
         h('td', {}, p ? `${p.ready} ready of ${p.size}` : '—'),
         h('td', {}, btn));
