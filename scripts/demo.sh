@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 cella=$PWD/bin/cella
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-if ! $cella template ls 2>/dev/null | grep -q '^base '; then
+if ! $cella template ls --local 2>/dev/null | grep -q '^base '; then
   say "building the base template from Debian packages (first run only, about a minute)"
   $cella template ensure base
 fi

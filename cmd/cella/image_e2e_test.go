@@ -114,7 +114,7 @@ func TestCLIImageTemplates(t *testing.T) {
 	if !strings.Contains(progress, "added user user") || !strings.Contains(progress, "shell /bin/sh") {
 		t.Fatalf("finalize of nobash:\n%s", progress)
 	}
-	if out, _ := tpl("ls"); !strings.Contains(out, reg.Ref("python@sha256:")) || !strings.Contains(out, "pyarchive") || !strings.Contains(out, "nobash") {
+	if out, _ := tpl("ls", "--local"); !strings.Contains(out, reg.Ref("python@sha256:")) || !strings.Contains(out, "pyarchive") || !strings.Contains(out, "nobash") {
 		t.Fatalf("template ls:\n%s", out)
 	}
 
@@ -143,7 +143,7 @@ func TestCLIImageTemplates(t *testing.T) {
 			}
 			// rm is refused while a sandbox uses the template.
 			id := strings.TrimSpace(d.mustCella("create", "--template", "pyarchive", "--timeout", "5m"))
-			cmd := exec.Command(bin, "template", "--cache-dir", cache, "rm", "pyarchive")
+			cmd := exec.Command(bin, "template", "--cache-dir", cache, "rm", "--local", "pyarchive")
 			if b, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(b), "used by 1 sandbox") || !strings.Contains(string(b), id) {
 				t.Fatalf("rm while in use: %v %s", err, b)
 			}
@@ -161,7 +161,7 @@ func TestCLIImageTemplates(t *testing.T) {
 			d.mustCella("snapshot", "rm", snap)
 		})
 	}
-	tpl("rm", "pyarchive", "nobash", "py", "hub")
+	tpl("rm", "--local", "pyarchive", "nobash", "py", "hub")
 	// Nothing uses the layers any more: the store is empty.
 	ents, _ := os.ReadDir(filepath.Join(cache, "layers", "sha256"))
 	imgs, _ := os.ReadDir(filepath.Join(cache, "images"))

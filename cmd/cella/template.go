@@ -1,12 +1,9 @@
 package main
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
-	"text/tabwriter"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/spf13/cobra"
@@ -160,70 +157,7 @@ recipe).`,
 			return nil
 		},
 	}
-	var asJSON bool
-	ls := &cobra.Command{
-		Use:   "ls",
-		Short: "List templates: source, digest, size and layers",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := store()
-			if err != nil {
-				return err
-			}
-			list, err := s.List()
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				type row struct {
-					*template.Template
-					Source string   `json:"source"`
-					Lowers []string `json:"lowers"`
-				}
-				rows := []row{}
-				for _, t := range list {
-					rows = append(rows, row{t, t.Describe(), t.Lowers()})
-				}
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(rows)
-			}
-			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSOURCE\tDIGEST\tSIZE\tLAYERS\tUSER\tCREATED")
-			for _, t := range list {
-				digest, size := "-", "-"
-				if t.Digest != "" {
-					digest = strings.TrimPrefix(t.Digest, "sha256:")[:12]
-				}
-				if t.Size > 0 {
-					size = fmt.Sprintf("%d MiB", t.Size>>20)
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", t.Name, t.Describe(), digest, size, len(t.Lowers()), t.User, t.Created.Format("2006-01-02 15:04"))
-			}
-			return tw.Flush()
-		},
-	}
-	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON (layers and lower dirs included)")
-	rm := &cobra.Command{
-		Use:   "rm NAME...",
-		Short: "Remove templates (refused while sandboxes use them); layers no template uses are garbage-collected",
-		Args:  cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			s, err := store()
-			if err != nil {
-				return err
-			}
-			var errs []error
-			for _, name := range args {
-				if err := s.Delete(name); err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				fmt.Println(name)
-			}
-			return errors.Join(errs...)
-		},
-	}
+	ls, rm := newTemplateLsCmd(store), newTemplateRmCmd(store) // templatels.go
 	ensure := &cobra.Command{
 		Use:     "ensure [NAME...]",
 		Aliases: []string{"ensure-base"},

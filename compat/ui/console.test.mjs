@@ -456,10 +456,10 @@ test('kill the sandbox and see it gone from the list', async () => {
 });
 
 // storeTemplates is what the template store itself reports, read on the
-// host without the daemon (cella template ls --json): by cache name.
+// host without the daemon (cella template ls --local --json): by cache name.
 function storeTemplates() {
   assert.ok(CELLA, 'CELLA_UI_CELLA must name bin/cella (use run.sh)');
-  const out = execFileSync(CELLA, ['template', 'ls', '--json', '--cache-dir', CACHE_DIR], { encoding: 'utf8' });
+  const out = execFileSync(CELLA, ['template', 'ls', '--local', '--json', '--cache-dir', CACHE_DIR], { encoding: 'utf8' });
   return new Map(JSON.parse(out).map((t) => [t.name, t]));
 }
 

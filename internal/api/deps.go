@@ -86,6 +86,8 @@ type Keys interface {
 type Templates interface {
 	Get(name string) (*template.Template, error)
 	List() ([]*template.Template, error)
+	// Delete removes a name (ErrInUse while sandboxes of it run or are paused).
+	Delete(name string) error
 	// What listings say of a template: its source, layers and size.
 	SourceKind(t *template.Template) string
 	Stack(t *template.Template) []template.Layer

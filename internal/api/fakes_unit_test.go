@@ -258,7 +258,10 @@ type fakeTemplates struct{}
 func (fakeTemplates) Get(name string) (*template.Template, error) {
 	return nil, errdefs.NotFound("template %q not found", name)
 }
-func (fakeTemplates) List() ([]*template.Template, error)               { return nil, nil }
+func (fakeTemplates) List() ([]*template.Template, error) { return nil, nil }
+func (fakeTemplates) Delete(name string) error {
+	return errdefs.NotFound("template %q not found", name)
+}
 func (fakeTemplates) SourceKind(*template.Template) string              { return "" }
 func (fakeTemplates) Stack(*template.Template) []template.Layer         { return nil }
 func (fakeTemplates) SizeOf(*template.Template, []template.Layer) int64 { return 0 }

@@ -79,9 +79,9 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 }
 
 // deleteTemplate is E2B's DELETE /templates/{id}, which the SDK's
-// deleteSnapshot and `e2b template delete` call: snapshots and templates
-// built over the API are deleted; this machine's templates are managed
-// with `cella template`.
+// deleteSnapshot, `e2b template delete` and `cella template rm` call:
+// snapshots and templates built over the API are deleted, and this
+// machine's templates for the admin key (templatedelete.go).
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if s.cfg.Manager.IsSnapshot(r.Context(), caller(r), id) {
@@ -93,7 +93,7 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if s.cfg.Builds != nil { // a template built over the API (templatebuilds.go)
-		if ours, err := s.cfg.Builds.Delete(r.Context(), buildCaller(r), id); ours {
+		if ours, err := s.cfg.Builds.Delete(r.Context(), buildCaller(r), id, s.poolHolding); ours {
 			if err != nil {
 				s.writeErr(w, r, err)
 				return
@@ -104,7 +104,11 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.cfg.Templates != nil && !builds.IsStoreName(id) {
 		if _, err := s.cfg.Templates.Get(id); err == nil {
-			s.writeErr(w, r, errdefs.NotImplemented("template %q cannot be deleted over the API (use: cella template rm)", id))
+			if err := s.deleteMachineTemplate(r, id); err != nil {
+				s.writeErr(w, r, err)
+				return
+			}
+			w.WriteHeader(http.StatusNoContent)
 			return
 		}
 	}

@@ -792,8 +792,10 @@ func (s *Service) List(ctx context.Context, c Caller) ([]Info, error) {
 }
 
 // Delete removes the caller's template (ID or alias), its builds' images
-// and its records. ours=false: ref is no API template of the caller's.
-func (s *Service) Delete(ctx context.Context, c Caller, ref string) (ours bool, err error) {
+// and its records; held, if not nil, says why a build's store name must
+// stay (a warm pool keeps sandboxes of it), refusing the delete before
+// anything is removed. ours=false: ref is no API template of the caller's.
+func (s *Service) Delete(ctx context.Context, c Caller, ref string, held func(storeName string) error) (ours bool, err error) {
 	t, _, err := s.findTemplate(ctx, c, ref, true)
 	if err != nil {
 		return false, nil
@@ -806,10 +808,19 @@ func (s *Service) Delete(ctx context.Context, c Caller, ref string) (ours bool, 
 		if b.Status == StatusBuilding {
 			return true, errdefs.Conflict("template %q has a build in progress (%s): wait for it to end", t.Alias, b.ID)
 		}
+		if held != nil {
+			if err := held(b.StoreName); err != nil {
+				return true, err
+			}
+		}
 	}
 	for _, b := range bs {
 		err := s.cfg.Templates.Delete(b.StoreName)
+		var inUse *template.InUseError
 		switch {
+		case errors.As(err, &inUse):
+			return true, errdefs.InvalidArgument("template %q is used by %d sandbox(es) (%s): kill them first (build %s)", t.Alias,
+				len(inUse.Sandboxes), strings.Join(inUse.Sandboxes, ", "), b.ID)
 		case errors.Is(err, template.ErrInUse):
 			return true, errdefs.InvalidArgument("template %q is used by sandboxes: kill them first (build %s)", t.Alias, b.ID)
 		case err != nil && !errors.Is(err, template.ErrNotFound):

@@ -64,6 +64,20 @@ var ErrNotFound = errors.New("template not found")
 // ErrInUse is returned by Delete for a template sandboxes still use.
 var ErrInUse = errors.New("template in use")
 
+// InUseError is Delete's refusal (errors.Is ErrInUse): the sandboxes, of
+// any daemon sharing the cache, that run or are paused on the name.
+type InUseError struct {
+	Name      string
+	Sandboxes []string
+}
+
+func (e *InUseError) Error() string {
+	return fmt.Sprintf("template %q is used by %d sandbox(es) (%s): kill them first", e.Name, len(e.Sandboxes), strings.Join(e.Sandboxes, ", "))
+}
+
+// Is makes an InUseError an ErrInUse.
+func (e *InUseError) Is(target error) bool { return target == ErrInUse }
+
 // Defaults for templates and the store.
 const (
 	DefaultCacheDir = "/var/cache/cella"
@@ -451,7 +465,7 @@ func (s *Store) Delete(name string) error {
 	if err == nil {
 		var users []string
 		if users, err = s.sandboxesUsing(name, rec.Image); err == nil && len(users) > 0 {
-			err = fmt.Errorf("template %q is used by %d sandbox(es) (%s): kill them first: %w", name, len(users), strings.Join(users, ", "), ErrInUse)
+			err = &InUseError{Name: name, Sandboxes: users}
 		}
 	}
 	if err == nil {
