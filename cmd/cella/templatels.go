@@ -1,7 +1,7 @@
 package main
 
 import (
-	"encoding/json"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -32,18 +32,12 @@ func newTemplateLsCmd(store func() (*template.Store, error)) *cobra.Command {
 			if local {
 				return listLocalTemplates(store, asJSON)
 			}
-			c, err := newClient()
-			if err != nil {
-				return err
-			}
-			list, err := c.ListTemplates(cmd.Context())
+			_, list, err := daemonTemplates(cmd.Context())
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(list)
+				return printJSON(list)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tID\tCACHE NAME\tSOURCE\tSIZE\tLAYERS\tSTATUS")
@@ -64,6 +58,16 @@ func newTemplateLsCmd(store func() (*template.Store, error)) *cobra.Command {
 	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON (the daemon's GET /templates; with --local the cache's records, lower dirs included)")
 	ls.Flags().BoolVar(&local, "local", false, "list the template cache on this host by cache names, without the daemon")
 	return ls
+}
+
+// daemonTemplates is the daemon's GET /templates, with the client.
+func daemonTemplates(ctx context.Context) (*client.Client, []client.Template, error) {
+	c, err := newClient()
+	if err != nil {
+		return nil, nil, err
+	}
+	list, err := c.ListTemplates(ctx)
+	return c, list, err
 }
 
 // userName is how users name a template: an API template's alias, a
@@ -115,9 +119,7 @@ func listLocalTemplates(store func() (*template.Store, error), asJSON bool) erro
 		for _, t := range list {
 			rows = append(rows, row{t, t.Describe(), t.Lowers()})
 		}
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rows)
+		return printJSON(rows)
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tSOURCE\tDIGEST\tSIZE\tLAYERS\tUSER\tCREATED")
@@ -150,11 +152,7 @@ are still checked; warm pools and API templates are the daemon's).`,
 			if local {
 				return removeLocalTemplates(store, args)
 			}
-			c, err := newClient()
-			if err != nil {
-				return err
-			}
-			list, err := c.ListTemplates(cmd.Context())
+			c, list, err := daemonTemplates(cmd.Context())
 			if err != nil {
 				return err
 			}
