@@ -150,6 +150,13 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	}
 	d.Templates = tpls
 	tpls.Registry, tpls.Layers.MaxLayerSize = c.Registry, c.MaxLayerSize
+	// While this daemon runs no cella's GC removes its builtin recipes'
+	// images (other versions sharing the cache have their own).
+	releaseBuiltins, err := tpls.HoldBuiltins()
+	if err != nil {
+		return nil, err
+	}
+	d.add("builtin template hold", func() error { releaseBuiltins(); return nil })
 	// Leftovers of pulls that crashed and leases of sandboxes that are gone.
 	if res, err := tpls.GC(); err != nil {
 		log.Warn("template cache garbage collection", "err", err)

@@ -1,13 +1,18 @@
 package template
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 )
 
 func TestCodeInterpreterRecipe(t *testing.T) {
@@ -94,5 +99,202 @@ func TestGrantSudo(t *testing.T) {
 	b, _ := os.ReadFile(filepath.Join(root, sudoersFile))
 	if string(b) != "user ALL=(ALL:ALL) NOPASSWD: ALL\n" {
 		t.Fatalf("sudoers = %q", b)
+	}
+}
+
+// seedRecipeImage leaves recipe r's image in s's cache, unnamed, as a
+// debootstrap build of it leaves it (what EnsureNamed then finds cached):
+// without debootstrap, which a test cannot afford twice.
+func seedRecipeImage(t *testing.T, s *Store, r Recipe) {
+	t.Helper()
+	tmp, err := s.tempImageDir(".build-" + r.Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tinyRoot(t), filepath.Join(tmp, "rootfs")); err != nil {
+		t.Fatal(err)
+	}
+	meta := newTemplate(r.Key())
+	meta.Recipe = &r
+	meta.Size = dirSize(filepath.Join(tmp, "rootfs"))
+	if err := writeImageMeta(tmp, meta); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, s.imageDir(r.Key())); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// holdEnv makes the test binary a daemon stand-in that holds its builtins
+// (recipe: the packages in the variable) on the cache dir, then waits to
+// be killed (TestBuiltinPerRecipe).
+const holdEnv = "CELLA_TEST_HOLD_BUILTINS"
+
+func TestHoldBuiltinsChild(t *testing.T) {
+	spec := os.Getenv(holdEnv)
+	if spec == "" {
+		t.Skip("run by TestBuiltinPerRecipe")
+	}
+	dir, pkgs, _ := strings.Cut(spec, "|")
+	s, err := NewStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Builtins = map[string]Builtin{BaseName: {Recipe: Recipe{Suite: "bookworm", Packages: strings.Split(pkgs, ",")}}}
+	if _, err := s.HoldBuiltins(); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println("held")
+	select {} // until killed
+}
+
+// Two cella versions with different recipes of the builtin base share one
+// cache: each resolves base to its own recipe's image, in turns, and
+// neither flips the other (no shared name is written; an older cella's
+// names/base.json changes nothing). An image stays while a daemon of its
+// recipe runs (its hold, in another process too), while a sandbox of any
+// daemon leases it, and for the grace period after its recipe was last
+// used; then the GC collects it.
+func TestBuiltinPerRecipe(t *testing.T) {
+	dir := t.TempDir()
+	rA := Recipe{Suite: "bookworm", Packages: []string{"bash", "curl"}}
+	rB := Recipe{Suite: "bookworm", Packages: []string{"bash", "git"}}
+	store := func(r Recipe) *Store {
+		s, err := NewStore(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Builtins = map[string]Builtin{BaseName: {Recipe: r}}
+		return s
+	}
+	a, b := store(rA), store(rB)
+	seedRecipeImage(t, a, rA)
+	seedRecipeImage(t, b, rB)
+	ctx := context.Background()
+	want := func(s *Store, r Recipe) *Template {
+		t.Helper()
+		got, err := s.EnsureNamed(ctx, BaseName, nil)
+		if err != nil || got.Image != r.Key() || got.Name != BaseName {
+			t.Fatalf("EnsureNamed(base) = %+v, %v; want image %s", got, err, r.Key())
+		}
+		if got, err := s.Get(BaseName); err != nil || got.Image != r.Key() {
+			t.Fatalf("Get(base) = %+v, %v; want image %s", got, err, r.Key())
+		}
+		return got
+	}
+	for range 2 { // in turns: nothing flips
+		want(a, rA)
+		want(b, rB)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "names", "base.json")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a shared name was written: %v", err)
+	}
+	// An older cella points the shared name at its own recipe's image.
+	if err := os.WriteFile(filepath.Join(dir, "names", "base.json"), []byte(`{"image":"`+rB.Key()+`"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want(a, rA)
+	want(b, rB)
+	list, err := a.List()
+	if err != nil || len(list) != 1 || list[0].Name != BaseName || list[0].Image != rA.Key() {
+		t.Fatalf("List: %+v, %v", list, err)
+	}
+
+	exists := func(r Recipe) bool {
+		_, err := os.Stat(a.imageDir(r.Key()))
+		return err == nil
+	}
+	backdate := func(rs ...Recipe) {
+		t.Helper()
+		old := time.Now().Add(-DefaultBuiltinGrace - time.Hour)
+		for _, r := range rs {
+			if err := os.Chtimes(a.rootPath(BaseName, r.Key()), old, old); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	gc := func() {
+		t.Helper()
+		if _, err := a.GC(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Used within the grace period, held by nobody: both stay.
+	gc()
+	if !exists(rA) || !exists(rB) {
+		t.Fatal("an image used within the grace period was collected")
+	}
+
+	// A runs (this process holds A's recipe), B's daemon runs in another
+	// process; both last used long ago.
+	relA, err := a.HoldBuiltins()
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := exec.Command(os.Args[0], "-test.run=^TestHoldBuiltinsChild$", "-test.count=1")
+	child.Env = append(os.Environ(), holdEnv+"="+dir+"|"+strings.Join(rB.Packages, ","))
+	out, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { child.Process.Kill(); child.Wait() })
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "held\n" {
+		t.Fatalf("child: %q %v", line, err)
+	}
+	backdate(rA, rB)
+	gc()
+	if !exists(rA) || !exists(rB) {
+		t.Fatal("an image a running daemon holds was collected")
+	}
+	if err := a.Delete(BaseName); !errors.Is(err, ErrInUse) {
+		t.Fatalf("Delete of a held builtin: %v", err)
+	}
+
+	// B's daemon dies (kill -9: no release). Its recipe's image is still
+	// leased by a sandbox of it, and named by the older cella.
+	tb := want(b, rB)
+	sandbox := t.TempDir()
+	if _, err := b.Acquire(sandbox, tb); err != nil {
+		t.Fatal(err)
+	}
+	child.Process.Kill()
+	child.Wait()
+	backdate(rB)
+	gc()
+	if !exists(rB) {
+		t.Fatal("a leased image was collected")
+	}
+	if ents, _ := os.ReadDir(filepath.Join(dir, "builtins")); len(ents) != 1 {
+		t.Fatalf("the dead daemon's hold is still there: %v", ents)
+	}
+	if err := os.Remove(filepath.Join(dir, "names", "base.json")); err != nil { // the older cella's name goes
+		t.Fatal(err)
+	}
+	gc()
+	if !exists(rB) {
+		t.Fatal("a leased image was collected")
+	}
+	os.RemoveAll(sandbox) // the sandbox is gone
+	gc()
+	if exists(rB) || !exists(rA) {
+		t.Fatalf("after B's last use: A %v, B %v; want only A", exists(rA), exists(rB))
+	}
+	if _, err := b.Get(BaseName); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("B's base after its image was collected: %v", err)
+	}
+
+	// A stops: the grace period starts from then.
+	relA()
+	gc()
+	if !exists(rA) {
+		t.Fatal("the image of a daemon that just stopped was collected")
+	}
+	backdate(rA)
+	gc()
+	if exists(rA) {
+		t.Fatal("an image unused past the grace period was kept")
 	}
 }

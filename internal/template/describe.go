@@ -20,7 +20,7 @@ func (s *Store) SourceKind(t *Template) string {
 	case t.Ref != "":
 		return SourceImage
 	case t.Recipe != nil:
-		if b, ok := Builtins[t.Name]; ok && b.Recipe.Key() == t.Image {
+		if b, ok := s.Builtin(t.Name); ok && b.Recipe.Key() == t.Image {
 			return SourceBuiltin
 		}
 		return SourceDebootstrap

@@ -219,6 +219,9 @@ func (s *Store) GC() (GCResult, error) {
 		return res, err
 	}
 	keep := map[string]bool{}
+	// Builtin recipes' images no daemon holds and none used lately lose
+	// their roots first (builtins.go).
+	s.dropStaleRoots()
 	leases, err := s.readLeases()
 	if err == nil {
 		for _, l := range leases {

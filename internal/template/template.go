@@ -11,6 +11,8 @@
 //	images/<key>/finalize/   an OCI image's finalize layer (user account, home)
 //	images/<key>/image.json  the image's metadata (Template without Name)
 //	names/<name>.json        {"image": "<key>"}: which image a name points at
+//	names/.builtin-*.json    the roots of builtin recipes' images (builtins.go)
+//	builtins/holder-*.json   the recipe keys of running daemons, flocked (builtins.go)
 //	layers/                  the layer store: OCI image layers by diffID
 //	leases/<hash>.json       which image a sandbox or snapshot directory uses (lease.go)
 //	tmp/                     what a pull reads an oci-archive into
@@ -39,7 +41,6 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
-	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -288,6 +289,12 @@ type Store struct {
 	Layers *layerstore.Store
 	// Registry says how registries are reached (mirrors, plain HTTP).
 	Registry image.Hosts
+	// Builtins are the builtin templates of this cella (nil: the package's
+	// Builtins); each resolves to its own recipe's image (builtins.go).
+	Builtins map[string]Builtin
+	// BuiltinGrace is how long a builtin recipe's image no running daemon
+	// holds is kept after its last use (0: DefaultBuiltinGrace).
+	BuiltinGrace time.Duration
 
 	mu sync.Mutex // serializes changes within this process; flock across processes
 }
@@ -338,10 +345,19 @@ type nameRecord struct {
 }
 
 // Get returns the template called name, or an error wrapping ErrNotFound.
+// A builtin's name is its own recipe's image (builtins.go).
 func (s *Store) Get(name string) (*Template, error) {
 	if !nameRE.MatchString(name) {
 		return nil, fmt.Errorf("template %q: %w", name, ErrNotFound)
 	}
+	if b, ok := s.Builtin(name); ok {
+		return s.getBuiltin(name, b)
+	}
+	return s.getNamed(name)
+}
+
+// getNamed is what names/<name>.json points at.
+func (s *Store) getNamed(name string) (*Template, error) {
 	b, err := os.ReadFile(filepath.Join(s.namesDir(), name+".json"))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("template %q: %w", name, ErrNotFound)
@@ -363,7 +379,7 @@ func (s *Store) Get(name string) (*Template, error) {
 	if t.Services == nil {
 		// A builtin name built by hand (cella template build
 		// code-interpreter-v1 ...) still gets its services.
-		t.Services = Builtins[name].Services
+		t.Services = s.builtins()[name].Services
 	}
 	return t, nil
 }
@@ -431,12 +447,16 @@ func (s *Store) List() ([]*Template, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list templates: %w", err)
 	}
-	var out []*Template
+	names := s.builtinNames() // listed while their recipe's image exists
 	for _, e := range ents {
 		name, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok || strings.HasPrefix(name, ".") {
-			continue
+		if ok && !strings.HasPrefix(name, ".") && !slices.Contains(names, name) {
+			names = append(names, name)
 		}
+	}
+	slices.Sort(names)
+	var out []*Template
+	for _, name := range names {
 		t, err := s.Get(name)
 		if errors.Is(err, ErrNotFound) {
 			continue // name points at a removed image
@@ -462,14 +482,40 @@ func (s *Store) Delete(name string) error {
 	}
 	p := filepath.Join(s.namesDir(), name+".json")
 	rec, err := readNameRecord(p)
+	var root string
+	if b, ok := s.Builtin(name); ok && (err != nil || s.isRecipeImage(rec.Image)) {
+		// The builtin is its recipe's image (builtins.go): its root goes,
+		// and the name too if an older cella pointed it at that image.
+		key := b.Recipe.Key()
+		if _, serr := os.Stat(s.imageDir(key)); serr != nil {
+			unlock()
+			return fmt.Errorf("template %q: %w", name, ErrNotFound)
+		}
+		if s.heldKeys()[key] {
+			unlock()
+			return fmt.Errorf("template %q is builtin recipe image %s, which a running daemon holds: it is collected %s after the last daemon of that recipe stops: %w",
+				name, key, s.grace(), ErrInUse)
+		}
+		if err != nil || rec.Image != key {
+			p = ""
+		}
+		root, rec.Image, err = s.rootPath(name, key), key, nil
+	}
 	if err == nil {
 		var users []string
 		if users, err = s.sandboxesUsing(name, rec.Image); err == nil && len(users) > 0 {
 			err = &InUseError{Name: name, Sandboxes: users}
 		}
 	}
-	if err == nil {
-		err = os.Remove(p)
+	if err == nil && root != "" {
+		if err = os.Remove(root); errors.Is(err, fs.ErrNotExist) {
+			err = nil
+		}
+	}
+	if err == nil && p != "" {
+		if err = os.Remove(p); root != "" && errors.Is(err, fs.ErrNotExist) {
+			err = nil
+		}
 	}
 	unlock()
 	if errors.Is(err, fs.ErrNotExist) {
@@ -501,33 +547,30 @@ func (s *Store) EnsureBase(ctx context.Context, progress io.Writer) (*Template, 
 	return s.EnsureNamed(ctx, BaseName, progress)
 }
 
-// EnsureNamed returns the builtin template name, building it from its
-// recipe first if missing (an image of the same recipe is reused).
+// EnsureNamed returns the builtin template name, building its recipe's
+// image first if missing (an image of the same recipe is reused, whoever
+// built it). The image gets the builtin's root, never the shared name
+// (builtins.go): another cella's recipe of the builtin is left alone.
 func (s *Store) EnsureNamed(ctx context.Context, name string, progress io.Writer) (*Template, error) {
-	b, ok := Builtins[name]
+	b, ok := s.Builtin(name)
 	if !ok {
-		return nil, fmt.Errorf("template %q is not a builtin (builtins: %s): %w", name, strings.Join(slices.Sorted(maps.Keys(Builtins)), ", "), ErrNotFound)
+		return nil, fmt.Errorf("template %q is not a builtin (builtins: %s): %w", name, strings.Join(s.builtinNames(), ", "), ErrNotFound)
 	}
 	if t, err := s.Get(name); err == nil {
-		// A name still built from an older recipe of the builtin is rebuilt
-		// (cella's base gained packages); an imported image under a builtin
-		// name is the operator's choice and stays.
-		if t.Recipe == nil || t.Image == b.Recipe.Key() {
-			return t, nil
-		}
-		fmt.Fprintf(progress, "template %s: image %s is from an older recipe; building %s\n", name, t.Image, b.Recipe.Key())
+		return t, nil
 	} else if !errors.Is(err, ErrNotFound) {
 		return nil, err
 	}
-	if _, err := s.Build(ctx, name, b.Recipe, progress); err != nil {
+	if _, err := s.build(ctx, name, builtinRootPrefix+name+"-"+b.Recipe.Key(), b.Recipe, progress); err != nil {
 		return nil, err
 	}
-	if len(b.Services) > 0 {
-		if err := s.setServices(name, b.Services); err != nil {
-			return nil, fmt.Errorf("template %q: %w", name, err)
-		}
-	}
 	return s.Get(name)
+}
+
+// isRecipeImage says whether key is a debootstrap recipe's image.
+func (s *Store) isRecipeImage(key string) bool {
+	t, err := s.readImage(key)
+	return err == nil && t.Recipe != nil
 }
 
 // setServices records the services of a name.
@@ -579,6 +622,20 @@ func (s *Store) Build(ctx context.Context, name string, r Recipe, progress io.Wr
 	if !nameRE.MatchString(name) {
 		return nil, fmt.Errorf("invalid template name %q", name)
 	}
+	if b, ok := s.Builtin(name); ok {
+		// A builtin's name is its recipe's image (builtins.go): another
+		// recipe under it would never be used.
+		if r.Key() != b.Recipe.Key() {
+			return nil, fmt.Errorf("build template %q: it is a builtin, built from cella's own recipe (cella template ensure %s); give your recipe another name", name, name)
+		}
+		return s.EnsureNamed(ctx, name, progress)
+	}
+	return s.build(ctx, name, name, r, progress)
+}
+
+// build builds recipe r's image (name is for the progress lines) and
+// points installName at it.
+func (s *Store) build(ctx context.Context, name, installName string, r Recipe, progress io.Writer) (*Template, error) {
 	if err := r.Validate(); err != nil {
 		return nil, fmt.Errorf("build template %q: %w", name, err)
 	}
@@ -588,7 +645,7 @@ func (s *Store) Build(ctx context.Context, name string, r Recipe, progress io.Wr
 	key := r.Key()
 	if _, err := s.readImage(key); err == nil {
 		fmt.Fprintf(progress, "template %s: image %s is cached\n", name, key)
-		if err := s.install(name, key, ""); err != nil {
+		if err := s.install(installName, key, ""); err != nil {
 			return nil, fmt.Errorf("name template %q: %w", name, err)
 		}
 		return s.Get(name)
@@ -613,7 +670,7 @@ func (s *Store) Build(ctx context.Context, name string, r Recipe, progress io.Wr
 		}
 		defer os.RemoveAll(tmp)
 	}
-	if err := s.install(name, key, tmp); err != nil {
+	if err := s.install(installName, key, tmp); err != nil {
 		return nil, fmt.Errorf("name template %q: %w", name, err)
 	}
 	return s.Get(name)
