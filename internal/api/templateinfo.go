@@ -28,6 +28,11 @@ func (s *Server) describeTemplate(storeName string, t *template.Template) templa
 	}
 	src := apiwire.TemplateSource{Kind: apiwire.TemplateSourceKind(s.cfg.Templates.SourceKind(t)), Description: t.Describe(),
 		ImageRef: t.Ref, Digest: t.Digest}
+	if src.Kind == apiwire.TemplateSourceImport {
+		// Describe names the host directory it was imported from: not for
+		// every key to read.
+		src.Description = "import of a directory on the host"
+	}
 	if t.Recipe != nil && t.Base == "" {
 		src.Packages = t.Recipe.Packages
 	}

@@ -3,6 +3,8 @@ package api_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -59,6 +61,16 @@ func TestTemplateListStoreFields(t *testing.T) {
 		t.Fatal(err)
 	}
 	waiting := e.request(env.APIKey, "listed-waiting")
+	// An imported directory: its host path is the store's, not the API's.
+	src := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(src, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	imported := fmt.Sprintf("listed-import-%d", time.Now().UnixNano())
+	if _, err := tpls.Import(imported, src); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tpls.Delete(imported) })
 	// Removed even when a check fails: the template cache is shared.
 	t.Cleanup(func() {
 		for _, ref := range []string{"listed-fields", waiting.TemplateID} {
@@ -68,8 +80,10 @@ func TestTemplateListStoreFields(t *testing.T) {
 
 	var list []listedTemplate
 	body := e.json("GET", "/templates", env.APIKey, nil, 200, &list)
-	if strings.Contains(string(body), daemontest.CacheDir()) {
-		t.Fatalf("the answer names the cache dir %s: %s", daemontest.CacheDir(), body)
+	for _, host := range []string{daemontest.CacheDir(), src} {
+		if strings.Contains(string(body), host) {
+			t.Fatalf("the answer names the host path %s: %s", host, body)
+		}
 	}
 	byID := map[string]listedTemplate{}
 	for _, l := range list {
@@ -118,6 +132,11 @@ func TestTemplateListStoreFields(t *testing.T) {
 	if built.LayerCount != base.LayerCount+1 || built.Layers[0].Kind != "layer" || !strings.HasPrefix(built.Layers[0].ID, "sha256:") ||
 		built.Layers[len(built.Layers)-1].ID != base.Layers[0].ID || built.SizeBytes < base.SizeBytes {
 		t.Fatalf("built on base: %+v\nbase: %+v", built, base)
+	}
+
+	imp, ok := byID[imported]
+	if !ok || imp.Source == nil || imp.Source.Kind != template.SourceImport || imp.LayerCount != 1 || imp.Layers[0].Kind != "rootfs" {
+		t.Fatalf("imported template: %+v", imp)
 	}
 
 	w, ok := byID[waiting.TemplateID]
