@@ -134,6 +134,12 @@ func TestTemplateListStoreFields(t *testing.T) {
 		t.Fatalf("built on base: %+v\nbase: %+v", built, base)
 	}
 
+	// The build is one sample of the template build histogram, under its
+	// store name.
+	if n := histCount(e.scrape(t), "cella_template_build_duration_seconds", map[string]string{"template": built.StoreName, "runtime": runtime.GVisor}); n != 1 {
+		t.Errorf("cella_template_build_duration_seconds{template=%s}: count %d, want 1", built.StoreName, n)
+	}
+
 	imp, ok := byID[imported]
 	if !ok || imp.Source == nil || imp.Source.Kind != template.SourceImport || imp.LayerCount != 1 || imp.Layers[0].Kind != "rootfs" {
 		t.Fatalf("imported template: %+v", imp)
