@@ -57,6 +57,25 @@ describe('e2b@2.51.0 quotas', () => {
     janitor.track(await sdk('Sandbox.create (after the kill)', () => Sandbox.create({ apiKey: k.key, timeoutMs: 120_000 })))
   })
 
+  step('maxSandboxes 2: six concurrent Sandbox.create of one key → exactly two sandboxes, four RateLimitErrors, one exchange each', async ({ sdk, exchanges }) => {
+    const k = await newKey('conc', { maxSandboxes: 2 })
+    const results = await Promise.allSettled([1, 2, 3, 4, 5, 6].map((i) =>
+      sdk(`Sandbox.create (${i} of 6 at once)`, () => Sandbox.create({ apiKey: k.key, timeoutMs: 120_000 }))))
+    const made = results.filter((r) => r.status === 'fulfilled').map((r) => janitor.track(r.value))
+    const failed = results.filter((r) => r.status === 'rejected').map((r) => r.reason)
+    assert.equal(made.length, 2, `created ${made.length}; failures: ${failed.map((e) => `${e?.name}: ${e?.message}`).join('; ')}`)
+    assert.equal(failed.length, 4)
+    for (const err of failed) {
+      assert.ok(err instanceof RateLimitError, `expected a RateLimitError, got ${err?.name}: ${err?.message}`)
+      assert.match(err.message, /limit of 2 running sandboxes \(maxSandboxes/)
+    }
+    const creates = matching(exchanges(), 'POST', CREATE)
+    assert.equal(creates.filter((x) => x.status === 429).length, 4, 'no refusal was retried')
+    assert.equal(creates.filter((x) => x.status === 201).length, 2)
+    const listed = await sdk('Sandbox.list', () => Sandbox.list({ apiKey: k.key }).nextItems())
+    assert.deepEqual(listed.map((x) => x.sandboxId).sort(), made.map((x) => x.sandboxId).sort())
+  }, { timeout: 120_000 })
+
   step('createRate 1/h: the second Sandbox.create → RateLimitError with Retry-After beyond the SDK timeout (not retried)', async ({ sdk, exchanges }) => {
     const k = await newKey('rate', { createRate: '1/h' })
     janitor.track(await sdk('Sandbox.create (1st)', () => Sandbox.create({ apiKey: k.key, timeoutMs: 120_000 })))
