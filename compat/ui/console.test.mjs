@@ -3,10 +3,13 @@
 // watch its resource charts draw the daemon's samples, upload a file, read
 // its audit log, see the host overview, pause and resume it, snapshot it and
 // start a sandbox from the snapshot, kill it; then the resource pages as an
-// operator uses them: templates, warm pools (resize, ready), API keys (the
+// operator uses them: templates (source, size, layers; builds from a template
+// and from an image), warm pools (resize, ready, hand-outs and misses), API keys (the
 // secret shown once, quota, usage, revoke), secrets (never shown back) and
 // volumes. A screenshot of each step goes to CELLA_UI_SHOTS.
-// run.sh starts the daemon and sets CELLA_UI_URL, CELLA_UI_KEY, CELLA_UI_SHOTS.
+// run.sh starts the daemon (with a loopback registry as its docker.io mirror)
+// and sets CELLA_UI_URL, CELLA_UI_KEY, CELLA_UI_SHOTS, CELLA_UI_CELLA and
+// CELLA_UI_CACHE_DIR.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync, mkdtempSync, writeFileSync, readFileSync, rmSync } from 'node:fs';
@@ -555,7 +558,33 @@ test('build a template from the templates page and watch its log; a failing step
   for (const t of [ok.tid, bad.tid]) assert.equal((await call('DELETE', `/templates/${t}`)).status, 204);
 });
 
-test('size a warm pool and watch it fill, then remove it', async () => {
+test('build a template from an image on the templates page; its source names the image', async () => {
+  // stand-in:1 is Docker Hub's name; run.sh serves it on a loopback registry
+  // the daemon mirrors docker.io to.
+  const run = `${process.pid}-${Date.now()}`;
+  await go('#/templates', '#build-form');
+  await page.locator('#build-name').fill('console-image');
+  await page.locator('#build-dockerfile').fill(`FROM stand-in:1\nRUN echo from-an-image-${run} > /home/user/built`);
+  await page.locator('#build-btn').click();
+  await page.waitForURL(/#\/build\/[^/]+\/[^/]+$/);
+  const [, tid, bid] = new URL(page.url()).hash.match(/^#\/build\/([^/]+)\/([^/]+)$/);
+  await page.locator('#build-state').filter({ hasText: 'ready' }).waitFor({ timeout: 600000 });
+  assert.ok(await page.locator('#build-log tr[data-step="base"]').filter({ hasText: 'stand-in:1' }).count() >= 1, 'the base step names the image');
+  const st = (await call('GET', `/templates/${tid}/builds/${bid}/status`)).json;
+  assert.equal(st.status, 'ready');
+  const listed = (await call('GET', '/templates')).json.find((t) => t.templateID === tid);
+  assert.match(listed.source.imageRef || '', /\/library\/stand-in@sha256:[0-9a-f]{64}$/, JSON.stringify(listed.source));
+  await go('#/templates', `#templates tr[data-template="${tid}"]`);
+  await checkTemplateRow(tid, listed.storeName, 'build');
+  assert.match(await page.locator(`#templates tr[data-template="${tid}"] td.source`).textContent(), /stand-in@sha256/);
+  await shot('template-from-image');
+  const sb = await call('POST', '/v2/sandboxes', { templateID: 'console-image', timeout: 120 });
+  assert.equal(sb.status, 201, sb.text);
+  assert.equal((await call('DELETE', `/sandboxes/${sb.json.sandboxID}`)).status, 204);
+  assert.equal((await call('DELETE', `/templates/${tid}`)).status, 204);
+});
+
+test('size a warm pool and watch it fill, see a hand-out and a miss counted, then remove it', async () => {
   await go('#/pools', '#pool-form');
   await page.locator('#pool-template option[value="base"]').waitFor({ state: 'attached' });
   await page.locator('#pool-template').selectOption('base');
@@ -570,6 +599,19 @@ test('size a warm pool and watch it fill, then remove it', async () => {
   assert.equal(p.ready, 1);
   assert.equal(p.size, 1);
   await shot('pool-ready');
+  // A create the pool serves is a hand-out; one with options it cannot
+  // serve (more memory) a miss: the page shows both counts.
+  for (const body of [{ templateID: 'base', timeout: 120 }, { templateID: 'base', timeout: 120, memoryMB: 1024 }]) {
+    const sb = await call('POST', '/v2/sandboxes', body);
+    assert.equal(sb.status, 201, sb.text);
+    assert.equal((await call('DELETE', `/sandboxes/${sb.json.sandboxID}`)).status, 204);
+  }
+  await row.locator('td.handed').filter({ hasText: /^1$/ }).waitFor();
+  await row.locator('td.misses').filter({ hasText: /^1$/ }).waitFor();
+  const counted = (await call('GET', '/pools')).json.find((x) => x.template === 'base');
+  assert.equal(counted.handedOut, 1);
+  assert.equal(counted.misses, 1);
+  await shot('pool-counts');
   await row.locator('input.resize').fill('0');
   await row.locator('button.resize-btn').click();
   await row.waitFor({ state: 'detached', timeout: 60000 });

@@ -17,15 +17,29 @@ if [ ! -d node_modules ] || [ "$(cat node_modules/.cella-lock-sha256 2>/dev/null
   npm ci --no-audit --no-fund --loglevel=error
   echo "$lock_sum" > node_modules/.cella-lock-sha256
 fi
+command -v docker-registry >/dev/null || { echo "compat/ui: docker-registry is missing (apt-get install docker-registry; make deps does)" >&2; exit 1; }
 DATA_DIR=$(mktemp -d /tmp/cella-ui-compat.XXXXXX)
 SHOTS=$DATA_DIR/screenshots
-PORT=$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')
-"$ROOT/bin/cella" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA_DIR" --cache-dir "$CACHE_DIR" >"$DATA_DIR/daemon.log" 2>&1 &
-DAEMON_PID=$!
+free_port() { node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'; }
+PORT=$(free_port)
+# The image the build page builds FROM: the base template pushed to a
+# registry on loopback as Docker Hub's stand-in:1, reached through the
+# daemon's docker.io mirror, so nothing is pulled from anywhere but here.
+REG_PORT=$(free_port)
+mkdir -p "$DATA_DIR/registry"
+printf 'version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: 127.0.0.1:%s\n' \
+  "$DATA_DIR/registry/data" "$REG_PORT" > "$DATA_DIR/registry/config.yml"
+docker-registry serve "$DATA_DIR/registry/config.yml" >"$DATA_DIR/registry/registry.log" 2>&1 &
+REGISTRY_PID=$!
+DAEMON_PID=
 cleanup() {
-  kill -TERM "$DAEMON_PID" 2>/dev/null || true
-  for _ in $(seq 1 300); do kill -0 "$DAEMON_PID" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL "$DAEMON_PID" 2>/dev/null || true
+  if [ -n "$DAEMON_PID" ]; then
+    kill -TERM "$DAEMON_PID" 2>/dev/null || true
+    for _ in $(seq 1 300); do kill -0 "$DAEMON_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$DAEMON_PID" 2>/dev/null || true
+  fi
+  kill "$REGISTRY_PID" 2>/dev/null || true
+  wait "$REGISTRY_PID" 2>/dev/null || true
   if [ -d "$SHOTS" ]; then
     rm -rf "$HERE/screenshots" && cp -r "$SHOTS" "$HERE/screenshots"
     echo "compat/ui: screenshots in $HERE/screenshots" >&2
@@ -33,6 +47,16 @@ cleanup() {
   if [ "${status:-1}" = 0 ]; then rm -rf "$DATA_DIR"; else echo "compat/ui: daemon log and screenshots kept in $DATA_DIR" >&2; tail -20 "$DATA_DIR/daemon.log" >&2; fi
 }
 trap cleanup EXIT
+for _ in $(seq 1 100); do
+  curl -fsS -o /dev/null "http://127.0.0.1:$REG_PORT/v2/" 2>/dev/null && break
+  sleep 0.2
+done
+"$ROOT/bin/cella" template push base "127.0.0.1:$REG_PORT/library/stand-in:1" --cache-dir "$CACHE_DIR" \
+  --insecure-registry "127.0.0.1:$REG_PORT" >"$DATA_DIR/registry/push.log" 2>&1 ||
+  { echo "compat/ui: pushing the stand-in image failed:" >&2; tail -n 20 "$DATA_DIR/registry/push.log" >&2; exit 1; }
+"$ROOT/bin/cella" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA_DIR" --cache-dir "$CACHE_DIR" \
+  --registry-mirror "docker.io=http://127.0.0.1:$REG_PORT" >"$DATA_DIR/daemon.log" 2>&1 &
+DAEMON_PID=$!
 for _ in $(seq 1 600); do
   curl -fsS -o /dev/null "http://127.0.0.1:$PORT/health" 2>/dev/null && break
   kill -0 "$DAEMON_PID" 2>/dev/null || { echo "compat/ui: daemon died" >&2; exit 1; }
