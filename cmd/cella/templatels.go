@@ -67,6 +67,10 @@ func daemonTemplates(ctx context.Context) (*client.Client, []client.Template, er
 		return nil, nil, err
 	}
 	list, err := c.ListTemplates(ctx)
+	var ae *client.APIError
+	if err != nil && !errors.As(err, &ae) {
+		err = fmt.Errorf("%w (--local works on this host's template cache without the daemon)", err)
+	}
 	return c, list, err
 }
 
