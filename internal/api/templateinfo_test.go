@@ -135,9 +135,17 @@ func TestTemplateListStoreFields(t *testing.T) {
 	}
 
 	// The build is one sample of the template build histogram, under its
-	// store name.
-	if n := histCount(e.scrape(t), "cella_template_build_duration_seconds", map[string]string{"template": built.StoreName, "runtime": runtime.GVisor}); n != 1 {
-		t.Errorf("cella_template_build_duration_seconds{template=%s}: count %d, want 1", built.StoreName, n)
+	// template's ID (not its per-build store name: one series a template).
+	fams := e.scrape(t)
+	if n := histCount(fams, "cella_template_build_duration_seconds", map[string]string{"template": built.TemplateID, "runtime": runtime.GVisor}); n != 1 {
+		t.Errorf("cella_template_build_duration_seconds{template=%s}: count %d, want 1", built.TemplateID, n)
+	}
+	for _, m := range fams["cella_template_build_duration_seconds"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if strings.HasPrefix(l.GetValue(), "e2b.") {
+				t.Errorf("a build's store name is a label: %v", m)
+			}
+		}
 	}
 
 	imp, ok := byID[imported]

@@ -135,3 +135,15 @@ func storeName(templateID, buildID string) string {
 
 // IsStoreName reports whether a template-store name is an API build's.
 func IsStoreName(name string) bool { return strings.HasPrefix(name, storeNamePrefix) }
+
+// TemplateOf is the template ID of an API build's store name, and name
+// itself for any other: what metrics label a build with, one series per
+// template rather than one per build.
+func TemplateOf(name string) string {
+	if rest, ok := strings.CutPrefix(name, storeNamePrefix); ok {
+		if id, _, ok := strings.Cut(rest, "."); ok {
+			return id
+		}
+	}
+	return name
+}

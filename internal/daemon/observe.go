@@ -5,9 +5,11 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/build"
+	"github.com/cella-sandbox/cella/internal/builds"
 	"github.com/cella-sandbox/cella/internal/metrics"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 	"github.com/cella-sandbox/cella/internal/store"
@@ -16,15 +18,20 @@ import (
 )
 
 // newMetrics makes the daemon's instruments, with series for the templates
-// that exist now.
+// that exist now; an API template is labelled by its ID, whichever of its
+// builds (store names, one each) a sandbox or build is of.
 func newMetrics(runtimeName string, tpls *template.Store) *metrics.Metrics {
 	var names []string
 	if list, err := tpls.List(); err == nil {
 		for _, t := range list {
-			names = append(names, t.Name)
+			if n := builds.TemplateOf(t.Name); !slices.Contains(names, n) {
+				names = append(names, n)
+			}
 		}
 	}
-	return metrics.New(runtimeName, names)
+	m := metrics.New(runtimeName, names)
+	m.TemplateLabel = builds.TemplateOf
+	return m
 }
 
 // keyLimits is the sandbox manager's view of the keys' quotas: the admin
@@ -65,7 +72,8 @@ func openAccessLog(path string) (*slog.Logger, func() error, error) {
 
 // ObservedBuilder is how template builds reach the metrics: the daemon wraps
 // its build.Builder with it, and every successful Build is observed in
-// cella_template_build_duration_seconds under its Spec.Name.
+// cella_template_build_duration_seconds under its Spec.Name (an API build's
+// store name, which the daemon's metrics label with its template's ID).
 func ObservedBuilder(b build.Builder, m *metrics.Metrics) build.Builder {
 	return observedBuilder{b, m}
 }

@@ -65,6 +65,10 @@ type Metrics struct {
 	// Registry is what /metrics serves; the API adds its own collectors
 	// (sandbox counts, pools, egress, Go and process metrics) to it.
 	Registry *prometheus.Registry
+	// TemplateLabel, if set, is the template label of a template name: the
+	// daemon's folds an API build's store name (one per build) into its
+	// template's ID, so a template is one series, not one per build.
+	TemplateLabel func(name string) string
 
 	runtime                                          string
 	create                                           *prometheus.HistogramVec
@@ -120,7 +124,7 @@ func New(runtime string, templates []string) *Metrics {
 // Create records a successful create of kind on template.
 func (m *Metrics) Create(kind, template string, d time.Duration) {
 	if m != nil {
-		m.create.WithLabelValues(kind, m.runtime, template).Observe(d.Seconds())
+		m.create.WithLabelValues(kind, m.runtime, m.label(template)).Observe(d.Seconds())
 	}
 }
 
@@ -153,8 +157,15 @@ func (m *Metrics) TemplateBuild(template string, d time.Duration) {
 // observe records d on the histogram h picks, unless m is nil.
 func (m *Metrics) observe(h func() *prometheus.HistogramVec, template string, d time.Duration) {
 	if m != nil {
-		h().WithLabelValues(m.runtime, template).Observe(d.Seconds())
+		h().WithLabelValues(m.runtime, m.label(template)).Observe(d.Seconds())
 	}
+}
+
+func (m *Metrics) label(template string) string {
+	if m.TemplateLabel != nil {
+		return m.TemplateLabel(template)
+	}
+	return template
 }
 
 // Death counts a sandbox that ended of cause.
