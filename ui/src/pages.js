@@ -80,8 +80,9 @@ export function templatesView() {
         h('td', { class: 'mono name' }, t.templateID,
           t.storeName && t.storeName !== t.templateID ? h('div', { class: 'muted store', title: 'its name in the template store' }, t.storeName) : null),
         h('td', {}, (t.aliases || []).filter((a) => a !== t.templateID).join(', ') || '—'),
-        h('td', { class: 'source', dataset: { kind: src ? src.kind : '' }, title: src && src.digest ? src.digest : '' },
-          src ? `${src.kind}: ${src.description}` : '—'),
+        // Digests shortened in the cell (the whole in its title): a table row, not a manifest.
+        h('td', { class: 'source', dataset: { kind: src ? src.kind : '' }, title: src ? `${src.kind}: ${src.description}` : '' },
+          src ? `${src.kind}: ${src.description.replace(/@sha256:([0-9a-f]{12})[0-9a-f]{52}/g, '@sha256:$1…')}` : '—'),
         h('td', { class: 'size' }, t.sizeBytes ? fmtBytes(t.sizeBytes) : '—'),
         h('td', { class: 'layers', title: layers.map((l) => `${l.kind} ${l.id} (${fmtBytes(l.sizeBytes)})`).join('\n') },
           t.layerCount ? String(t.layerCount) : '—'),
