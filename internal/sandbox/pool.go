@@ -494,8 +494,12 @@ func (m *Manager) fillPools(ctx context.Context, done chan struct{}) {
 		}
 		start := time.Now()
 		pd, err := m.makePooled(ctx, p.base)
-		if discard := ps.put(p, pd, err, ctx.Err() != nil); discard != nil {
+		if discard, done := ps.put(p, pd, err, ctx.Err() != nil); discard != nil {
+			// Gone before SetPool's wait for this fill ends: a pool set to 0
+			// holds no sandbox of its template once it answers (a template
+			// rm right after it finds nothing in use).
 			m.cleanup(context.Background(), discard.sb)
+			close(done)
 			continue
 		}
 		if err != nil {
@@ -552,27 +556,28 @@ func (ps *poolSet) next(now time.Time) (*pool, time.Duration) {
 }
 
 // put ends a fill: the sandbox joins its pool, or is returned to be
-// destroyed when the pool no longer wants it.
-func (ps *poolSet) put(p *pool, pd *pooled, err error, stopping bool) (discard *pooled) {
+// destroyed when the pool no longer wants it, with the fill's done channel
+// for the caller to close once it is (closed here otherwise).
+func (ps *poolSet) put(p *pool, pd *pooled, err error, stopping bool) (discard *pooled, done chan struct{}) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	p.filling--
-	close(p.fillDone)
-	p.fillDone = nil
+	done, p.fillDone = p.fillDone, nil
+	if err == nil && (ps.closed || ps.byTpl[p.template] != p || len(p.ready) >= p.size) {
+		return pd, done
+	}
+	close(done)
 	if err != nil {
 		if !stopping {
 			p.failures++
 			p.lastErr = err.Error()
 			p.retryAt = time.Now().Add(min(time.Second<<min(p.failures-1, 10), poolBackoffMax))
 		}
-		return nil
-	}
-	if ps.closed || ps.byTpl[p.template] != p || len(p.ready) >= p.size {
-		return pd
+		return nil, nil
 	}
 	p.ready = append(p.ready, pd)
 	p.failures, p.lastErr, p.retryAt = 0, "", time.Time{}
-	return nil
+	return nil, nil
 }
 
 // prunePools drops pooled sandboxes whose agent went away (the container
