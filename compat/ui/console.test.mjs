@@ -8,8 +8,8 @@
 // secret shown once, quota, usage, revoke), secrets (never shown back) and
 // volumes. A screenshot of each step goes to CELLA_UI_SHOTS.
 // run.sh starts the daemon (with a loopback registry as its docker.io mirror)
-// and sets CELLA_UI_URL, CELLA_UI_KEY, CELLA_UI_SHOTS, CELLA_UI_CELLA and
-// CELLA_UI_CACHE_DIR.
+// and sets CELLA_UI_URL, CELLA_UI_KEY, CELLA_UI_SHOTS, CELLA_UI_CELLA,
+// CELLA_UI_CACHE_DIR and CELLA_UI_IMAGE_DIGEST (the image the build page uses).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync, mkdtempSync, writeFileSync, readFileSync, rmSync } from 'node:fs';
@@ -574,10 +574,15 @@ test('build a template from an image on the templates page; its source names the
   const st = (await call('GET', `/templates/${tid}/builds/${bid}/status`)).json;
   assert.equal(st.status, 'ready');
   const listed = (await call('GET', '/templates')).json.find((t) => t.templateID === tid);
-  assert.match(listed.source.imageRef || '', /\/library\/stand-in@sha256:[0-9a-f]{64}$/, JSON.stringify(listed.source));
+  // By digest: the shared cache keeps one image per content, under the
+  // reference it was first pulled by (the same bytes may have another name).
+  const digest = process.env.CELLA_UI_IMAGE_DIGEST;
+  assert.match(digest || '', /^sha256:[0-9a-f]{64}$/, 'CELLA_UI_IMAGE_DIGEST (run.sh)');
+  assert.equal(listed.source.digest, digest, JSON.stringify(listed.source));
+  assert.ok((listed.source.imageRef || '').endsWith(`@${digest}`), JSON.stringify(listed.source));
   await go('#/templates', `#templates tr[data-template="${tid}"]`);
   await checkTemplateRow(tid, listed.storeName, 'build');
-  assert.match(await page.locator(`#templates tr[data-template="${tid}"] td.source`).textContent(), /stand-in@sha256:[0-9a-f]{12}…/);
+  assert.ok((await page.locator(`#templates tr[data-template="${tid}"] td.source`).textContent()).includes(`@sha256:${digest.slice(7, 19)}…`));
   await shot('template-from-image');
   const sb = await call('POST', '/v2/sandboxes', { templateID: 'console-image', timeout: 120 });
   assert.equal(sb.status, 201, sb.text);

@@ -54,6 +54,7 @@ done
 "$ROOT/bin/cella" template push base "127.0.0.1:$REG_PORT/library/stand-in:1" --cache-dir "$CACHE_DIR" \
   --insecure-registry "127.0.0.1:$REG_PORT" >"$DATA_DIR/registry/push.log" 2>&1 ||
   { echo "compat/ui: pushing the stand-in image failed:" >&2; tail -n 20 "$DATA_DIR/registry/push.log" >&2; exit 1; }
+IMAGE_REF=$(tail -n 1 "$DATA_DIR/registry/push.log") # REPO@sha256:...
 "$ROOT/bin/cella" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA_DIR" --cache-dir "$CACHE_DIR" \
   --registry-mirror "docker.io=http://127.0.0.1:$REG_PORT" >"$DATA_DIR/daemon.log" 2>&1 &
 DAEMON_PID=$!
@@ -63,7 +64,7 @@ for _ in $(seq 1 600); do
   sleep 0.1
 done
 export CELLA_UI_URL="http://127.0.0.1:$PORT" CELLA_UI_KEY=$(cat "$DATA_DIR/admin.key") CELLA_UI_SHOTS="$SHOTS" CELLA_UI_CHROMIUM="$CHROMIUM" \
-  CELLA_UI_CELLA="$ROOT/bin/cella" CELLA_UI_CACHE_DIR="$CACHE_DIR"
+  CELLA_UI_CELLA="$ROOT/bin/cella" CELLA_UI_CACHE_DIR="$CACHE_DIR" CELLA_UI_IMAGE_DIGEST="${IMAGE_REF##*@}"
 set +e
 node --test --test-concurrency=1 --test-reporter=spec console.test.mjs
 status=$?
