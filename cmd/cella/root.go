@@ -39,7 +39,6 @@ func newRootCmd() *cobra.Command {
 		newPoolCmd(),   // pool.go
 		newStatsCmd(),  // stats.go
 		newAgentCmd(),
-		newAgentExecCmd(),
 	)
 	return root
 }

@@ -56,6 +56,10 @@ const (
 	// ChannelTokenPath takes the credential of the agent's next hello
 	// (POST ChannelTokenRequest: 204). Served on the channel only.
 	ChannelTokenPath = "/cella/channel-token"
+	// SpawnPath times the agent's own starts of an exec's command shape
+	// (POST SpawnRequest: SpawnResult). Served on the channel only; the
+	// daemon's warm pools call it to warm what a first exec needs.
+	SpawnPath = "/cella/spawn"
 	// ProcessLogsPattern is the ServeMux pattern of a process's retained
 	// output (ProcessLogsPath).
 	ProcessLogsPattern = "/cella/processes/{pid}/logs"
