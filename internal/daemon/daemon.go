@@ -207,7 +207,8 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		DataDir: c.DataDir, Runtime: rt, Templates: tpls, Store: st, AgentBinary: c.AgentBinary, Log: log,
 		BuildProgress: c.BuildProgress, Volumes: vols, Lifecycle: c.Lifecycle,
 		AgentAudit: agentAudit{al}, Events: evs, Network: sbNet, SecretValue: sm.Get, MetricsInterval: c.MetricsInterval, Maxima: c.Maxima,
-		Metrics: d.Metrics, KeyLimits: keyLimits(st),
+		PoolMemoryBudget: c.PoolMemoryBudget,
+		Metrics:          d.Metrics, KeyLimits: keyLimits(st),
 	})
 	if err != nil {
 		return nil, err
