@@ -93,6 +93,15 @@ func AuthExempt(method, path string) bool {
 	return false
 }
 
+// DaemonOnly reports whether method+path is a route only the daemon itself
+// may call, never traffic through its edge, even with the access token:
+// the spawn timing runs the login shell outside the audit feed, which an
+// owner who edited the login scripts could otherwise use to run them
+// unaudited.
+func DaemonOnly(method, path string) bool {
+	return method+" "+path == "POST "+SpawnPath
+}
+
 // UserAuthorization is the Authorization header that names the sandbox user
 // a request acts as: Basic auth with the user name and no password, as the
 // SDKs send it (the agent ignores the password).
