@@ -62,7 +62,7 @@ type PoolStatus struct {
 	Template string
 	// Size is the set size; Ready the sandboxes waiting (more than Size
 	// while recent demand grew the pool: adapt.go); Filling the ones being
-	// made (up to coldStartSlots at a time across all pools).
+	// made (up to fillWorkers at a time across all pools).
 	Size    int
 	Ready   int
 	Filling int
@@ -565,13 +565,13 @@ func (m *Manager) warmPooled(ctx context.Context, sb *Sandbox) {
 	}
 }
 
-// fillPools is the filler: coldStartSlots workers, each making one sandbox
+// fillPools is the filler: fillWorkers workers, each making one sandbox
 // at a time for the pool furthest below its target, never while a create
 // is in progress (up to poolDeferMax).
 func (m *Manager) fillPools(ctx context.Context, done chan struct{}) {
 	defer close(done)
 	var wg sync.WaitGroup
-	for i := range coldStartSlots() {
+	for i := range fillWorkers() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
