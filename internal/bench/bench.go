@@ -29,6 +29,7 @@ type Config struct {
 	Runtimes    []string // runtimes to measure (default both)
 	N           int      // iterations per figure
 	CellaBinary string
+	Agent       []byte // the agent binary the benchmarks' daemons run (cella's own)
 	RunscPath   string
 	CacheDir    string
 	Out         io.Writer
