@@ -102,13 +102,7 @@ func testAgentUpgrade(t *testing.T, env *daemontest.Env) {
 	if disk, _ := storedAgents(t, dir); !slices.Equal(disk, sorted(hashA, hashB)) {
 		t.Fatalf("agent binaries after the upgrade: %v, want A and B (a paused sandbox runs A)", disk)
 	}
-	if _, resumed, err := env2.Client.ConnectResumed(ctx, kept.ID); err != nil || !resumed {
-		t.Fatalf("resume after the upgrade: resumed=%v err=%v", resumed, err)
-	}
-	kept2, err := env2.Client.Sandbox(ctx, kept.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kept2 := resume(t, env2, kept.ID)
 	if got := agentInside(t, kept2); got != hashA {
 		t.Fatalf("the resumed sandbox binds agent %s, want the one it was paused with (A %s)", got, hashA)
 	}
@@ -117,14 +111,7 @@ func testAgentUpgrade(t *testing.T, env *daemontest.Env) {
 	}
 	waitCountAbove(t, kept2, readCount(t, kept2))
 
-	if _, resumed, err := env2.Client.ConnectResumed(ctx, stopped.ID); err != nil || !resumed {
-		t.Fatalf("resume without memory after the upgrade: resumed=%v err=%v", resumed, err)
-	}
-	stopped2, err := env2.Client.Sandbox(ctx, stopped.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := agentInside(t, stopped2); got != hashB {
+	if got := agentInside(t, resume(t, env2, stopped.ID)); got != hashB {
 		t.Fatalf("a sandbox cold-booted after the upgrade runs agent %s, want B %s", got, hashB)
 	}
 	if got := agentInside(t, create(t, env2, client.CreateRequest{})); got != hashB {
@@ -162,6 +149,20 @@ func testAgentUpgrade(t *testing.T, env *daemontest.Env) {
 }
 
 func sorted(s ...string) []string { slices.Sort(s); return s }
+
+// resume resumes a paused sandbox through connect and attaches to it.
+func resume(t *testing.T, env *daemontest.Env, id string) *client.SandboxConn {
+	t.Helper()
+	ctx := ctxT(t, 3*time.Minute)
+	if _, resumed, err := env.Client.ConnectResumed(ctx, id); err != nil || !resumed {
+		t.Fatalf("resume %s: resumed=%v err=%v", id, resumed, err)
+	}
+	sb, err := env.Client.Sandbox(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sb
+}
 
 // testAgentBinaryImmutable: the agent binary is one host file shared by
 // every sandbox running that agent. Root in one sandbox tries to change it
