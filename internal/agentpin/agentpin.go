@@ -38,9 +38,6 @@ import (
 const (
 	memDirName  = "agent"          // the tmpfs sandboxes bind from
 	diskDirName = "agent-binaries" // the copies that outlive it
-	// legacyName is the one binary <data>/agent held before binaries were
-	// content-addressed (cella's own, copied at each daemon start).
-	legacyName = "cella"
 	// tmpfsSize bounds the tmpfs (it holds only what sandboxes use: a
 	// few agents of 10 MB).
 	tmpfsSize = 512 << 20
@@ -87,30 +84,6 @@ func (s *Store) Add(bin []byte) (string, error) {
 	return hash, nil
 }
 
-// AdoptLegacy stores the binary a daemon from before content addressing
-// pinned at <data>/agent/cella, if its tmpfs is still mounted (the daemon
-// was killed rather than stopped, so sandboxes may still run it), and
-// returns its hash; "" when there is none.
-func (s *Store) AdoptLegacy() (string, error) {
-	p := filepath.Join(s.mem, legacyName)
-	bin, err := os.ReadFile(p)
-	if errors.Is(err, os.ErrNotExist) {
-		return "", nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("read the legacy agent binary: %w", err)
-	}
-	hash, err := s.Add(bin)
-	if err != nil {
-		return "", err
-	}
-	// Running sandboxes keep their binds of it; new binds use the hash.
-	if err := os.Remove(p); err != nil {
-		return "", fmt.Errorf("remove the legacy agent binary: %w", err)
-	}
-	return hash, nil
-}
-
 // Path is the tmpfs file a sandbox running the agent of hash binds, made
 // from the disk copy if the tmpfs does not hold it yet.
 func (s *Store) Path(hash string) (string, error) {
@@ -152,7 +125,9 @@ func (s *Store) Path(hash string) (string, error) {
 }
 
 // Prune removes the binaries (both copies) whose hash keep does not hold,
-// and what an interrupted write left; it returns the hashes removed.
+// and anything else there (an interrupted write's file, the single "cella"
+// of daemons before binaries were named by hash: running containers keep
+// their binds of it); it returns the hashes removed.
 func (s *Store) Prune(keep map[string]bool) ([]string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -166,7 +141,7 @@ func (s *Store) Prune(keep map[string]bool) ([]string, error) {
 		}
 		for _, e := range entries {
 			name := e.Name()
-			if keep[name] || name == legacyName { // AdoptLegacy's to take
+			if keep[name] {
 				continue
 			}
 			p := filepath.Join(dir, name)

@@ -144,32 +144,3 @@ func TestStore(t *testing.T) {
 		}
 	}
 }
-
-// TestAdoptLegacy: the single binary an earlier daemon pinned is stored by
-// its hash when its tmpfs outlived that daemon.
-func TestAdoptLegacy(t *testing.T) {
-	dataDir := t.TempDir()
-	s := open(t, dataDir)
-	if h, err := s.AdoptLegacy(); err != nil || h != "" {
-		t.Fatalf("AdoptLegacy with none = %q, %v", h, err)
-	}
-	old := []byte("the cella of an earlier daemon")
-	if err := os.WriteFile(filepath.Join(dataDir, memDirName, legacyName), old, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Prune(map[string]bool{}); err != nil {
-		t.Fatal(err)
-	}
-	h, err := s.AdoptLegacy()
-	if err != nil || h != hashOf(old) {
-		t.Fatalf("AdoptLegacy = %q, %v; want %s (Prune must leave it)", h, err, hashOf(old))
-	}
-	if _, err := os.Stat(filepath.Join(dataDir, memDirName, legacyName)); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("the legacy name stays: %v", err)
-	}
-	if p, err := s.Path(h); err != nil {
-		t.Fatal(err)
-	} else if got, _ := os.ReadFile(p); !bytes.Equal(got, old) {
-		t.Fatalf("adopted binary holds %q", got)
-	}
-}

@@ -132,10 +132,6 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	if d.Agent, err = agents.Add(c.Agent); err != nil {
 		return nil, err
 	}
-	legacyAgent, err := agents.AdoptLegacy()
-	if err != nil {
-		return nil, err
-	}
 	d.Agents = agents
 
 	rt, err := newRuntime(c)
@@ -213,7 +209,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	d.Metrics = newMetrics(rt.Name(), tpls) // observe.go
 	mgr, err := sandbox.NewManager(sandbox.Config{
 		DataDir: c.DataDir, Runtime: rt, Templates: tpls, Store: st, Log: log,
-		Agents: agents, Agent: d.Agent, LegacyAgent: legacyAgent,
+		Agents: agents, Agent: d.Agent,
 		BuildProgress: c.BuildProgress, Volumes: vols, Lifecycle: c.Lifecycle,
 		AgentAudit: agentAudit{al}, Events: evs, Network: sbNet, SecretValue: sm.Get, MetricsInterval: c.MetricsInterval, Maxima: c.Maxima,
 		Metrics: d.Metrics, KeyLimits: keyLimits(st),

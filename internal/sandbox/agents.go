@@ -12,6 +12,7 @@ package sandbox
 // the daemon's current agent. Binaries nothing names any more go (prune).
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"slices"
@@ -30,18 +31,10 @@ type AgentBinaries interface {
 	Hashes() ([]string, error)
 }
 
-// agentOf is the agent a record names: records and snapshots from before
-// agents were recorded ran the binary the daemon adopted from then
-// (Config.LegacyAgent), else, with nothing better known, the current one.
-func (m *Manager) agentOf(recorded string) string {
-	switch {
-	case recorded != "":
-		return recorded
-	case m.cfg.LegacyAgent != "":
-		return m.cfg.LegacyAgent
-	}
-	return m.cfg.Agent
-}
+// agentOf is the agent a record names. Records and snapshots from before
+// agents were recorded bound the daemon's single pinned binary: the current
+// one is all that is known of it.
+func (m *Manager) agentOf(recorded string) string { return cmp.Or(recorded, m.cfg.Agent) }
 
 // bootAgent makes sb run the current agent from its next boot on and
 // returns the file to bind.

@@ -32,13 +32,11 @@ type Config struct {
 	Runtime   runtime.Runtime
 	Templates *template.Store
 	Store     *store.Store
-	// Agents are the agent binaries on the host (agents.go); Agent the hash
-	// of the one cold boots use, LegacyAgent the one records that name none
-	// ran (a daemon from before they did; "": Agent).
-	Agents      AgentBinaries
-	Agent       string
-	LegacyAgent string
-	Log         *slog.Logger
+	// Agents are the agent binaries on the host (agents.go); Agent is the
+	// hash of the one cold boots use.
+	Agents AgentBinaries
+	Agent  string
+	Log    *slog.Logger
 	// AgentTimeout bounds how long create waits for the agent's hello.
 	AgentTimeout time.Duration
 	// BuildProgress receives progress lines when a template is built on
