@@ -94,7 +94,9 @@ func (s *Store) Path(hash string) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, err := os.Stat(p); err == nil {
-		return p, nil
+		// Immutable already, unless a daemon died between its write and
+		// the flag (its tmpfs outlives it).
+		return p, immutable(p)
 	}
 	in, err := os.Open(filepath.Join(s.disk, hash))
 	if errors.Is(err, os.ErrNotExist) {
@@ -117,11 +119,21 @@ func (s *Store) Path(hash string) (string, error) {
 	if err := writeFile(s.mem, hash, copyChecked, false); err != nil {
 		return "", fmt.Errorf("agent binary %s: %w", short(hash), err)
 	}
-	if err := setImmutable(p, true); err != nil && !errors.Is(err, unix.ENOTTY) && !errors.Is(err, unix.EOPNOTSUPP) {
+	if err := immutable(p); err != nil {
 		_ = os.Remove(p)
-		return "", fmt.Errorf("agent binary %s: make it immutable: %w", short(hash), err)
+		return "", err
 	}
 	return p, nil
+}
+
+// immutable sets FS_IMMUTABLE_FL on a tmpfs copy; a kernel whose tmpfs
+// lacks the flag (before Linux 6.0) leaves the read-only binds and mode
+// 0555 to keep it.
+func immutable(p string) error {
+	if err := setImmutable(p, true); err != nil && !errors.Is(err, unix.ENOTTY) && !errors.Is(err, unix.EOPNOTSUPP) {
+		return fmt.Errorf("agent binary %s: make it immutable: %w", filepath.Base(p), err)
+	}
+	return nil
 }
 
 // Prune removes the binaries (both copies) whose hash keep does not hold,

@@ -88,6 +88,18 @@ func TestStore(t *testing.T) {
 		t.Fatal("root removed the shared agent binary")
 	}
 
+	// A copy a daemon died before making immutable is made so.
+	if err := setImmutable(p, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Path(ha); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := os.OpenFile(p, os.O_WRONLY, 0); err == nil {
+		f.Close()
+		t.Fatal("Path returned a copy that is not immutable")
+	}
+
 	// A new tmpfs (the next daemon's) is filled from the disk copies.
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
