@@ -38,7 +38,6 @@ func newRootCmd() *cobra.Command {
 		newSecretCmd(), // secret.go
 		newPoolCmd(),   // pool.go
 		newStatsCmd(),  // stats.go
-		newAgentCmd(),
 	)
 	return root
 }
