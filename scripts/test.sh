@@ -16,5 +16,6 @@ compat/ui/run.sh     # web console: headless Chromium (playwright-core) logs in,
 # the measurements are `make bench`).
 ./bin/cella bench all --smoke
 ./bin/cella bench state --smoke
+./bin/cella bench desktop --smoke                      # one desktop create and its screenshots
 ./bin/cella bench soak --smoke                        # ~5 s: load, kill -9, restart, leak checks
 ./bin/cella bench soak --smoke --runtime namespaces   # ~2 s
