@@ -10,48 +10,16 @@
 // run.sh starts the daemon and sets CELLA_UI_URL, CELLA_UI_KEY, CELLA_UI_SHOTS.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { chromium } from 'playwright-core';
 import { decodePng, distinctColors } from '../e2b/lib/png.mjs';
+import { URL_, KEY, SHOTS, call, launch } from './lib.mjs';
 
-const URL_ = process.env.CELLA_UI_URL;
-const KEY = process.env.CELLA_UI_KEY;
-const SHOTS = process.env.CELLA_UI_SHOTS || join(tmpdir(), 'cella-ui-screenshots');
-const CHROMIUM = process.env.CELLA_UI_CHROMIUM || '/usr/bin/chromium';
-assert.ok(URL_ && KEY, 'CELLA_UI_URL and CELLA_UI_KEY must be set (use run.sh)');
-mkdirSync(SHOTS, { recursive: true });
-
-let browser, page, profile, sandboxID;
-const errors = [];
-
-async function call(method, path, body) {
-  const init = { method, headers: { 'X-API-Key': KEY } };
-  if (body !== undefined) {
-    init.headers['Content-Type'] = 'application/json';
-    init.body = JSON.stringify(body);
-  }
-  const r = await fetch(URL_ + path, init);
-  const text = await r.text();
-  let json = null;
-  try { json = JSON.parse(text); } catch { /* not JSON */ }
-  return { status: r.status, json, text };
-}
+let page, sandboxID, errors;
+let closeBrowser = async () => {};
 
 before(async () => {
-  profile = mkdtempSync(join(tmpdir(), 'cella-ui-desktop-chromium-'));
-  browser = await chromium.launchPersistentContext(profile, {
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-      '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-    viewport: { width: 1400, height: 1000 },
-  });
-  page = browser.pages()[0] || await browser.newPage();
-  page.setDefaultTimeout(30000);
-  page.on('pageerror', (e) => errors.push(`page error: ${e.message}`));
-  page.on('console', (m) => { if (m.type() === 'error') errors.push(`console: ${m.text()} (${m.location()?.url || ''})`); });
+  ({ page, errors, close: closeBrowser } = await launch());
 });
 
 after(async () => {
@@ -59,8 +27,7 @@ after(async () => {
     await page?.screenshot({ path: join(SHOTS, 'desktop-failure.png'), fullPage: true }).catch(() => {});
     await call('DELETE', `/sandboxes/${sandboxID}`).catch(() => {});
   }
-  await browser?.close();
-  if (profile) rmSync(profile, { recursive: true, force: true });
+  await closeBrowser();
 });
 
 test('a desktop sandbox\'s page shows its live desktop beside the terminal', async () => {

@@ -16,7 +16,7 @@ const KEY_STORAGE = 'cella.apiKey';
 const ENVD_PORT = '49983';
 export const REFRESH_MS = 3000;
 // The daemon serves the console at <base>/ui/; the API is at <base>/.
-export const BASE = location.pathname.replace(/\/ui(\/.*)?$/, '');
+const BASE = location.pathname.replace(/\/ui(\/.*)?$/, '');
 
 const app = document.getElementById('app');
 let leaveView = []; // cleanups of the current view
@@ -126,7 +126,7 @@ export async function api(method, path, body) {
 
 // envd calls the sandbox's agent through the daemon's sandbox proxy,
 // routed by E2B's headers.
-export async function envd(sb, path, init = {}) {
+async function envd(sb, path, init = {}) {
   const headers = { 'E2b-Sandbox-Id': sb.sandboxID, 'E2b-Sandbox-Port': ENVD_PORT, ...(init.headers || {}) };
   if (sb.envdAccessToken) headers['X-Access-Token'] = sb.envdAccessToken;
   const r = await fetch(BASE + path, { ...init, headers });
@@ -765,7 +765,7 @@ function sandboxView(id) {
     facts.replaceChildren(...f.flatMap(([k, v]) => [h('dt', {}, k), h('dd', { dataset: { fact: k.toLowerCase() } }, v || '—')]));
     renderLifecycle();
     if (!desktop && isDesktop(sb)) {
-      desktop = desktopPanel(id);
+      desktop = desktopPanel(id, { h, envd, base: BASE });
       termRow.className = 'cols';
       termRow.append(desktop.el);
     }

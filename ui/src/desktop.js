@@ -7,9 +7,9 @@
 // serves runs in the console's page (no frame of the sandbox's noVNC page,
 // which would also need third-party storage). View-only unless
 // "Interactive" is ticked; a stream started with requireAuth asks for its
-// key.
+// key. It takes the console's helpers as arguments rather than importing
+// app.js, which imports it.
 import RFB from '@novnc/novnc/core/rfb.js';
-import { h, envd, BASE } from './app.js';
 
 export const DESKTOP_TEMPLATE = 'desktop';
 export const NOVNC_PORT = 6080;
@@ -28,7 +28,7 @@ export function streamURL(sb) {
 // run runs a command in the sandbox as user through envd's process.Process/
 // Start (a Connect server stream, JSON codec) and returns its exit code and
 // output once it ends.
-export async function run(sb, cmd) {
+export async function run(envd, sb, cmd) {
   const msg = new TextEncoder().encode(JSON.stringify({ process: { cmd: '/bin/bash', args: ['-l', '-c', cmd] } }));
   const body = new Uint8Array(5 + msg.length);
   new DataView(body.buffer).setUint32(1, msg.length);
@@ -59,8 +59,9 @@ export async function run(sb, cmd) {
 }
 
 // desktopPanel returns the panel of sandbox id: {el, update(sb), close()},
-// update called with each GET /sandboxes/{id}.
-export function desktopPanel(id) {
+// update called with each GET /sandboxes/{id}. h builds elements, envd
+// calls the sandbox's agent, base is the daemon's URL prefix (app.js).
+export function desktopPanel(id, { h, envd, base }) {
   const status = h('span', { id: 'desktop-status', class: 'muted' }, 'checking the stream…');
   const startBtn = h('button', { id: 'desktop-start', class: 'small', hidden: true }, 'Start desktop');
   const interactive = h('input', { type: 'checkbox', id: 'desktop-interactive' });
@@ -121,7 +122,7 @@ export function desktopPanel(id) {
       // for what listens on the sandbox's other ports.
       const headers = { 'E2b-Sandbox-Id': sb.sandboxID, 'E2b-Sandbox-Port': String(NOVNC_PORT) };
       if (sb.trafficAccessToken) headers['E2b-Traffic-Access-Token'] = sb.trafficAccessToken;
-      const up = await fetch(`${BASE}/vnc.html`, { headers, cache: 'no-store' }).then((r) => r.ok, () => false);
+      const up = await fetch(`${base}/vnc.html`, { headers, cache: 'no-store' }).then((r) => r.ok, () => false);
       startBtn.hidden = up;
       startBtn.textContent = 'Start desktop';
       if (!up) { say('the desktop stream is not running'); return false; }
@@ -142,7 +143,7 @@ export function desktopPanel(id) {
     try {
       if (!(await probe()) && !sb.trafficAccessToken) {
         say('starting Xvfb, Xfce, x11vnc and noVNC…');
-        const r = await run(sb, 'cella-desktop-stream');
+        const r = await run(envd, sb, 'cella-desktop-stream');
         if (r.exitCode !== 0) throw new Error(r.output.trim() || `exit code ${r.exitCode}`);
         await probe();
       }
