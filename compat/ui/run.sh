@@ -66,7 +66,7 @@ done
 export CELLA_UI_URL="http://127.0.0.1:$PORT" CELLA_UI_KEY=$(cat "$DATA_DIR/admin.key") CELLA_UI_SHOTS="$SHOTS" CELLA_UI_CHROMIUM="$CHROMIUM" \
   CELLA_UI_CELLA="$ROOT/bin/cella" CELLA_UI_CACHE_DIR="$CACHE_DIR" CELLA_UI_IMAGE_DIGEST="${IMAGE_REF##*@}"
 set +e
-node --test --test-concurrency=1 --test-reporter=spec console.test.mjs
+node --test --test-concurrency=1 --test-reporter=spec console.test.mjs desktop.test.mjs
 status=$?
 set -e
 exit "$status"

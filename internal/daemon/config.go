@@ -36,7 +36,9 @@ type Config struct {
 	// RunscDebugDir, if set, receives runsc's debug logs (for diagnosing
 	// sandboxes that die).
 	RunscDebugDir string
-	AgentBinary   string // the static cella binary run as the agent
+	// Agent is the agent binary new sandboxes boot with (cmd/cella-agent;
+	// cella's own is embedded: agentbin.Binary).
+	Agent []byte
 	// MCPMaxCalls is the tool-call budget of each /mcp session (0 = none).
 	MCPMaxCalls int64
 	Log         *slog.Logger
@@ -62,6 +64,9 @@ type Config struct {
 	// AuditRetention is how long the audit log of a sandbox that no longer
 	// exists is kept (0: 7 days).
 	AuditRetention time.Duration
+	// PoolMemoryBudget is what warm pools may hold beyond their set sizes
+	// (--pool-memory-budget, bytes; 0: a quarter of the host's RAM).
+	PoolMemoryBudget int64
 	// Maxima bound every sandbox's limits (--max-cpus/memory/disk/pids);
 	// zero fields are the host's (sandbox.HostMaxima of DataDir).
 	Maxima sandbox.Maxima
@@ -157,8 +162,8 @@ func (c *Config) Validate() error {
 		return fieldErr("domain", "must not be empty")
 	case c.Runtime == runtime.GVisor && c.RunscPath == "":
 		return fieldErr("runsc", "the gvisor runtime needs the path of runsc")
-	case c.AgentBinary == "":
-		return errors.New("agent binary is required")
+	case len(c.Agent) == 0:
+		return errors.New("the agent binary is required (daemon.Config.Agent)")
 	case c.MCPMaxCalls < 0:
 		return fieldErr("mcp-max-calls", "%d: want 0 (no limit) or more", c.MCPMaxCalls)
 	case c.MetricsInterval != 0 && (c.MetricsInterval < 100*time.Millisecond || c.MetricsInterval > sandbox.MetricsRetention):
@@ -182,6 +187,9 @@ func (c *Config) Validate() error {
 		if l.d < 0 || l.d > sandbox.MaxLifecycleDuration {
 			return fieldErr(l.field, "%v is out of range (0 to 10 years)", l.d)
 		}
+	}
+	if c.PoolMemoryBudget < 0 {
+		return fieldErr("pool-memory-budget", "%d: want a size of 0 or more", c.PoolMemoryBudget)
 	}
 	for name, n := range c.Pools {
 		if strings.TrimSpace(name) == "" || n < 0 || n > sandbox.MaxPoolSize {

@@ -90,26 +90,17 @@ func TestPoolFillBookkeeping(t *testing.T) {
 	// A good fill joins the pool and clears the error.
 	got, _ = ps.next(time.Now())
 	pd := &pooled{sb: &Sandbox{ID: "a"}}
-	if d, _ := ps.put(got, pd, nil, false); d != nil || len(p.ready) != 1 || p.lastErr != "" || p.failures != 0 {
+	if d := ps.put(got, pd, nil, false); d != nil || len(p.ready) != 1 || p.lastErr != "" || p.failures != 0 {
 		t.Fatalf("after a good fill: discard %v, %+v", d, p)
 	}
 	// A fill the pool no longer wants (resized to 0 meanwhile) comes back
-	// to be destroyed; whoever waits for the fill (SetPool) waits until it
-	// is: its done channel is the caller's to close.
+	// to be destroyed.
 	got, _ = ps.next(time.Now())
-	waiting := got.fillDone
 	delete(ps.byTpl, "base")
 	pd2 := &pooled{sb: &Sandbox{ID: "b"}}
-	d, done := ps.put(got, pd2, nil, false)
-	if d != pd2 || done != waiting {
+	if d := ps.put(got, pd2, nil, false); d != pd2 {
 		t.Fatalf("fill of a removed pool kept: %v", d)
 	}
-	select {
-	case <-waiting:
-		t.Fatal("the wait for a discarded fill ended before its sandbox was destroyed")
-	default:
-	}
-	close(done)
 	if st := (&Manager{}).Pools(); len(st) != 0 {
 		t.Fatalf("pools of a fresh manager: %+v", st)
 	}
