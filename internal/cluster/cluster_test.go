@@ -39,8 +39,11 @@ func run(m *testing.M) int {
 			fmt.Fprintln(os.Stderr, "start the control plane:", err)
 			return 1
 		}
-		defer cp.Stop()
-		fmt.Fprintf(os.Stderr, "control plane up: etcd %v, kube-apiserver %v\n", cp.EtcdReady.Round(time.Millisecond), cp.Ready.Round(time.Millisecond))
+		defer func() {
+			fmt.Fprintf(os.Stderr, "control plane CPU time: %s\n", cp.CPUTime())
+			cp.Stop()
+		}()
+		fmt.Fprintf(os.Stderr, "control plane up: etcd %v, kube-apiserver %v; CPU so far: %s\n", cp.EtcdReady.Round(time.Millisecond), cp.Ready.Round(time.Millisecond), cp.CPUTime())
 		if cpCl, err = cluster.NewClient(cp.RESTConfig()); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1

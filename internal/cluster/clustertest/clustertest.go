@@ -178,11 +178,12 @@ func Start(t testing.TB) *ControlPlane {
 	if err != nil {
 		t.Fatalf("start the control plane: %v", err)
 	}
-	t.Logf("control plane up: etcd %v, kube-apiserver %v (%s)", c.EtcdReady.Round(time.Millisecond), c.Ready.Round(time.Millisecond), c.URL)
+	t.Logf("control plane up: etcd %v, kube-apiserver %v (%s); CPU so far: %s", c.EtcdReady.Round(time.Millisecond), c.Ready.Round(time.Millisecond), c.URL, c.CPUTime())
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("kube-apiserver log tail:\n%s", c.LogTail("kube-apiserver.log", 30))
 		}
+		t.Logf("control plane CPU time: %s", c.CPUTime())
 		c.Stop()
 	})
 	return c
@@ -341,6 +342,34 @@ func (c *ControlPlane) stop() {
 			p.wait(time.Minute)
 		}
 	}
+}
+
+// CPUTime says how much CPU (user + system) etcd and the API server have
+// used so far: what a test's control plane costs the shared machine.
+func (c *ControlPlane) CPUTime() string {
+	var parts []string
+	for _, p := range []struct {
+		name string
+		p    *proc
+	}{{"etcd", c.etcd}, {"kube-apiserver", c.apiserver}} {
+		if p.p == nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.p.cmd.Process.Pid))
+		if err != nil {
+			continue
+		}
+		// Fields after the command name (which may hold spaces): utime and
+		// stime are the 14th and 15th fields, in clock ticks (100 Hz).
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+		if len(f) < 13 {
+			continue
+		}
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		parts = append(parts, fmt.Sprintf("%s %v", p.name, time.Duration(ut+st)*10*time.Millisecond))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // LogTail is the last n lines of one of the control plane's logs.
