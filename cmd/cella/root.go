@@ -15,6 +15,7 @@ func newRootCmd() *cobra.Command {
 	}
 	root.AddCommand(
 		newServeCmd(),
+		newGatewayCmd(), // gateway.go
 		newCreateCmd(),
 		newExecCmd(),
 		newRunCmd(),

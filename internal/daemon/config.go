@@ -61,6 +61,8 @@ type Config struct {
 	// Maxima bound every sandbox's limits (--max-cpus/memory/disk/pids);
 	// zero fields are the host's (sandbox.HostMaxima of DataDir).
 	Maxima sandbox.Maxima
+	// Cluster makes the daemon a node of a cluster (--cluster; cluster.go).
+	Cluster ClusterConfig
 
 	// net is Network parsed by Validate.
 	net parsedNetwork
@@ -156,6 +158,9 @@ func (c *Config) Validate() error {
 		if strings.TrimSpace(name) == "" || n < 0 || n > sandbox.MaxPoolSize {
 			return fieldErr("pool", "%q=%d: want a template name and a size between 0 and %d", name, n, sandbox.MaxPoolSize)
 		}
+	}
+	if err := c.Cluster.validate(); err != nil {
+		return err
 	}
 	if c.Runtime == runtime.GVisor {
 		p, err := exec.LookPath(c.RunscPath)

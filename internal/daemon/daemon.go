@@ -31,6 +31,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/template"
 	"github.com/cella-sandbox/cella/internal/volume"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // Daemon is a running cella daemon without its listener.
@@ -51,6 +52,8 @@ type Daemon struct {
 
 	log     *slog.Logger
 	closers []closer
+	// cluster is the Kubernetes client of a cluster node (nil: standalone).
+	cluster client.Client
 
 	// servingPorts are the ports the API is served on (Serving): the egress
 	// proxy never dials them on loopback, where a name an operator mapped
@@ -100,7 +103,16 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	}
 	d.Store = st
 	d.add("store", st.Close)
-	if d.AdminKeyPath, err = ensureAdminKey(ctx, st, c.DataDir, log); err != nil {
+	var clusterKey string
+	if c.Cluster.Kubeconfig != "" {
+		if d.cluster, err = clusterClient(c.Cluster); err != nil {
+			return nil, err
+		}
+		if clusterKey, err = clusterAdminKey(ctx, d.cluster, c.Cluster); err != nil {
+			return nil, err
+		}
+	}
+	if d.AdminKeyPath, err = ensureAdminKey(ctx, st, c.DataDir, clusterKey, log); err != nil {
 		return nil, err
 	}
 
@@ -193,6 +205,9 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	d.Manager = mgr
 	mx := mgr.Maxima()
 	log.Info("sandbox maxima", "cpus", mx.CPUs, "memory_mib", mx.MemoryMB, "disk_mib", mx.DiskMB, "pids", mx.Pids)
+	if d.cluster != nil { // closes after "sandboxes": the records then say what is left (paused ones)
+		d.add("cluster records (last)", func() error { return lastRecords(d.cluster, c.Cluster, mgr) })
+	}
 	d.add("sandboxes", func() error {
 		sctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
@@ -203,6 +218,11 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	}
 	if err := mgr.StartPools(ctx, c.Pools); err != nil { // after Reconcile: pooled sandboxes have no record
 		return nil, fmt.Errorf("warm pools: %w", err)
+	}
+	if c.Cluster.Kubeconfig != "" { // after Reconcile: the first beat counts the adopted sandboxes
+		if err := d.joinCluster(ctx, c.Cluster, mgr, tpls); err != nil {
+			return nil, err
+		}
 	}
 	stopPrune := pruneAuditLogs(al, mgr, c.AuditRetention, log) // audit.go
 	d.add("audit pruning", func() error { stopPrune(); return nil })
@@ -294,9 +314,10 @@ func pinAgent(src, dataDir string) (string, error) {
 	return dst, nil
 }
 
-// ensureAdminKey creates the admin API key on first start. Only its hash is
-// stored; the key itself goes to <data-dir>/admin.key, readable by root only.
-func ensureAdminKey(ctx context.Context, st *store.Store, dataDir string, log *slog.Logger) (string, error) {
+// ensureAdminKey creates the admin API key on first start (preset: the
+// cluster's, else a new one). Only its hash is stored; the key itself goes
+// to <data-dir>/admin.key, readable by root only.
+func ensureAdminKey(ctx context.Context, st *store.Store, dataDir, preset string, log *slog.Logger) (string, error) {
 	path := filepath.Join(dataDir, "admin.key")
 	n, err := st.CountAPIKeys(ctx)
 	if err != nil {
@@ -306,9 +327,11 @@ func ensureAdminKey(ctx context.Context, st *store.Store, dataDir string, log *s
 		log.Info("admin API key", "file", path)
 		return path, nil
 	}
-	key, err := store.NewKeySecret()
-	if err != nil {
-		return "", err
+	key := preset
+	if key == "" {
+		if key, err = store.NewKeySecret(); err != nil {
+			return "", err
+		}
 	}
 	if err := os.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
 		return "", fmt.Errorf("write admin key: %w", err)

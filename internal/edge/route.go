@@ -71,3 +71,10 @@ func target(r *http.Request, domain string) (t Target, ok bool, err error) {
 	}
 	return Target{ID: id, Port: port}, true, nil
 }
+
+// TargetOf is target for a front that routes sandbox traffic elsewhere (a
+// gateway forwarding to the sandbox's node): the same decision, so both
+// hops agree on what is sandbox traffic.
+func TargetOf(r *http.Request, domain string) (t Target, ok bool, err error) {
+	return target(r, domain)
+}
