@@ -38,7 +38,7 @@ func TestGateway(t *testing.T) {
 	nodeB := cp.StartNode(t, clustertest.NodeOptions{Name: "node-b", Namespace: ns})
 	gw := cp.StartGateway(t, "gw-1", ns)
 
-	clustertest.Poll(t, time.Minute, "both nodes live", func(ctx context.Context) (bool, string) {
+	clustertest.Poll(t, 2*time.Minute, "both nodes live", func(ctx context.Context) (bool, string) {
 		nodes, err := cluster.Nodes(ctx, cl, ns)
 		if err != nil {
 			return false, err.Error()
@@ -68,7 +68,7 @@ func TestGateway(t *testing.T) {
 	}
 	records := cluster.NewRecords(cl, ns)
 	var rec *v1alpha1.Sandbox
-	clustertest.Poll(t, time.Minute, "the node records the sandbox", func(ctx context.Context) (bool, string) {
+	clustertest.Poll(t, 2*time.Minute, "the node records the sandbox", func(ctx context.Context) (bool, string) {
 		rec, err = records.Sandbox(ctx, sb.SandboxID)
 		if err != nil {
 			return false, err.Error()
@@ -113,13 +113,13 @@ func TestGateway(t *testing.T) {
 	if err := c.Kill(ctx, sb.SandboxID); err != nil {
 		t.Fatalf("kill through the gateway: %v", err)
 	}
-	clustertest.Poll(t, time.Minute, "the record of the killed sandbox goes", func(ctx context.Context) (bool, string) {
+	clustertest.Poll(t, 2*time.Minute, "the record of the killed sandbox goes", func(ctx context.Context) (bool, string) {
 		_, err := records.Sandbox(ctx, sb.SandboxID)
 		return errdefs.Is(err, errdefs.KindNotFound), fmt.Sprint(err)
 	})
 
 	var rec2 *v1alpha1.Sandbox
-	clustertest.Poll(t, time.Minute, "the second sandbox is recorded", func(ctx context.Context) (bool, string) {
+	clustertest.Poll(t, 2*time.Minute, "the second sandbox is recorded", func(ctx context.Context) (bool, string) {
 		rec2, err = records.Sandbox(ctx, sb2.SandboxID)
 		return err == nil, fmt.Sprint(err)
 	})
@@ -128,11 +128,11 @@ func TestGateway(t *testing.T) {
 		victim = nodeB
 	}
 	victim.Kill()
-	clustertest.Poll(t, time.Minute, "the gateway reports the sandbox of a dead node lost", func(ctx context.Context) (bool, string) {
+	clustertest.Poll(t, 2*time.Minute, "the gateway reports the sandbox of a dead node lost", func(ctx context.Context) (bool, string) {
 		code, body := get(t, gw.URL+"/sandboxes/"+sb2.SandboxID, key)
 		return code == http.StatusServiceUnavailable && strings.Contains(body, victim.Name), fmt.Sprintf("%d %s", code, body)
 	})
-	clustertest.Poll(t, time.Minute, "its record says Lost", func(ctx context.Context) (bool, string) {
+	clustertest.Poll(t, 2*time.Minute, "its record says Lost", func(ctx context.Context) (bool, string) {
 		r, err := records.Sandbox(ctx, sb2.SandboxID)
 		if err != nil {
 			return false, err.Error()
@@ -160,7 +160,7 @@ func TestGateway(t *testing.T) {
 	// adopts it and records it Running again, and its SIGTERM at cleanup
 	// removes it.
 	cp.StartNode(t, clustertest.NodeOptions{Name: victim.Name, Namespace: ns, DataDir: victim.DataDir})
-	clustertest.Poll(t, time.Minute, "the restarted node records its sandbox Running again", func(ctx context.Context) (bool, string) {
+	clustertest.Poll(t, 2*time.Minute, "the restarted node records its sandbox Running again", func(ctx context.Context) (bool, string) {
 		r, err := records.Sandbox(ctx, sb2.SandboxID)
 		if err != nil {
 			return false, err.Error()

@@ -34,6 +34,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -138,6 +139,10 @@ type ControlPlane struct {
 	Ready, EtcdReady time.Duration
 
 	etcd, apiserver *proc
+
+	mu sync.Mutex
+	// nodes is the last node process started on each data dir.
+	nodes map[string]*Proc
 }
 
 // proc is a started engine and the end of its Wait.

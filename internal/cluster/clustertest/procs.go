@@ -26,7 +26,8 @@ type Proc struct {
 	DataDir string
 	Log     string
 
-	p *proc
+	p      *proc
+	killed bool
 }
 
 // NodeOptions say how a node joins.
@@ -57,10 +58,17 @@ func (c *ControlPlane) StartNode(t testing.TB, o NodeOptions) *Proc {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
-			// After the node stopped (cleanups run last-in first-out): what
-			// is still mounted under its data dir leaked.
+			// After the node stopped (cleanups run last-in first-out). A
+			// node whose last daemon was killed (a test that failed before
+			// restarting it) left its sandboxes running: a standalone
+			// daemon on the data dir adopts and then stops them.
+			if last := c.lastOn(dataDir); last != nil && last.killed {
+				reap(t, cella, runsc, dataDir)
+			}
 			if left, _ := rootfs.FindMounts(dataDir); len(left) > 0 {
+				// Never RemoveAll across mounts: report and leave them.
 				t.Errorf("node %s left mounts behind: %v", o.Name, left)
+				return
 			}
 			os.RemoveAll(dataDir)
 		})
@@ -71,6 +79,7 @@ func (c *ControlPlane) StartNode(t testing.TB, o NodeOptions) *Proc {
 	}
 	listen := "127.0.0.1:" + strconv.Itoa(ports[0])
 	n := &Proc{Name: o.Name, URL: "http://" + listen, DataDir: dataDir}
+	c.setLast(dataDir, n)
 	n.start(t, c, cella, "node-"+o.Name+".log", []string{"CELLA_CACHE_DIR=" + daemontest.CacheDir()},
 		"serve", "--data-dir="+dataDir, "--listen="+listen, "--runsc="+runsc, "--domain=cella.test",
 		"--cluster="+c.Kubeconfig(t), "--node-name="+o.Name, "--cluster-namespace="+o.Namespace,
@@ -151,8 +160,58 @@ func (p *Proc) Stop(t testing.TB) {
 
 // Kill ends the process with SIGKILL, as a crash would, and waits for it.
 func (p *Proc) Kill() {
+	p.killed = true
 	_ = p.p.cmd.Process.Kill()
 	p.p.wait(time.Minute)
+}
+
+// lastOn is the last node process started on dataDir.
+func (c *ControlPlane) lastOn(dataDir string) *Proc {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[dataDir]
+}
+
+func (c *ControlPlane) setLast(dataDir string, p *Proc) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.nodes == nil {
+		c.nodes = map[string]*Proc{}
+	}
+	c.nodes[dataDir] = p
+}
+
+// reap runs a standalone daemon on a killed node's data dir until it
+// serves (it has adopted what the dead one left) and stops it with SIGTERM
+// (it stops those sandboxes and removes their resources).
+func reap(t testing.TB, cella, runsc, dataDir string) {
+	t.Helper()
+	ports, err := freePorts(1)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	listen := "127.0.0.1:" + strconv.Itoa(ports[0])
+	cmd := exec.Command(cella, "serve", "--data-dir="+dataDir, "--listen="+listen, "--runsc="+runsc, "--domain=cella.test", "--network-pool=1")
+	cmd.Env = append(os.Environ(), "CELLA_CACHE_DIR="+daemontest.CacheDir())
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Error(err)
+		return
+	}
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline) && !p.exited(); time.Sleep(50 * time.Millisecond) {
+		if resp, err := http.Get("http://" + listen + "/health"); err == nil {
+			resp.Body.Close()
+			break
+		}
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	if !p.wait(time.Minute) {
+		_ = cmd.Process.Kill()
+		p.wait(time.Minute)
+	}
 }
 
 // AdminKey is a node's admin key (the cluster's, shared by every node).
