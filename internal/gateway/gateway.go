@@ -31,6 +31,8 @@ import (
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
 	"github.com/cella-sandbox/cella/internal/edge"
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/gatewayauth"
+	"github.com/cella-sandbox/cella/internal/tenant"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -47,6 +49,8 @@ type Config struct {
 type Gateway struct {
 	cfg     Config
 	records *cluster.Records
+	keys    *cluster.Keys
+	akey    assertionKey
 	proxy   *httputil.ReverseProxy
 
 	mu sync.Mutex
@@ -60,8 +64,9 @@ type Gateway struct {
 }
 
 type placement struct {
-	node string
-	at   time.Time
+	node  string
+	owner tenant.Owner
+	at    time.Time
 }
 
 type pendingCount struct {
@@ -74,7 +79,7 @@ func New(cfg Config) *Gateway {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	g := &Gateway{cfg: cfg, records: cluster.NewRecords(cfg.Client, cfg.Namespace),
+	g := &Gateway{cfg: cfg, records: cluster.NewRecords(cfg.Client, cfg.Namespace), keys: cluster.NewKeys(cfg.Client, cfg.Namespace),
 		placed: map[string]placement{}, pending: map[string]pendingCount{}}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -84,6 +89,7 @@ func New(cfg Config) *Gateway {
 			// the client sent it.
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
+			g.sign(pr.In, pr.Out) // auth.go
 		},
 		FlushInterval: -1, // streams (envd's Connect streams, logs) flow as they come
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -98,6 +104,7 @@ type nodeKey struct{}
 
 // ServeHTTP routes one request.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	gatewayauth.Strip(r.Header) // only this gateway asserts who asks
 	if t, ok, err := edge.TargetOf(r, g.cfg.Domain); ok {
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest) // as the node's edge answers
@@ -106,11 +113,22 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.toSandbox(w, r, t.ID)
 		return
 	}
-	switch {
-	case r.URL.Path == "/health":
+	if r.URL.Path == "/health" {
 		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	p, err := g.authenticate(r) // auth.go
+	if err != nil {
+		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
+		return
+	}
+	r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
+	switch {
 	case r.Method == http.MethodPost && (r.URL.Path == "/sandboxes" || r.URL.Path == "/v2/sandboxes"):
 		g.create(w, r)
+	case r.URL.Path == "/keys" || strings.HasPrefix(r.URL.Path, "/keys/"):
+		// The cluster's keys are in the Kubernetes API: any node serves them.
+		g.toAnyNode(w, r)
 	default:
 		if id, ok := sandboxPath(r.URL.Path); ok {
 			g.toSandbox(w, r, id)
@@ -135,6 +153,30 @@ func sandboxPath(p string) (string, bool) {
 	return id, true
 }
 
+// visible says whether what the gateway knows of a sandbox owned by o may
+// be told to the caller (sandbox traffic, which carries no key, is
+// answered by the node's edge, which checks the sandbox's own tokens).
+func visible(ctx context.Context, o tenant.Owner) bool {
+	p, ok := caller(ctx)
+	return !ok || p.Can(o)
+}
+
+// toAnyNode forwards r to a live node (for what every node serves alike).
+func (g *Gateway) toAnyNode(w http.ResponseWriter, r *http.Request) {
+	nodes, err := cluster.Nodes(r.Context(), g.cfg.Client, g.cfg.Namespace)
+	if err != nil {
+		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
+		return
+	}
+	for _, n := range nodes {
+		if u, err := url.Parse(n.Endpoint); err == nil && n.Live && n.Endpoint != "" {
+			g.forward(w, r, u)
+			return
+		}
+	}
+	writeError(w, http.StatusServiceUnavailable, "no live node (%d nodes known, none renewing its lease)", len(nodes))
+}
+
 // toSandbox forwards r to the node of sandbox id.
 func (g *Gateway) toSandbox(w http.ResponseWriter, r *http.Request, id string) {
 	node, err := g.nodeOf(r.Context(), id)
@@ -151,6 +193,9 @@ func (g *Gateway) nodeOf(ctx context.Context, id string) (*url.URL, error) {
 	sb, err := g.records.Sandbox(ctx, id)
 	switch {
 	case err == nil:
+		if !visible(ctx, tenant.Owner{Team: sb.Spec.Team}) {
+			return nil, errdefs.NotFound("sandbox %q not found", id)
+		}
 		if sb.Status.Phase == v1alpha1.SandboxLost {
 			return nil, errdefs.Unavailable("sandbox %s is lost: %s", id, sb.Status.Message)
 		}
@@ -159,8 +204,8 @@ func (g *Gateway) nodeOf(ctx context.Context, id string) (*url.URL, error) {
 		g.mu.Lock()
 		p, ok := g.placed[id]
 		g.mu.Unlock()
-		if !ok {
-			return nil, errdefs.NotFound("sandbox %s not found", id)
+		if !ok || !visible(ctx, p.owner) {
+			return nil, errdefs.NotFound("sandbox %q not found", id)
 		}
 		name = p.node
 	default:
@@ -220,7 +265,8 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g.mu.Lock()
-	g.placed[created.SandboxID] = placement{node: n.Name, at: time.Now()}
+	p, _ := caller(r.Context())
+	g.placed[created.SandboxID] = placement{node: n.Name, owner: p.Owner(), at: time.Now()}
 	g.prunePlacedLocked()
 	g.mu.Unlock()
 	g.cfg.Log.Info("gateway: placed", "sandbox", created.SandboxID, "node", n.Name)
