@@ -52,6 +52,8 @@ type Gateway struct {
 	keys    *cluster.Keys
 	akey    assertionKey
 	proxy   *httputil.ReverseProxy
+	// client asks the nodes for their part of a list (list.go).
+	client *http.Client
 
 	mu sync.Mutex
 	// placed are the creates this gateway forwarded, by sandbox ID, until
@@ -80,7 +82,8 @@ func New(cfg Config) *Gateway {
 		cfg.Log = slog.Default()
 	}
 	g := &Gateway{cfg: cfg, records: cluster.NewRecords(cfg.Client, cfg.Namespace), keys: cluster.NewKeys(cfg.Client, cfg.Namespace),
-		placed: map[string]placement{}, pending: map[string]pendingCount{}}
+		placed: map[string]placement{}, pending: map[string]pendingCount{},
+		client: &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			node := pr.In.Context().Value(nodeKey{}).(*url.URL)
@@ -126,6 +129,8 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Method == http.MethodPost && (r.URL.Path == "/sandboxes" || r.URL.Path == "/v2/sandboxes"):
 		g.create(w, r)
+	case r.Method == http.MethodGet && (r.URL.Path == "/sandboxes" || r.URL.Path == "/v2/sandboxes"):
+		g.list(w, r) // list.go
 	case r.URL.Path == "/keys" || strings.HasPrefix(r.URL.Path, "/keys/"):
 		// The cluster's keys are in the Kubernetes API: any node serves them.
 		g.toAnyNode(w, r)
@@ -220,7 +225,7 @@ func (g *Gateway) nodeOf(ctx context.Context, id string) (*url.URL, error) {
 			continue
 		}
 		if !n.Live {
-			reason := fmt.Sprintf("node %s stopped renewing its lease at %s", name, n.RenewedAt.UTC().Format(time.RFC3339))
+			reason := deadReason(n)
 			// Every sandbox of the node is reported lost, not only this one
 			// (resourceVersion-checked: a node that comes back records its
 			// sandboxes' real phases again).
