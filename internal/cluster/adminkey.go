@@ -36,6 +36,11 @@ func AdminKey(ctx context.Context, c client.Client, ns string, newKey func() (st
 	return k, nil
 }
 
+// ReadAdminKey reads the cluster's admin key (made by the first node).
+func ReadAdminKey(ctx context.Context, c client.Client, ns string) (string, error) {
+	return sharedSecret(ctx, c, ns, AdminKeySecret, "admin-key", nil)
+}
+
 // GatewayKey returns the key of gateway assertions; create makes it if no
 // node has yet (a gateway only reads it: nodes make it).
 func GatewayKey(ctx context.Context, c client.Client, ns string, create bool) ([]byte, error) {

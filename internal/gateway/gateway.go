@@ -249,7 +249,7 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	}
 	n, ok := g.pick(nodes)
 	if !ok {
-		writeError(w, http.StatusServiceUnavailable, "no live node to place the sandbox on (%d nodes known, none renewing its lease)", len(nodes))
+		writeError(w, http.StatusServiceUnavailable, "no live node to place the sandbox on (%d nodes known, none renewing its lease and not drained)", len(nodes))
 		return
 	}
 	u, err := url.Parse(n.Endpoint)
@@ -297,7 +297,7 @@ func (g *Gateway) pick(nodes []cluster.NodeInfo) (cluster.NodeInfo, bool) {
 	defer g.mu.Unlock()
 	var live []cluster.NodeInfo
 	for _, n := range nodes {
-		if n.Live && n.Endpoint != "" && n.CapacityErr == "" && n.Capacity.MemoryTotalBytes > 0 {
+		if n.Live && !n.Drained() && n.Endpoint != "" && n.CapacityErr == "" && n.Capacity.MemoryTotalBytes > 0 {
 			live = append(live, n)
 		}
 	}
