@@ -22,7 +22,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -59,10 +58,9 @@ type Gateway struct {
 	// placed are the creates this gateway forwarded, by sandbox ID, until
 	// the node's record shows them (the node records within a second).
 	placed map[string]placement
-	// pending counts, per node, the creates placed since its last Lease
-	// beat, so a burst of creates does not all go to the node that looked
-	// best at the start of it.
-	pending map[string]pendingCount
+	// pending are, per node, the creates placed there that its Lease does
+	// not count yet (place.go).
+	pending map[string][]*pendingCreate
 }
 
 type placement struct {
@@ -71,18 +69,13 @@ type placement struct {
 	at    time.Time
 }
 
-type pendingCount struct {
-	n       int
-	renewal time.Time // the Lease renewal they were counted against
-}
-
 // New makes a gateway.
 func New(cfg Config) *Gateway {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
 	g := &Gateway{cfg: cfg, records: cluster.NewRecords(cfg.Client, cfg.Namespace), keys: cluster.NewKeys(cfg.Client, cfg.Namespace),
-		placed: map[string]placement{}, pending: map[string]pendingCount{},
+		placed: map[string]placement{}, pending: map[string][]*pendingCreate{},
 		client: &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -113,7 +106,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, err.Error(), http.StatusBadRequest) // as the node's edge answers
 			return
 		}
-		g.toSandbox(w, r, t.ID)
+		node, err := g.nodeOf(r.Context(), t.ID)
+		if err != nil { // E2B's edge answer for a sandbox it cannot reach
+			edge.BadGateway(w, t.ID, err.Error())
+			return
+		}
+		g.forward(w, r, node)
 		return
 	}
 	if r.URL.Path == "/health" {
@@ -247,7 +245,12 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return
 	}
-	n, ok := g.pick(nodes)
+	tpl, err := templateOf(r) // place.go
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	n, pc, ok := g.pick(nodes, tpl)
 	if !ok {
 		writeError(w, http.StatusServiceUnavailable, "no live node to place the sandbox on (%d nodes known, none renewing its lease and not drained)", len(nodes))
 		return
@@ -259,6 +262,7 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	}
 	rec := &recorder{ResponseWriter: w}
 	g.forward(rec, r, u)
+	g.placedDone(n.Name, pc, rec.status/100 == 2)
 	if rec.status/100 != 2 {
 		return
 	}
@@ -289,40 +293,12 @@ func (g *Gateway) prunePlacedLocked() {
 	}
 }
 
-// pick is the live node with the most room: free memory (as a fraction of
-// its total) plus idle CPU, less a share for each sandbox it holds or was
-// just given; ties go to the first name.
-func (g *Gateway) pick(nodes []cluster.NodeInfo) (cluster.NodeInfo, bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	var live []cluster.NodeInfo
-	for _, n := range nodes {
-		if n.Live && !n.Drained() && n.Endpoint != "" && n.CapacityErr == "" && n.Capacity.MemoryTotalBytes > 0 {
-			live = append(live, n)
-		}
-	}
-	if len(live) == 0 {
-		return cluster.NodeInfo{}, false
-	}
-	scores := make(map[string]float64, len(live))
-	for _, n := range live {
-		p := g.pending[n.Name]
-		if !p.renewal.Equal(n.RenewedAt) { // a new beat counts what was placed before it
-			p = pendingCount{renewal: n.RenewedAt}
-			g.pending[n.Name] = p
-		}
-		mem := float64(n.Capacity.MemoryFreeBytes) / float64(n.Capacity.MemoryTotalBytes)
-		scores[n.Name] = mem + n.Capacity.CPUIdle - 0.05*float64(n.Capacity.Sandboxes+p.n)
-	}
-	sort.SliceStable(live, func(i, j int) bool { return scores[live[i].Name] > scores[live[j].Name] })
-	best := live[0]
-	p := g.pending[best.Name]
-	p.n++
-	g.pending[best.Name] = p
-	return best, true
-}
-
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, node *url.URL) {
+	// As the node's edge does (edge/proxy.go): without full duplex, net/http
+	// closes the request body as the answer starts, and the transport, still
+	// sending it, tears the connection down mid-answer (a Connect RPC's
+	// small answer then arrived cut short).
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nodeKey{}, node)))
 }
 
@@ -347,6 +323,9 @@ func (r *recorder) Write(b []byte) (int, error) {
 	}
 	return r.ResponseWriter.Write(b)
 }
+
+// Unwrap lets http.ResponseController reach the connection (full duplex).
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 func (r *recorder) Flush() {
 	if f, ok := r.ResponseWriter.(http.Flusher); ok {
