@@ -53,6 +53,8 @@ type Gateway struct {
 	proxy   *httputil.ReverseProxy
 	// client asks the nodes for their part of a list (list.go).
 	client *http.Client
+	// nodesCache is the last LIST of Leases, for nodesTTL.
+	nodesCache nodesCache
 
 	mu sync.Mutex
 	// placed are the creates this gateway forwarded, by sandbox ID, until
@@ -156,6 +158,33 @@ func sandboxPath(p string) (string, bool) {
 	return id, true
 }
 
+// nodesTTL is how long one LIST of the nodes' Leases serves every
+// request: far below a Lease's renewal interval, so a lapse is seen as
+// soon as without it, and a request's route costs no API call in a burst.
+const nodesTTL = 250 * time.Millisecond
+
+type nodesCache struct {
+	mu    sync.Mutex
+	at    time.Time
+	nodes []cluster.NodeInfo
+}
+
+// nodes are the cluster's nodes, listed at most nodesTTL ago.
+func (g *Gateway) nodes(ctx context.Context) ([]cluster.NodeInfo, error) {
+	c := &g.nodesCache
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.nodes != nil && time.Since(c.at) < nodesTTL {
+		return c.nodes, nil
+	}
+	nodes, err := cluster.Nodes(ctx, g.cfg.Client, g.cfg.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	c.nodes, c.at = nodes, time.Now()
+	return nodes, nil
+}
+
 // visible says whether what the gateway knows of a sandbox owned by o may
 // be told to the caller (sandbox traffic, which carries no key, is
 // answered by the node's edge, which checks the sandbox's own tokens).
@@ -166,7 +195,7 @@ func visible(ctx context.Context, o tenant.Owner) bool {
 
 // toAnyNode forwards r to a live node (for what every node serves alike).
 func (g *Gateway) toAnyNode(w http.ResponseWriter, r *http.Request) {
-	nodes, err := cluster.Nodes(r.Context(), g.cfg.Client, g.cfg.Namespace)
+	nodes, err := g.nodes(r.Context())
 	if err != nil {
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return
@@ -193,7 +222,17 @@ func (g *Gateway) toSandbox(w http.ResponseWriter, r *http.Request, id string) {
 // nodeOf finds the live node holding sandbox id and its endpoint.
 func (g *Gateway) nodeOf(ctx context.Context, id string) (*url.URL, error) {
 	name := ""
-	sb, err := g.records.Sandbox(ctx, id)
+	// A sandbox this gateway placed a moment ago is routed by that
+	// placement: no record read per request while a client works with a
+	// sandbox it just made (its node's liveness is still checked below).
+	g.mu.Lock()
+	p, placed := g.placed[id]
+	g.mu.Unlock()
+	var sb *v1alpha1.Sandbox
+	err := errdefs.NotFound("sandbox %q not found", id)
+	if !placed || time.Since(p.at) > placedFresh {
+		sb, err = g.records.Sandbox(ctx, id)
+	}
 	switch {
 	case err == nil:
 		if !visible(ctx, tenant.Owner{Team: sb.Spec.Team}) {
@@ -204,17 +243,14 @@ func (g *Gateway) nodeOf(ctx context.Context, id string) (*url.URL, error) {
 		}
 		name = sb.Spec.Node
 	case errdefs.Is(err, errdefs.KindNotFound):
-		g.mu.Lock()
-		p, ok := g.placed[id]
-		g.mu.Unlock()
-		if !ok || !visible(ctx, p.owner) {
+		if !placed || !visible(ctx, p.owner) {
 			return nil, errdefs.NotFound("sandbox %q not found", id)
 		}
 		name = p.node
 	default:
 		return nil, err
 	}
-	nodes, err := cluster.Nodes(ctx, g.cfg.Client, g.cfg.Namespace)
+	nodes, err := g.nodes(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -240,7 +276,7 @@ func (g *Gateway) nodeOf(ctx context.Context, id string) (*url.URL, error) {
 // create places a create on the best live node, forwards it there and
 // remembers where the sandbox went.
 func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
-	nodes, err := cluster.Nodes(r.Context(), g.cfg.Client, g.cfg.Namespace)
+	nodes, err := g.nodes(r.Context())
 	if err != nil {
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return
@@ -280,6 +316,11 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	g.mu.Unlock()
 	g.cfg.Log.Info("gateway: placed", "sandbox", created.SandboxID, "node", n.Name)
 }
+
+// placedFresh is how long a placement routes its sandbox without a read of
+// its record: well within a Lease's renewal (a kill meanwhile is the node's
+// to answer 404 for).
+const placedFresh = 10 * time.Second
 
 // placedTTL is how long the gateway remembers a placement: long after the
 // node's first record of it (recordInterval, a second).
