@@ -62,11 +62,7 @@ CELLA_API_KEY), else the cluster's admin key read from --cluster.`,
 
 // fromCluster fills in a node and the admin key from the cluster's API.
 func fromCluster(ctx context.Context, c nodeConfig, cc *bench.ClusterConfig) error {
-	rc, err := cluster.RESTConfig(c.Kubeconfig)
-	if err != nil {
-		return err
-	}
-	cl, err := cluster.NewClient(rc)
+	cl, err := cluster.Connect(c.Kubeconfig)
 	if err != nil {
 		return err
 	}

@@ -8,8 +8,7 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/bench"
-	"github.com/cella-sandbox/cella/internal/cluster"
-	"github.com/cella-sandbox/cella/internal/cluster/clustertest"
+	"github.com/cella-sandbox/cella/internal/clustertest"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
 )
 
@@ -18,19 +17,11 @@ import (
 // measures every create both ways and prints each figure beside its
 // baseline. It asserts that the bench ran, not what it measured.
 func TestBenchCluster(t *testing.T) {
-	cp := clustertest.Start(t)
-	cl, err := cluster.NewClient(cp.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := clustertest.InstallCRDs(cl); err != nil {
-		t.Fatal(err)
-	}
 	const ns = "cella-bench"
-	clustertest.Namespace(t, cl, ns)
+	cp, cl := clustertest.StartIn(t, ns)
 	cp.StartNode(t, clustertest.NodeOptions{Name: "node-a", Namespace: ns})
 	gw := cp.StartGateway(t, "gw-1", ns)
-	waitLive(t, cl, ns, 1)
+	clustertest.WaitLive(t, cl, ns, 1)
 	cella, _ := daemontest.Binaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

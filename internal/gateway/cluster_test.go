@@ -13,10 +13,9 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/cluster"
-	"github.com/cella-sandbox/cella/internal/cluster/clustertest"
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
+	"github.com/cella-sandbox/cella/internal/clustertest"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
-	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // TestCluster is the cluster of issue 14 on one host: the real API
@@ -35,16 +34,8 @@ import (
 //     alone (its runsc keeps running), and a daemon restarted on the dead
 //     node's data dir adopts it and runs commands in it again.
 func TestCluster(t *testing.T) {
-	cp := clustertest.Start(t)
-	cl, err := cluster.NewClient(cp.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := clustertest.InstallCRDs(cl); err != nil {
-		t.Fatal(err)
-	}
 	const ns = "cella-cluster"
-	clustertest.Namespace(t, cl, ns)
+	cp, cl := clustertest.StartIn(t, ns)
 	nodes := map[string]*clustertest.Proc{}
 	for _, name := range []string{"node-a", "node-b", "node-c"} {
 		nodes[name] = cp.StartNode(t, clustertest.NodeOptions{Name: name, Namespace: ns})
@@ -52,7 +43,7 @@ func TestCluster(t *testing.T) {
 	gw1 := cp.StartGateway(t, "gw-1", ns)
 	gw2 := cp.StartGateway(t, "gw-2", ns)
 	admin := nodes["node-a"].AdminKey(t)
-	waitLive(t, cl, ns, 3)
+	clustertest.WaitLive(t, cl, ns, 3)
 	records := cluster.NewRecords(cl, ns)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
@@ -199,7 +190,7 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("no runsc of %s's sandboxes runs after its daemon was killed", victim)
 	}
 	cp.StartNode(t, clustertest.NodeOptions{Name: "node-d", Namespace: ns})
-	waitLive(t, cl, ns, 3) // a, b (or c) and d: the victim's Lease has lapsed
+	clustertest.WaitLive(t, cl, ns, 3) // a, b (or c) and d: the victim's Lease has lapsed
 	if !runscOf(t, dead.DataDir) {
 		t.Errorf("starting node-d stopped %s's sandboxes", victim)
 	}
@@ -220,20 +211,6 @@ func TestCluster(t *testing.T) {
 	if r, err := conn.Exec(ctx, "echo back", client.ExecOptions{}); err != nil || strings.TrimSpace(r.Stdout) != "back" {
 		t.Errorf("exec in the adopted sandbox: %+v %v", r, err)
 	}
-}
-
-func waitLive(t *testing.T, c ctrlclient.Client, ns string, want int) {
-	t.Helper()
-	clustertest.Poll(t, 2*time.Minute, fmt.Sprintf("%d nodes live", want), func(ctx context.Context) (bool, string) {
-		nodes, err := cluster.Nodes(ctx, c, ns)
-		live := 0
-		for _, n := range nodes {
-			if n.Live && n.Capacity.MemoryTotalBytes > 0 {
-				live++
-			}
-		}
-		return err == nil && live == want, fmt.Sprint(nodes, err)
-	})
 }
 
 // runscOf reports whether a runsc process of a sandbox under dataDir runs.
