@@ -11,7 +11,7 @@ export CELLA_TEST_RUNSC=$PWD/bin/runsc
 go test -count=1 -timeout 25m ./...
 compat/mcp/run.sh    # MCP: the official TypeScript MCP SDK over stdio and streamable HTTP
 compat/e2b/run.sh    # E2B SDK conformance: real e2b JS SDKs against a daemon of its own
-compat/ui/run.sh     # web console: headless Chromium (playwright-core) logs in, creates, types, uploads, pauses, kills
+compat/ui/run.sh     # web console: headless Chromium (playwright-core) logs in, creates, types, charts, snapshots, pools, keys, secrets, volumes
 # A smoke run of every benchmark (a few seconds each: it keeps them working;
 # the measurements are `make bench`).
 ./bin/cella bench all --smoke

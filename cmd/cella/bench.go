@@ -80,7 +80,7 @@ func newBenchCmd() *cobra.Command {
 			func(ctx context.Context) ([]bench.Figure, error) { return bench.Files(ctx, b.cfg, b.smoke) }),
 		sub("egress", "1000 small HTTP and 1000 HTTPS requests through the egress proxy, beside the same requests without it",
 			func(ctx context.Context) ([]bench.Figure, error) { return bench.Egress(ctx, b.cfg, b.egress) }),
-		sub("template", "pull of a 5-layer image from a local registry (cold, then cached), and create from it beside create from base",
+		sub("template", "pull of a 5-layer image from a local registry (cold, then cached), create from it beside create from base, a template build, its cached rebuild, and create from a start-command snapshot",
 			func(ctx context.Context) ([]bench.Figure, error) { return bench.Template(ctx, b.cfg) }),
 	}
 	all := sub("all", "every sub-benchmark in turn", func(ctx context.Context) ([]bench.Figure, error) {

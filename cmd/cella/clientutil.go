@@ -56,7 +56,9 @@ func (f *createFlags) request() (client.CreateRequest, error) {
 	if f.timeout < 0 {
 		return req, fmt.Errorf("--timeout must not be negative")
 	}
-	req.Timeout = int64((f.timeout + time.Second - 1) / time.Second)
+	if secs := int64((f.timeout + time.Second - 1) / time.Second); secs > 0 {
+		req.Timeout = &secs // 0 is left out: the daemon's default
+	}
 	var err error
 	if req.MemoryMB, err = parseMiB(f.memory); err != nil {
 		return req, fmt.Errorf("--memory: %w", err)
@@ -64,7 +66,7 @@ func (f *createFlags) request() (client.CreateRequest, error) {
 	if req.DiskSizeMB, err = parseMiB(f.disk); err != nil {
 		return req, fmt.Errorf("--disk: %w", err)
 	}
-	if req.OutputMB, err = parseMiB(f.output); err != nil {
+	if req.OutputLimitMB, err = parseMiB(f.output); err != nil {
 		return req, fmt.Errorf("--output-limit: %w", err)
 	}
 	if req.EnvVars, err = parseKV(f.env, "--env"); err != nil {

@@ -86,8 +86,14 @@ func startDaemon(t *testing.T, dataDir, listen string, serveArgs ...string) *dae
 // cella runs the CLI against the daemon and returns stdout, stderr, exit code.
 func (d *daemonProc) cella(stdin string, args ...string) (string, string, int) {
 	d.t.Helper()
+	return d.cellaWith(d.key, stdin, args...)
+}
+
+// cellaWith runs the CLI with key (the admin's, or another).
+func (d *daemonProc) cellaWith(key, stdin string, args ...string) (string, string, int) {
+	d.t.Helper()
 	cmd := exec.Command(d.bin, args...)
-	cmd.Env = append(os.Environ(), "CELLA_URL="+d.url, "CELLA_API_KEY="+d.key)
+	cmd.Env = append(os.Environ(), "CELLA_URL="+d.url, "CELLA_API_KEY="+key)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if stdin != "" {

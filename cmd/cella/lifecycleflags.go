@@ -86,7 +86,7 @@ func (p *policyFlags) apply(req *client.CreateRequest) error {
 	switch p.onTimeout {
 	case "":
 	case "kill", "pause":
-		lc.OnTimeout, set = p.onTimeout, true
+		lc.OnTimeout, set = new(client.OnTimeout(p.onTimeout)), true
 	default:
 		return fmt.Errorf("--on-timeout must be kill or pause (got %q)", p.onTimeout)
 	}
@@ -95,7 +95,7 @@ func (p *policyFlags) apply(req *client.CreateRequest) error {
 		lc.AutoResume, set = &t, true
 	}
 	if set {
-		req.Lifecycle = &lc
+		req.Lifecycle = lc
 	}
 	for _, v := range p.volumes {
 		parts := strings.Split(v, ":")

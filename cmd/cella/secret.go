@@ -61,7 +61,7 @@ without it an existing secret keeps its metadata.`,
 			if err != nil {
 				return err
 			}
-			fmt.Printf("%s %s version %d\n", s.Name, s.ID, s.Version)
+			fmt.Printf("%s %s version %d\n", s.Name, s.SecretID, s.CurrentVersion)
 			return nil
 		},
 	}
@@ -94,7 +94,7 @@ without it an existing secret keeps its metadata.`,
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tID\tVERSION\tUPDATED")
 			for _, s := range ss {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", s.Name, s.ID, s.Version, s.UpdatedAt.Local().Format("2006-01-02 15:04"))
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", s.Name, s.SecretID, s.CurrentVersion, s.UpdatedAt.Local().Format("2006-01-02 15:04"))
 			}
 			return tw.Flush()
 		},

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/build"
 	"github.com/cella-sandbox/cella/internal/cluster"
 	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/egress"
@@ -50,6 +51,8 @@ func serveSettings(c *serveConfig) []*setting {
 		{flag: "runsc-debug-dir", env: "CELLA_RUNSC_DEBUG_DIR", kind: "path", apply: one(&c.RunscDebugDir, text),
 			usage: "write runsc debug logs here (diagnostics)"},
 		logLevelSetting(&c.LogLevel),
+		{flag: "access-log", env: "CELLA_ACCESS_LOG", kind: "path", apply: one(&c.AccessLog, text),
+			usage: "append one JSON line per API request to this file (key name, route, status, latency, sandbox and request IDs; never a key, token or secret); - = stderr; default: none"},
 		{flag: "mcp-max-calls", env: "CELLA_MCP_MAX_CALLS", def: "0", kind: "int", apply: one(&c.MCPMaxCalls, integer[int64]),
 			usage: "tool calls each /mcp session may make; 0 = unlimited"},
 
@@ -59,6 +62,9 @@ func serveSettings(c *serveConfig) []*setting {
 			usage: "default: archive a paused sandbox (checkpoint and files compressed to DATA-DIR/archive, its layer freed) after this long; 0 = off"},
 		{flag: "auto-delete", env: "CELLA_AUTO_DELETE", def: "0", kind: "duration", apply: one(&l.AutoDelete, parseLifeDuration),
 			usage: "default: delete a paused sandbox after this long; 0 = off", more: "(see Lifecycle policies)"},
+		{flag: "webhook-allow", env: "CELLA_WEBHOOK_ALLOW", kind: "entries", list: true, apply: all(&c.WebhookAllow, texts),
+			usage: "where lifecycle webhooks (/events/webhooks) may post: names, *.wildcards, IPs and CIDRs; a name reaches only public addresses, loopback and private ones need an IP/CIDR entry; none = webhooks off",
+			more:  "(see Lifecycle events and webhooks)"},
 		{flag: "audit-retention", env: "CELLA_AUDIT_RETENTION", def: "7d", kind: "duration", apply: one(&c.AuditRetention, parseLifeDuration),
 			usage: "how long the audit log of a sandbox that is gone is kept, e.g. 7d or 12h"},
 		{flag: "metrics-interval", env: "CELLA_METRICS_INTERVAL", def: sandbox.DefaultMetricsInterval.String(), kind: "duration", apply: one(&c.MetricsInterval, time.ParseDuration),
@@ -85,6 +91,14 @@ func serveSettings(c *serveConfig) []*setting {
 			usage: "address pair of every sandbox's private link (first host: the gateway and resolver, second: the sandbox); IPv4, /30 or larger"},
 		{flag: "network-pool", env: "CELLA_NETWORK_POOL", def: strconv.Itoa(network.DefaultPoolSize), kind: "int", apply: one(&n.PoolSize, integer[int]),
 			usage: "network slots made ahead so that create does not wait for them"},
+
+		{flag: "build-egress-allow", env: "CELLA_BUILD_EGRESS_ALLOW", kind: "entries", list: true, apply: all(&c.Build.EgressAllow, texts),
+			usage: "what template build steps (RUN, apt-get, pip) may reach, as --egress-allow entries; none = the egress ceiling (--egress-deny holds for builds too)",
+			more:  "(see Dockerfiles and builds)"},
+		{flag: "build-timeout", env: "CELLA_BUILD_TIMEOUT", def: build.DefaultTimeout.String(), kind: "duration", apply: one(&c.Build.Timeout, time.ParseDuration),
+			usage: "the longest a template build may take, every step and the ready wait included"},
+		{flag: "build-ready-timeout", env: "CELLA_BUILD_READY_TIMEOUT", def: build.DefaultReadyTimeout.String(), kind: "duration", apply: one(&c.Build.ReadyTimeout, time.ParseDuration),
+			usage: "how long a build retries a template's ready command (every 2 s) before it fails"},
 
 		{flag: "max-cpus", env: "CELLA_MAX_CPUS", def: "0", kind: "cpus", apply: one(&mx.CPUs, cpus),
 			usage: "most CPUs a sandbox may ask for; 0 = the host's cores"},

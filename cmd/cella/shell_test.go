@@ -57,7 +57,7 @@ func TestShellWaitExpose(t *testing.T) {
 	env := daemontest.Start(t, runtime.GVisor, daemontest.Options{})
 	bin, _ := daemontest.Binaries(t)
 	ctx := context.Background()
-	sbx, err := env.Client.Create(ctx, client.CreateRequest{Timeout: 300})
+	sbx, err := env.Client.Create(ctx, client.CreateRequest{Timeout: new(int64(300))})
 	if err != nil {
 		t.Fatal(err)
 	}

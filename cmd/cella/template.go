@@ -40,8 +40,9 @@ func newTemplateCmd() *cobra.Command {
 	}
 
 	var suite, packages, mirror, fromImage, auth string
+	var steps stepFlags // templatebuild.go
 	build := &cobra.Command{
-		Use:   "build NAME (--from-image REF | --debootstrap SUITE --packages a,b,c)",
+		Use:   "build NAME (-f Dockerfile [--context DIR] | [--from-image REF | --from-template T] --run CMD... | --from-image REF | --debootstrap SUITE --packages a,b,c)",
 		Short: "Build a template from an OCI image (registry, docker-archive:, oci-archive:, oci:) or from Debian packages",
 		Long: `Build a template.
 
@@ -53,10 +54,20 @@ Layers are unpacked once each into the shared layer store; the template
 gets a user account (uid 1000) unless the image has one, and the image's
 Env, WorkingDir and User as its defaults.
 
+-f Dockerfile (or --run steps) has the daemon build the template: each
+step in a gVisor sandbox, cached per step, through E2B's build API.
+
 Without --from-image, debootstrap builds SUITE with --packages (cached by
 recipe).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if steps.wanted() {
+				if err := steps.run(cmd.Context(), args[0], fromImage, os.Stderr); err != nil {
+					return err
+				}
+				fmt.Printf("template %s ready\n", args[0])
+				return nil
+			}
 			s, err := store()
 			if err != nil {
 				return err
@@ -88,6 +99,7 @@ recipe).`,
 		},
 	}
 	build.Flags().StringVar(&fromImage, "from-image", "", "build from this OCI image instead of Debian packages")
+	steps.register(build)
 	build.Flags().StringVar(&auth, "registry-auth", "", "USER[:PASSWORD] for the image's registry; without :PASSWORD it is read from stdin (default: ~/.docker/config.json) [CELLA_REGISTRY_AUTH]")
 	build.Flags().StringVar(&suite, "debootstrap", "bookworm", "Debian suite to bootstrap")
 	build.Flags().StringVar(&packages, "packages", "", "comma-separated Debian packages to install")

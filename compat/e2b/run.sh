@@ -4,6 +4,7 @@
 #
 #   compat/e2b/run.sh                                   # everything
 #   compat/e2b/run.sh --test-name-pattern='step 8'      # extra args go to node --test
+#   CELLA_E2B_SKIP_TEMPLATES=1 compat/e2b/run.sh         # without the template build suite and its registry
 #
 # Needs: root, bin/cella + bin/runsc (make build), the base template in the
 # cache dir (cella template ensure base code-interpreter-v1), Node >= 20.11 with npm.
@@ -28,18 +29,48 @@ fi
 # A daemon of our own, run from a private copy of the binaries: the daemon
 # hands its own executable to every new sandbox as the agent, so a `make
 # build` during the run would otherwise mix two agent versions.
-DATA_DIR=$(mktemp -d /tmp/cella-e2b-compat.XXXXXX)
+DATA_DIR=$(mktemp -d "${TMPDIR:-/tmp}/cella-e2b-compat.XXXXXX")
 mkdir "$DATA_DIR/bin"
 cp "$CELLA" "$DATA_DIR/bin/cella"
 RUNSC=${CELLA_RUNSC:-$(dirname "$CELLA")/runsc}
 if [ -x "$RUNSC" ]; then cp "$RUNSC" "$DATA_DIR/bin/runsc"; fi
-PORT=$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')
+free_port() { node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'; }
+PORT=$(free_port)
 LOG=$DATA_DIR/daemon.log
+
+# The template build suite's registry: Debian's docker-registry on loopback,
+# holding the images the builds name (python:3.12-slim, debian:bookworm) as
+# stand-ins made from the base template's layers; the daemon's docker.io
+# mirror points at it, so no build pulls from anywhere but loopback.
+REGISTRY_PID=
+if [ "${CELLA_E2B_SKIP_TEMPLATES:-0}" != 1 ]; then
+  command -v docker-registry >/dev/null || { echo "compat/e2b: docker-registry is missing (apt-get install docker-registry; make deps does)" >&2; exit 2; }
+  REG_PORT=$(free_port)
+  mkdir -p "$DATA_DIR/registry"
+  printf 'version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: 127.0.0.1:%s\n' \
+    "$DATA_DIR/registry/data" "$REG_PORT" > "$DATA_DIR/registry/config.yml"
+  docker-registry serve "$DATA_DIR/registry/config.yml" >"$DATA_DIR/registry/registry.log" 2>&1 &
+  REGISTRY_PID=$!
+  for _ in $(seq 1 100); do
+    [ "$(node -e 'fetch(process.argv[1]).then(r=>console.log(r.status),()=>console.log(0))' "http://127.0.0.1:$REG_PORT/v2/")" = 200 ] && break
+    sleep 0.2
+  done
+  for img in library/python:3.12-slim library/debian:bookworm; do
+    "$DATA_DIR/bin/cella" template push base "127.0.0.1:$REG_PORT/$img" --cache-dir "$CACHE_DIR" \
+      --insecure-registry "127.0.0.1:$REG_PORT" >"$DATA_DIR/registry/push.log" 2>&1 ||
+      { echo "compat/e2b: pushing the stand-in image $img failed:" >&2; tail -n 20 "$DATA_DIR/registry/push.log" >&2; kill "$REGISTRY_PID"; exit 1; }
+  done
+  export CELLA_E2B_REGISTRY="127.0.0.1:$REG_PORT"
+  SERVE_TEMPLATE_FLAGS=(--registry-mirror "docker.io=http://127.0.0.1:$REG_PORT" --build-ready-timeout 30s)
+else
+  SERVE_TEMPLATE_FLAGS=()
+fi
 # The egress ceiling is every .test name, and they all resolve to this
 # host's loopback where network.test.mjs runs its upstream: no test traffic
-# ever leaves the machine.
+# ever leaves the machine. Webhooks may post to this host's 127.0.0.1 only
+# (events.test.mjs runs the receiver there).
 "$DATA_DIR/bin/cella" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA_DIR" --cache-dir "$CACHE_DIR" \
-  --egress-allow '*.test' --egress-resolve '*.test=127.0.0.1' >"$LOG" 2>&1 &
+  --egress-allow '*.test' --egress-resolve '*.test=127.0.0.1' --webhook-allow 127.0.0.1 "${SERVE_TEMPLATE_FLAGS[@]}" >"$LOG" 2>&1 &
 DAEMON_PID=$!
 status=1
 
@@ -54,6 +85,7 @@ stop_daemon() {
     fi
   fi
   wait "$DAEMON_PID" 2>/dev/null || true
+  if [ -n "$REGISTRY_PID" ]; then kill "$REGISTRY_PID" 2>/dev/null || true; wait "$REGISTRY_PID" 2>/dev/null || true; fi
   if [ "$status" != 0 ]; then
     echo "--- compat/e2b: last lines of the daemon log ($LOG) ---" >&2
     tail -n 60 "$LOG" >&2 || true
@@ -79,8 +111,29 @@ CELLA_E2B_KEY=$(tr -d '\n' < "$DATA_DIR/admin.key")
 export CELLA_E2B_KEY
 echo "compat/e2b: daemon $CELLA_E2B_URL (pid $DAEMON_PID, data dir $DATA_DIR)"
 
+TEMPLATE_TESTS=template.test.mjs
+[ "${CELLA_E2B_SKIP_TEMPLATES:-0}" = 1 ] && TEMPLATE_TESTS=
 set +e
-node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" sdk.test.mjs code-interpreter.test.mjs network.test.mjs secrets.test.mjs
+# One suite a line, so that branches adding suites merge cleanly.
+SUITES=(
+  sdk.test.mjs
+  code-interpreter.test.mjs
+  network.test.mjs
+  secrets.test.mjs
+  quota.test.mjs
+  volume.test.mjs
+  git.test.mjs
+  events.test.mjs
+  fidelity.test.mjs
+  cli.test.mjs
+)
+node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" "${SUITES[@]}"
 status=$?
+# Template builds take minutes each on a loaded machine: their own, longer bound.
+if [ -n "$TEMPLATE_TESTS" ]; then
+  node --test --test-concurrency=1 --test-timeout=7200000 --test-reporter=spec "$@" $TEMPLATE_TESTS
+  tstatus=$?
+  [ "$status" = 0 ] && status=$tstatus
+fi
 set -e
 exit "$status"

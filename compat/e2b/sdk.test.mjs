@@ -15,8 +15,10 @@ import {
 } from './lib/harness.mjs'
 
 const VERSIONS = ['2.45.0', '2.50.0', '2.51.0']
-// What cella reports; the SDK gates octet-stream/gzip uploads on >= 0.5.7.
-const ENVD_VERSION = '0.5.7'
+// What cella reports; the SDK gates octet-stream/gzip uploads on >= 0.5.7,
+// file metadata on 0.6.2, watchDir({includeEntry}) on 0.6.3 and
+// watchDir({allowNetworkMounts}) on 0.6.4 (fidelity.test.mjs).
+const ENVD_VERSION = '0.6.4'
 // Tags this run's sandboxes so list filters see only ours.
 const RUN = `r${Date.now().toString(36)}${Math.random().toString(36).slice(2, 6)}`
 const UNKNOWN_ID = 'nosuchsandbox0000000'

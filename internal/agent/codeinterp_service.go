@@ -28,6 +28,7 @@ func startCodeInterpreter(ctx context.Context, s *Server) (<-chan struct{}, erro
 		return nil, fmt.Errorf("code interpreter: listen on %s: %w", CodeInterpreterAddr, err)
 	}
 	ci := codeinterp.New(s.codeInterpreterConfig())
+	ci.Warm(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

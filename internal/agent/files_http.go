@@ -18,8 +18,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/cella-sandbox/cella/internal/agentapi"
 )
 
@@ -214,6 +212,10 @@ func (s *Server) handleUpload(w http.ResponseWriter, r *http.Request) {
 		body = zr
 	}
 	meta := uploadMetadata(r.Header)
+	if err := validateMetadata(meta); err != nil {
+		jsonError(w, http.StatusBadRequest, fmt.Errorf("invalid metadata: %w", err))
+		return
+	}
 	mediaType, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	query := r.URL.Query()
 	var entries []fileEntry
@@ -362,21 +364,25 @@ func (s *Server) writeUpload(target string, data io.Reader, u *sandboxUser, meta
 			code = statusFor(err)
 			return fmt.Errorf("error writing file: %w", err)
 		}
+		if err := writeMetadata(f, meta); err != nil {
+			switch {
+			case xattrUnsupported(err):
+				// The file is written; its filesystem keeps no metadata,
+				// and the answer does not claim any (read back below).
+				if len(meta) > 0 {
+					slog.Warn("upload metadata not stored: the filesystem keeps no user xattrs", "path", p, "err", err)
+				}
+			case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.E2BIG):
+				code = http.StatusInsufficientStorage
+				return fmt.Errorf("not enough space for file metadata: %w", err)
+			default:
+				code = http.StatusInternalServerError
+				return fmt.Errorf("error writing file metadata: %w", err)
+			}
+		}
 		if err := f.Close(); err != nil {
 			code = statusFor(err)
 			return fmt.Errorf("error writing file: %w", err)
-		}
-		for k, v := range meta {
-			if err := unix.Setxattr(p, "user.e2b."+k, []byte(v), 0); err != nil {
-				if errors.Is(err, unix.ENOTSUP) {
-					// The file is written; the filesystem just cannot
-					// keep metadata (tmpfs on old kernels).
-					slog.Warn("upload metadata not stored", "path", p, "err", err)
-					break
-				}
-				code = http.StatusInternalServerError
-				return fmt.Errorf("store metadata %s: %w", k, err)
-			}
 		}
 		return nil
 	})
@@ -389,9 +395,7 @@ func (s *Server) writeUpload(target string, data io.Reader, u *sandboxUser, meta
 	}
 	s.audit.emit(agentapi.AuditEvent{Kind: "file.write", Path: p, Size: n, User: u.Name})
 	e := fileEntry{Path: p, Name: filepath.Base(p), Type: "file"}
-	if len(meta) > 0 {
-		e.Metadata = meta
-	}
+	_ = u.do(func() error { e.Metadata = readMetadata(p); return nil })
 	return e, 0, nil
 }
 

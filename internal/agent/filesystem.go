@@ -17,6 +17,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/envd/filesystem"
 	"github.com/cella-sandbox/cella/internal/envd/filesystem/filesystemconnect"
+	"github.com/cella-sandbox/cella/internal/errdefs"
 )
 
 // filesystemService implements filesystem.Filesystem. Unlike envd, which
@@ -50,12 +51,13 @@ func (fsvc filesystemService) userAndPath(h http.Header, p string) (*sandboxUser
 	}
 	abs, err := fsvc.s.resolve(p, u)
 	if err != nil {
-		return nil, "", connect.NewError(connect.CodeInvalidArgument, err)
+		return nil, "", errdefs.Wrap(errdefs.KindInvalidArgument, err)
 	}
 	return u, abs, nil
 }
 
-func (fsvc filesystemService) Stat(ctx context.Context, req *connect.Request[filesystem.StatRequest]) (*connect.Response[filesystem.StatResponse], error) {
+func (fsvc filesystemService) Stat(ctx context.Context, req *connect.Request[filesystem.StatRequest]) (_ *connect.Response[filesystem.StatResponse], err error) {
+	defer rpcError(&err)
 	u, p, err := fsvc.userAndPath(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
@@ -68,7 +70,8 @@ func (fsvc filesystemService) Stat(ctx context.Context, req *connect.Request[fil
 	return connect.NewResponse(&filesystem.StatResponse{Entry: e}), nil
 }
 
-func (fsvc filesystemService) MakeDir(ctx context.Context, req *connect.Request[filesystem.MakeDirRequest]) (*connect.Response[filesystem.MakeDirResponse], error) {
+func (fsvc filesystemService) MakeDir(ctx context.Context, req *connect.Request[filesystem.MakeDirRequest]) (_ *connect.Response[filesystem.MakeDirResponse], err error) {
+	defer rpcError(&err)
 	u, p, err := fsvc.userAndPath(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
@@ -79,13 +82,13 @@ func (fsvc filesystemService) MakeDir(ctx context.Context, req *connect.Request[
 		st, err := os.Stat(p)
 		switch {
 		case err == nil && st.IsDir():
-			return connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory already exists: %s", p))
+			return errdefs.Conflict("directory already exists: %s", p)
 		case err == nil:
-			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path already exists but it is not a directory: %s", p))
+			return errdefs.InvalidArgument("path already exists but it is not a directory: %s", p)
 		case errors.Is(err, fs.ErrPermission):
 			return fsError(u.denied("create", p, err))
 		case !errors.Is(err, fs.ErrNotExist):
-			return connect.NewError(connect.CodeInternal, fmt.Errorf("error getting file info: %w", err))
+			return errdefs.Internal("error getting file info: %w", err)
 		}
 		if err := ensureDirs(p); err != nil {
 			return fsError(u.denied("create", p, err))
@@ -102,7 +105,8 @@ func (fsvc filesystemService) MakeDir(ctx context.Context, req *connect.Request[
 	return connect.NewResponse(&filesystem.MakeDirResponse{Entry: e}), nil
 }
 
-func (fsvc filesystemService) Move(ctx context.Context, req *connect.Request[filesystem.MoveRequest]) (*connect.Response[filesystem.MoveResponse], error) {
+func (fsvc filesystemService) Move(ctx context.Context, req *connect.Request[filesystem.MoveRequest]) (_ *connect.Response[filesystem.MoveResponse], err error) {
+	defer rpcError(&err)
 	u, src, err := fsvc.userAndPath(req.Header(), req.Msg.GetSource())
 	if err != nil {
 		return nil, err
@@ -135,7 +139,8 @@ func (fsvc filesystemService) Move(ctx context.Context, req *connect.Request[fil
 	return connect.NewResponse(&filesystem.MoveResponse{Entry: e}), nil
 }
 
-func (fsvc filesystemService) ListDir(ctx context.Context, req *connect.Request[filesystem.ListDirRequest]) (*connect.Response[filesystem.ListDirResponse], error) {
+func (fsvc filesystemService) ListDir(ctx context.Context, req *connect.Request[filesystem.ListDirRequest]) (_ *connect.Response[filesystem.ListDirResponse], err error) {
+	defer rpcError(&err)
 	u, requested, err := fsvc.userAndPath(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
@@ -167,7 +172,7 @@ func listDir(requested string, depth int, names idNames) ([]*filesystem.EntryInf
 		return nil, err
 	}
 	if !st.IsDir() {
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path is not a directory: %s", requested))
+		return nil, errdefs.InvalidArgument("path is not a directory: %s", requested)
 	}
 	var entries []*filesystem.EntryInfo
 	err = filepath.WalkDir(resolved, func(p string, d fs.DirEntry, err error) error {
@@ -196,7 +201,8 @@ func listDir(requested string, depth int, names idNames) ([]*filesystem.EntryInf
 	return entries, err
 }
 
-func (fsvc filesystemService) Remove(ctx context.Context, req *connect.Request[filesystem.RemoveRequest]) (*connect.Response[filesystem.RemoveResponse], error) {
+func (fsvc filesystemService) Remove(ctx context.Context, req *connect.Request[filesystem.RemoveRequest]) (_ *connect.Response[filesystem.RemoveResponse], err error) {
+	defer rpcError(&err)
 	u, p, err := fsvc.userAndPath(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
@@ -219,6 +225,14 @@ func entryInfo(p string, names idNames) (*filesystem.EntryInfo, error) {
 
 // entryFromInfo builds an EntryInfo; shown is the path reported, real the
 // path on disk (they differ below a symlinked directory).
+//
+// A symlink is encoded as envd encodes it (every 0.5 and 0.6 version): the
+// type and mode of what it finally points at, symlink_target the fully
+// resolved path, permissions and size the link's own. A link whose target
+// is missing or unreadable has no type (UNSPECIFIED, which the SDKs leave
+// out of listings). FILE_TYPE_SYMLINK is never sent: older SDKs fail to
+// parse it, newer ones drop the entry, so `files.list('/')` on a Debian
+// root (/bin -> usr/bin) would break.
 func entryFromInfo(shown, real string, fi fs.FileInfo, names idNames) *filesystem.EntryInfo {
 	e := &filesystem.EntryInfo{
 		Name:         filepath.Base(shown),
@@ -227,47 +241,57 @@ func entryFromInfo(shown, real string, fi fs.FileInfo, names idNames) *filesyste
 		Mode:         uint32(fi.Mode().Perm()),
 		Permissions:  fi.Mode().String(),
 		ModifiedTime: timestamppb.New(fi.ModTime()),
+		Metadata:     readMetadata(real),
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		e.Owner = names.user(st.Uid)
 		e.Group = names.group(st.Gid)
 	}
-	switch {
-	case fi.Mode()&fs.ModeSymlink != 0:
-		e.Type = filesystem.FileType_FILE_TYPE_SYMLINK
-		if target, err := filepath.EvalSymlinks(real); err == nil {
-			e.SymlinkTarget = &target
-		} else if target, err := os.Readlink(real); err == nil {
-			e.SymlinkTarget = &target
-		}
-	case fi.IsDir():
-		e.Type = filesystem.FileType_FILE_TYPE_DIRECTORY
-	default:
-		// Devices, fifos and sockets are reported as files rather than
-		// UNSPECIFIED, which the SDK would silently drop from listings.
-		e.Type = filesystem.FileType_FILE_TYPE_FILE
+	if fi.Mode()&fs.ModeSymlink == 0 {
+		e.Type = fileType(fi)
+		return e
+	}
+	target, err := filepath.EvalSymlinks(real)
+	if err != nil {
+		target = real // envd's fallback: the link's own path
+	}
+	e.SymlinkTarget = &target
+	e.Mode = 0
+	e.Type = filesystem.FileType_FILE_TYPE_UNSPECIFIED
+	if ti, err := os.Stat(target); err == nil {
+		e.Type = fileType(ti)
+		e.Mode = uint32(ti.Mode().Perm())
 	}
 	return e
 }
 
-// fsError maps filesystem errors to Connect codes.
-func fsError(err error) error {
-	var ce *connect.Error
-	switch {
-	case errors.As(err, &ce):
-		return err // already mapped
-	case errors.Is(err, fs.ErrNotExist):
-		return connect.NewError(connect.CodeNotFound, err)
-	case errors.Is(err, fs.ErrPermission):
-		return connect.NewError(connect.CodePermissionDenied, err)
-	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.EINVAL):
-		return connect.NewError(connect.CodeInvalidArgument, err)
-	case errors.Is(err, syscall.ENOSPC):
-		return connect.NewError(connect.CodeResourceExhausted, err)
-	case errors.Is(err, syscall.ELOOP):
-		return connect.NewError(connect.CodeFailedPrecondition, err)
+// fileType is the EntryInfo type of what fi describes (not a symlink).
+func fileType(fi fs.FileInfo) filesystem.FileType {
+	if fi.IsDir() {
+		return filesystem.FileType_FILE_TYPE_DIRECTORY
 	}
-	return connect.NewError(connect.CodeInternal, err)
+	// Devices, fifos and sockets are reported as files rather than
+	// UNSPECIFIED, which the SDK would silently drop from listings.
+	return filesystem.FileType_FILE_TYPE_FILE
+}
+
+// fsError gives a filesystem error its kind (its Connect code: rpcError).
+func fsError(err error) error {
+	switch {
+	case errdefs.HasKind(err):
+		return err // already given one
+	case errors.Is(err, fs.ErrNotExist):
+		return errdefs.Wrap(errdefs.KindNotFound, err)
+	case errors.Is(err, fs.ErrPermission):
+		return errdefs.Wrap(errdefs.KindForbidden, err)
+	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.EINVAL):
+		return errdefs.Wrap(errdefs.KindInvalidArgument, err)
+	case errors.Is(err, syscall.ENOSPC):
+		return errdefs.Wrap(errdefs.KindResourceExhausted, err)
+	case errors.Is(err, syscall.ELOOP):
+		return errdefs.Wrap(errdefs.KindFailedPrecondition, err)
+	}
+	return errdefs.Wrap(errdefs.KindInternal, err)
 }
 
 // ensureDirs creates dir and its missing parents (envd's EnsureDirs). Run

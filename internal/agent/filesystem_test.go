@@ -16,6 +16,61 @@ import (
 	"github.com/cella-sandbox/cella/internal/envd/filesystem"
 )
 
+// TestSymlinkEntries: ListDir and Stat encode symlinks as envd does, so that
+// every SDK parses a listing of a Debian root (/bin -> usr/bin): a link to a
+// directory is a directory with symlink_target, a dangling link has no type
+// (the SDKs skip it), FILE_TYPE_SYMLINK never appears.
+func TestSymlinkEntries(t *testing.T) {
+	e := newTestEnv(t)
+	ctx := ctxT(t, 10*time.Second)
+	base := e.rootDir
+	writeFile(t, filepath.Join(base, "usr", "bin", "tool"), "x")
+	for link, target := range map[string]string{"bin": "usr/bin", "chain": "bin", "dangling": "nowhere", "tool": "usr/bin/tool"} {
+		if err := os.Symlink(target, filepath.Join(base, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := e.fs.ListDir(ctx, connect.NewRequest(&filesystem.ListDirRequest{Path: base}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]*filesystem.EntryInfo{}
+	for _, en := range resp.Msg.Entries {
+		if en.Type == filesystem.FileType_FILE_TYPE_SYMLINK {
+			t.Errorf("%s: FILE_TYPE_SYMLINK sent", en.Path)
+		}
+		got[en.Name] = en
+	}
+	want := map[string]struct {
+		typ    filesystem.FileType
+		target string
+	}{
+		"bin":      {filesystem.FileType_FILE_TYPE_DIRECTORY, filepath.Join(base, "usr/bin")},
+		"chain":    {filesystem.FileType_FILE_TYPE_DIRECTORY, filepath.Join(base, "usr/bin")},
+		"tool":     {filesystem.FileType_FILE_TYPE_FILE, filepath.Join(base, "usr/bin/tool")},
+		"dangling": {filesystem.FileType_FILE_TYPE_UNSPECIFIED, filepath.Join(base, "dangling")},
+		"usr":      {filesystem.FileType_FILE_TYPE_DIRECTORY, ""},
+	}
+	for name, w := range want {
+		en := got[name]
+		if en == nil || en.Type != w.typ || en.GetSymlinkTarget() != w.target || en.Path != filepath.Join(base, name) {
+			t.Errorf("%s: got %+v, want type %v target %q", name, en, w.typ, w.target)
+		}
+	}
+	if m := got["bin"].GetMode(); m != 0o755 {
+		t.Errorf("bin: mode %o, want the directory's 755", m)
+	}
+	st, err := e.fs.Stat(ctx, connect.NewRequest(&filesystem.StatRequest{Path: filepath.Join(base, "bin")}))
+	if err != nil || st.Msg.Entry.Type != filesystem.FileType_FILE_TYPE_DIRECTORY || st.Msg.Entry.GetSymlinkTarget() != filepath.Join(base, "usr/bin") {
+		t.Fatalf("stat of a directory link: %+v %v", st, err)
+	}
+	// Listing through the link lists the target, paths as requested.
+	resp, err = e.fs.ListDir(ctx, connect.NewRequest(&filesystem.ListDirRequest{Path: filepath.Join(base, "bin")}))
+	if err != nil || len(resp.Msg.Entries) != 1 || resp.Msg.Entries[0].Path != filepath.Join(base, "bin", "tool") {
+		t.Fatalf("list through a link: %+v %v", resp, err)
+	}
+}
+
 func TestFilesystemRPCs(t *testing.T) {
 	e := newTestEnv(t)
 	ctx := ctxT(t, 10*time.Second)
@@ -62,8 +117,11 @@ func TestFilesystemRPCs(t *testing.T) {
 		en.Permissions != "-rw-r--r--" || en.Owner != "root" || en.Group != "root" || en.ModifiedTime == nil {
 		t.Fatalf("stat %+v", en)
 	}
+	// envd's encoding of a symlink: its target's type and mode, the
+	// resolved target, the link's own permissions string.
 	st, err = e.fs.Stat(ctx, connect.NewRequest(&filesystem.StatRequest{Path: filepath.Join(base, "ln")}))
-	if err != nil || st.Msg.Entry.Type != filesystem.FileType_FILE_TYPE_SYMLINK || st.Msg.Entry.GetSymlinkTarget() != filepath.Join(base, "a.txt") {
+	if err != nil || st.Msg.Entry.Type != filesystem.FileType_FILE_TYPE_FILE || st.Msg.Entry.GetSymlinkTarget() != filepath.Join(base, "a.txt") ||
+		st.Msg.Entry.Mode != 0o644 || !strings.HasPrefix(st.Msg.Entry.Permissions, "L") {
 		t.Fatalf("symlink stat %+v %v", st, err)
 	}
 	_, err = e.fs.Stat(ctx, connect.NewRequest(&filesystem.StatRequest{Path: "/nope"}))

@@ -10,10 +10,10 @@ import (
 	"sync"
 	"time"
 
-	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
 	"github.com/cella-sandbox/cella/internal/envd/process"
+	"github.com/cella-sandbox/cella/internal/errdefs"
 )
 
 const (
@@ -286,7 +286,7 @@ func (t *procTable) running() []*proc {
 
 func (t *procTable) find(sel *process.ProcessSelector) (*proc, error) {
 	if sel == nil {
-		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("process selector is required"))
+		return nil, errdefs.InvalidArgument("process selector is required")
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -295,7 +295,7 @@ func (t *procTable) find(sel *process.ProcessSelector) (*proc, error) {
 		if p, ok := t.byPid[int(s.Pid)]; ok {
 			return p, nil
 		}
-		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("process with pid %d not found", s.Pid))
+		return nil, errdefs.NotFound("process with pid %d not found", s.Pid)
 	case *process.ProcessSelector_Tag:
 		// Prefer a running process over a retained ended one.
 		var best *proc
@@ -307,8 +307,8 @@ func (t *procTable) find(sel *process.ProcessSelector) (*proc, error) {
 		if best != nil {
 			return best, nil
 		}
-		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("process with tag %s not found", s.Tag))
+		return nil, errdefs.NotFound("process with tag %s not found", s.Tag)
 	default:
-		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("process selector is required"))
+		return nil, errdefs.InvalidArgument("process selector is required")
 	}
 }

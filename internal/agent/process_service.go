@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/envd/process"
 	"github.com/cella-sandbox/cella/internal/envd/process/processconnect"
+	"github.com/cella-sandbox/cella/internal/errdefs"
 )
 
 // defaultKeepalive is envd's keepalive interval when the client sends none.
@@ -47,7 +47,8 @@ func processTimeout(ctx context.Context, h http.Header) time.Duration {
 	return 0
 }
 
-func (ps processService) Start(ctx context.Context, req *connect.Request[process.StartRequest], stream *connect.ServerStream[process.StartResponse]) error {
+func (ps processService) Start(ctx context.Context, req *connect.Request[process.StartRequest], stream *connect.ServerStream[process.StartResponse]) (err error) {
+	defer rpcError(&err)
 	s := ps.s
 	u, err := s.requestUser(req.Header())
 	if err != nil {
@@ -68,10 +69,19 @@ func (ps processService) Start(ctx context.Context, req *connect.Request[process
 		p.unsubscribe(sub)
 		return err
 	}
-	return streamEvents(ctx, p, sub, keepaliveInterval(req.Header()), send)
+	// The deadline is the process's lifetime: it ends the stream as envd
+	// does (deadline_exceeded, which the SDKs raise as a timeout error)
+	// and kills the process, whose timer may not have fired yet.
+	reason := timeoutReason(spec.timeout)
+	deadline := func() error {
+		p.kill(s, reason)
+		return errdefs.DeadlineExceeded("%s", reason)
+	}
+	return streamEvents(ctx, p, sub, keepaliveInterval(req.Header()), send, deadline)
 }
 
-func (ps processService) Connect(ctx context.Context, req *connect.Request[process.ConnectRequest], stream *connect.ServerStream[process.ConnectResponse]) error {
+func (ps processService) Connect(ctx context.Context, req *connect.Request[process.ConnectRequest], stream *connect.ServerStream[process.ConnectResponse]) (err error) {
+	defer rpcError(&err)
 	p, err := ps.s.procs.find(req.Msg.GetProcess())
 	if err != nil {
 		return err
@@ -82,7 +92,9 @@ func (ps processService) Connect(ctx context.Context, req *connect.Request[proce
 		p.unsubscribe(sub)
 		return err
 	}
-	return streamEvents(ctx, p, sub, keepaliveInterval(req.Header()), send)
+	// A re-attached stream's deadline ends only the stream (envd's too).
+	deadline := func() error { return errdefs.Wrap(errdefs.KindDeadlineExceeded, ctx.Err()) }
+	return streamEvents(ctx, p, sub, keepaliveInterval(req.Header()), send, deadline)
 }
 
 func (ps processService) List(ctx context.Context, req *connect.Request[process.ListRequest]) (*connect.Response[process.ListResponse], error) {
@@ -98,20 +110,22 @@ func (ps processService) List(ctx context.Context, req *connect.Request[process.
 	return connect.NewResponse(&process.ListResponse{Processes: out}), nil
 }
 
-func (ps processService) Update(ctx context.Context, req *connect.Request[process.UpdateRequest]) (*connect.Response[process.UpdateResponse], error) {
+func (ps processService) Update(ctx context.Context, req *connect.Request[process.UpdateRequest]) (_ *connect.Response[process.UpdateResponse], err error) {
+	defer rpcError(&err)
 	p, err := ps.s.procs.find(req.Msg.GetProcess())
 	if err != nil {
 		return nil, err
 	}
 	if req.Msg.Pty != nil {
 		if err := p.resize(req.Msg.GetPty().GetSize()); err != nil {
-			return nil, connect.NewError(connect.CodeInvalidArgument, err)
+			return nil, errdefs.Wrap(errdefs.KindInvalidArgument, err)
 		}
 	}
 	return connect.NewResponse(&process.UpdateResponse{}), nil
 }
 
-func (ps processService) SendInput(ctx context.Context, req *connect.Request[process.SendInputRequest]) (*connect.Response[process.SendInputResponse], error) {
+func (ps processService) SendInput(ctx context.Context, req *connect.Request[process.SendInputRequest]) (_ *connect.Response[process.SendInputResponse], err error) {
+	defer rpcError(&err)
 	p, err := ps.s.procs.find(req.Msg.GetProcess())
 	if err != nil {
 		return nil, err
@@ -122,7 +136,8 @@ func (ps processService) SendInput(ctx context.Context, req *connect.Request[pro
 	return connect.NewResponse(&process.SendInputResponse{}), nil
 }
 
-func (ps processService) StreamInput(ctx context.Context, stream *connect.ClientStream[process.StreamInputRequest]) (*connect.Response[process.StreamInputResponse], error) {
+func (ps processService) StreamInput(ctx context.Context, stream *connect.ClientStream[process.StreamInputRequest]) (_ *connect.Response[process.StreamInputResponse], err error) {
+	defer rpcError(&err)
 	var p *proc
 	for stream.Receive() {
 		switch ev := stream.Msg().Event.(type) {
@@ -134,7 +149,7 @@ func (ps processService) StreamInput(ctx context.Context, stream *connect.Client
 			p = found
 		case *process.StreamInputRequest_Data:
 			if p == nil {
-				return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("the first message must be start"))
+				return nil, errdefs.FailedPrecondition("the first message must be start")
 			}
 			if err := p.writeInput(ev.Data.GetInput()); err != nil {
 				return nil, err
@@ -148,7 +163,8 @@ func (ps processService) StreamInput(ctx context.Context, stream *connect.Client
 	return connect.NewResponse(&process.StreamInputResponse{}), nil
 }
 
-func (ps processService) SendSignal(ctx context.Context, req *connect.Request[process.SendSignalRequest]) (*connect.Response[process.SendSignalResponse], error) {
+func (ps processService) SendSignal(ctx context.Context, req *connect.Request[process.SendSignalRequest]) (_ *connect.Response[process.SendSignalResponse], err error) {
+	defer rpcError(&err)
 	p, err := ps.s.procs.find(req.Msg.GetProcess())
 	if err != nil {
 		return nil, err
@@ -160,20 +176,22 @@ func (ps processService) SendSignal(ctx context.Context, req *connect.Request[pr
 	case process.Signal_SIGNAL_SIGTERM:
 		sig = unix.SIGTERM
 	default:
-		return nil, connect.NewError(connect.CodeUnimplemented, fmt.Errorf("invalid signal: %s", req.Msg.GetSignal()))
+		return nil, errdefs.NotImplemented("invalid signal: %s", req.Msg.GetSignal())
 	}
 	if !p.running() {
-		// Retained for a late Connect only; its pid may already belong to
-		// another process, which must not get the signal.
-		return connect.NewResponse(&process.SendSignalResponse{}), nil
+		// Retained for a late Connect only (its pid may already belong to
+		// another process, which must not get the signal): to a signal it is
+		// gone, as envd answers, and the SDKs' kill() returns false.
+		return nil, errdefs.NotFound("process with pid %d not found", p.pid)
 	}
 	if err := p.signal(sig); err != nil {
-		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("signal process %d: %w", p.pid, err))
+		return nil, errdefs.Internal("signal process %d: %w", p.pid, err)
 	}
 	return connect.NewResponse(&process.SendSignalResponse{}), nil
 }
 
-func (ps processService) CloseStdin(ctx context.Context, req *connect.Request[process.CloseStdinRequest]) (*connect.Response[process.CloseStdinResponse], error) {
+func (ps processService) CloseStdin(ctx context.Context, req *connect.Request[process.CloseStdinRequest]) (_ *connect.Response[process.CloseStdinResponse], err error) {
+	defer rpcError(&err)
 	p, err := ps.s.procs.find(req.Msg.GetProcess())
 	if err != nil {
 		return nil, err
@@ -184,7 +202,7 @@ func (ps processService) CloseStdin(ctx context.Context, req *connect.Request[pr
 		// A terminal has no separate stdin to close; end-of-file is the
 		// EOF character, which is what closing the input means to it.
 		if _, err := p.ptmx.Write([]byte{4}); err != nil && p.running() {
-			return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("write EOF to pty: %w", err))
+			return nil, errdefs.Internal("write EOF to pty: %w", err)
 		}
 		return connect.NewResponse(&process.CloseStdinResponse{}), nil
 	}
@@ -202,23 +220,23 @@ func (p *proc) writeInput(in *process.ProcessInput) error {
 	switch v := in.GetInput().(type) {
 	case *process.ProcessInput_Stdin:
 		if p.ptmx != nil {
-			return connect.NewError(connect.CodeInternal, errors.New("process has a pty; send pty input instead of stdin"))
+			return errdefs.Internal("process has a pty; send pty input instead of stdin")
 		}
 		if p.stdin == nil {
-			return connect.NewError(connect.CodeFailedPrecondition, errors.New("stdin is not enabled or was closed"))
+			return errdefs.FailedPrecondition("stdin is not enabled or was closed")
 		}
 		if _, err := p.stdin.Write(v.Stdin); err != nil {
-			return connect.NewError(connect.CodeInternal, fmt.Errorf("write stdin: %w", err))
+			return errdefs.Internal("write stdin: %w", err)
 		}
 	case *process.ProcessInput_Pty:
 		if p.ptmx == nil {
-			return connect.NewError(connect.CodeInternal, errors.New("process has no pty; send stdin instead of pty input"))
+			return errdefs.Internal("process has no pty; send stdin instead of pty input")
 		}
 		if _, err := p.ptmx.Write(v.Pty); err != nil {
-			return connect.NewError(connect.CodeInternal, fmt.Errorf("write pty: %w", err))
+			return errdefs.Internal("write pty: %w", err)
 		}
 	default:
-		return connect.NewError(connect.CodeInvalidArgument, errors.New("input is required"))
+		return errdefs.InvalidArgument("input is required")
 	}
 	return nil
 }
@@ -226,16 +244,21 @@ func (p *proc) writeInput(in *process.ProcessInput) error {
 // streamEvents pumps a subscriber into a Start/Connect stream until the end
 // event, sending keepalives when idle. A client disconnect only detaches
 // the stream; the process keeps running. When the stream's own deadline
-// (Connect-Timeout-Ms) fires, the process is being killed by the same
-// timeout, so the stream lingers briefly to deliver the named end event.
-func streamEvents(ctx context.Context, p *proc, sub *subscriber, keepalive time.Duration, send func(*process.ProcessEvent) error) error {
+// (Connect-Timeout-Ms) passes, the output taken so far is sent and the
+// stream ends with deadline's error instead of the end event, as envd's
+// does.
+func streamEvents(ctx context.Context, p *proc, sub *subscriber, keepalive time.Duration, send func(*process.ProcessEvent) error, deadline func() error) error {
 	defer p.unsubscribe(sub)
 	timer := time.NewTimer(keepalive)
 	defer timer.Stop()
-	var linger <-chan time.Time
 	for {
 		evs, closed := sub.take()
 		for _, ev := range evs {
+			if ev.GetEnd() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				// Ended by the timeout's kill, or just as the deadline
+				// passed: either way the deadline came first.
+				return deadline()
+			}
 			if err := send(ev); err != nil {
 				return err
 			}
@@ -259,7 +282,7 @@ func streamEvents(ctx context.Context, p *proc, sub *subscriber, keepalive time.
 		// while the client is still reading. A client that really left is
 		// found by the next send (an event or a keepalive) failing.
 		done := ctx.Done()
-		if linger != nil || (ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded)) {
+		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			done = nil
 		}
 		select {
@@ -274,9 +297,16 @@ func streamEvents(ctx context.Context, p *proc, sub *subscriber, keepalive time.
 				slog.Debug("stream context cancelled; streaming on until a send fails", "pid", p.pid)
 				continue
 			}
-			linger = time.After(3 * time.Second)
-		case <-linger:
-			return connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
+			evs, _ := sub.take()
+			for _, ev := range evs {
+				if ev.GetEnd() != nil {
+					break
+				}
+				if err := send(ev); err != nil {
+					return err
+				}
+			}
+			return deadline()
 		}
 	}
 }

@@ -180,6 +180,24 @@ func TestSendSignalKill(t *testing.T) {
 	}
 	// The whole group died, including the background sleep.
 	eventually(t, 3*time.Second, "session to be empty", func() bool { return len(sessionMembers(int(pid))) == 0 })
+
+	// To a signal, an ended process is gone (envd's not_found: the SDKs'
+	// kill() returns false), though a late Connect still gets its end.
+	_, err = e.proc.SendSignal(ctx, connect.NewRequest(&process.SendSignalRequest{Process: sel, Signal: process.Signal_SIGNAL_SIGKILL}))
+	if connect.CodeOf(err) != connect.CodeNotFound || !strings.Contains(err.Error(), "not found") {
+		t.Fatalf("signal to an ended process: %v, want not_found", err)
+	}
+	late, err := e.proc.Connect(ctx, connect.NewRequest(&process.ConnectRequest{Process: sel}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = &result{}
+	for late.Receive() {
+		r.add(late.Msg().Event)
+	}
+	if r.end == nil || r.end.Status != "signal: killed" {
+		t.Fatalf("late connect after the refused signal: %+v %v", r.end, late.Err())
+	}
 }
 
 func TestReattachFromSecondClient(t *testing.T) {
@@ -250,26 +268,42 @@ func TestReattachFromSecondClient(t *testing.T) {
 
 func TestTimeoutIsProcessLifetime(t *testing.T) {
 	e := newTestEnv(t)
-	// The timeout kills, with the named error, even without a client deadline.
+	// The timeout ends the stream as envd's does, with deadline_exceeded
+	// (the SDKs' TimeoutError) naming cella's limit, after the output so
+	// far, and kills the process, even without a client deadline.
 	start := time.Now()
 	_, frames := rawStream(t, e.ts.URL, "/process.Process/Start",
-		map[string]any{"process": map[string]any{"cmd": "/bin/sleep", "args": []string{"20"}}},
+		map[string]any{"process": map[string]any{"cmd": "/bin/bash", "args": []string{"-c", "echo before; exec sleep 600"}}},
 		http.Header{"Connect-Timeout-Ms": {"1500"}})
-	if d := time.Since(start); d > 6*time.Second {
+	if d := time.Since(start); d > 60*time.Second {
 		t.Fatalf("took %v", d)
 	}
-	var sawEnd bool
+	var pid float64
+	var sawOutput bool
 	for _, f := range frames {
+		var m map[string]map[string]map[string]any
+		_ = json.Unmarshal(f.body, &m)
+		if st := m["event"]["start"]; st != nil {
+			pid, _ = st["pid"].(float64)
+		}
 		if strings.Contains(string(f.body), `"end"`) {
-			sawEnd = true
-			want := `{"event":{"end":{"exitCode":-1,"status":"killed: command timeout 1.5s reached (raise with --timeout)","error":"killed: command timeout 1.5s reached (raise with --timeout)"}}}`
-			jsonEqual(t, f.body, want)
+			t.Fatalf("an end event instead of deadline_exceeded: %s", f.body)
+		}
+		if strings.Contains(string(f.body), base64.StdEncoding.EncodeToString([]byte("before\n"))) {
+			sawOutput = true
 		}
 	}
-	if !sawEnd {
-		t.Fatalf("no end event: %q", frames)
+	last := frames[len(frames)-1]
+	if last.flags&2 == 0 {
+		t.Fatalf("last frame is not the end of the stream: %d %s", last.flags, last.body)
 	}
-	t.Logf("last frame: %d %s", frames[len(frames)-1].flags, frames[len(frames)-1].body)
+	jsonEqual(t, last.body, `{"error":{"code":"deadline_exceeded","message":"killed: command timeout 1.5s reached (raise with --timeout)"}}`)
+	if !sawOutput || pid == 0 {
+		t.Fatalf("output before the deadline missing (pid %v): %q", pid, frames)
+	}
+	eventually(t, 60*time.Second, "the timed-out process to be killed", func() bool {
+		return unix.Kill(int(pid), 0) != nil
+	})
 
 	// A client disconnect does not kill the process.
 	marker := filepath.Join(e.rootDir, "survived")

@@ -13,12 +13,12 @@ import (
 	"sync"
 	"time"
 
-	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
 	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/envd/filesystem/filesystemconnect"
 	"github.com/cella-sandbox/cella/internal/envd/process/processconnect"
+	"github.com/cella-sandbox/cella/internal/errdefs"
 )
 
 // Options are the parts of a Server that differ between a real sandbox and
@@ -155,7 +155,7 @@ func (s *Server) requestUser(h http.Header) (*sandboxUser, error) {
 	if auth := h.Get("Authorization"); auth != "" {
 		user, ok := parseBasicUser(auth)
 		if !ok {
-			return nil, connect.NewError(connect.CodeUnauthenticated, errors.New("invalid Authorization header: expected Basic auth with the user name"))
+			return nil, errdefs.Unauthenticated("invalid Authorization header: expected Basic auth with the user name")
 		}
 		if user != "" {
 			name = user
@@ -163,7 +163,7 @@ func (s *Server) requestUser(h http.Header) (*sandboxUser, error) {
 	}
 	u, err := s.users.lookup(name)
 	if err != nil {
-		return nil, connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("invalid username: '%s'", name))
+		return nil, errdefs.Unauthenticated("invalid username: '%s'", name)
 	}
 	return u, nil
 }

@@ -15,11 +15,11 @@ import (
 	"syscall"
 	"time"
 
-	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
 	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/envd/process"
+	"github.com/cella-sandbox/cella/internal/errdefs"
 )
 
 // startSpec is a resolved StartRequest.
@@ -40,7 +40,7 @@ type startSpec struct {
 func (s *Server) resolveStart(u *sandboxUser, req *process.StartRequest, timeout time.Duration) (*startSpec, error) {
 	pc := req.GetProcess()
 	if pc == nil || pc.GetCmd() == "" {
-		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd is required"))
+		return nil, errdefs.InvalidArgument("process.cmd is required")
 	}
 	cfg := s.config()
 
@@ -53,10 +53,10 @@ func (s *Server) resolveStart(u *sandboxUser, req *process.StartRequest, timeout
 	}
 	cwd, err := expandPath(cwd, u.Home)
 	if err != nil {
-		return nil, connect.NewError(connect.CodeInvalidArgument, err)
+		return nil, errdefs.Wrap(errdefs.KindInvalidArgument, err)
 	}
 	if st, err := os.Stat(cwd); err != nil || !st.IsDir() {
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("cwd '%s' does not exist", cwd))
+		return nil, errdefs.InvalidArgument("cwd '%s' does not exist", cwd)
 	}
 
 	// The environment is built from scratch: the agent's own environment
@@ -81,7 +81,7 @@ func (s *Server) resolveStart(u *sandboxUser, req *process.StartRequest, timeout
 		cmd, exe, err = shPath, shPath, nil
 	}
 	if err != nil {
-		return nil, connect.NewError(connect.CodeInvalidArgument, err)
+		return nil, errdefs.Wrap(errdefs.KindInvalidArgument, err)
 	}
 	stdin := req.Stdin == nil || req.GetStdin()
 	return &startSpec{
@@ -131,7 +131,7 @@ func (s *Server) startProcess(spec *startSpec) (*proc, *subscriber, error) {
 	if spec.pty != nil {
 		ptmx, tty, err := openPTY(spec.pty)
 		if err != nil {
-			return nil, nil, connect.NewError(connect.CodeInternal, fmt.Errorf("open pty: %w", err))
+			return nil, nil, errdefs.Internal("open pty: %w", err)
 		}
 		p.ptmx = ptmx
 		childFiles = append(childFiles, tty)
@@ -144,25 +144,25 @@ func (s *Server) startProcess(spec *startSpec) (*proc, *subscriber, error) {
 		if spec.stdin {
 			r, w, err := os.Pipe()
 			if err != nil {
-				return nil, nil, connect.NewError(connect.CodeInternal, fmt.Errorf("stdin pipe: %w", err))
+				return nil, nil, errdefs.Internal("stdin pipe: %w", err)
 			}
 			inR, p.stdin = r, w
 		} else {
 			f, err := os.Open(os.DevNull)
 			if err != nil {
-				return nil, nil, connect.NewError(connect.CodeInternal, fmt.Errorf("open %s: %w", os.DevNull, err))
+				return nil, nil, errdefs.Internal("open %s: %w", os.DevNull, err)
 			}
 			inR = f
 		}
 		outR, outW, err := os.Pipe()
 		if err != nil {
 			closeAll([]*os.File{inR, p.stdin})
-			return nil, nil, connect.NewError(connect.CodeInternal, fmt.Errorf("stdout pipe: %w", err))
+			return nil, nil, errdefs.Internal("stdout pipe: %w", err)
 		}
 		errR, errW, err := os.Pipe()
 		if err != nil {
 			closeAll([]*os.File{inR, p.stdin, outR, outW})
-			return nil, nil, connect.NewError(connect.CodeInternal, fmt.Errorf("stderr pipe: %w", err))
+			return nil, nil, errdefs.Internal("stderr pipe: %w", err)
 		}
 		childFiles = append(childFiles, inR, outW, errW)
 		parentReads = append(parentReads, outR, errR)
@@ -209,7 +209,7 @@ func (s *Server) startProcess(spec *startSpec) (*proc, *subscriber, error) {
 			p.stdin.Close()
 		}
 		closeAll(parentReads)
-		return nil, nil, connect.NewError(connect.CodeInternal, fmt.Errorf("start %s: %w", spec.argv[0], err))
+		return nil, nil, errdefs.Internal("start %s: %w", spec.argv[0], err)
 	}
 	adjustOOM(pid)
 	slog.Info("process started", "pid", pid, "cmd", spec.config.GetCmd(), "user", spec.user.Name, "cwd", spec.cwd)

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cella-sandbox/cella/internal/envd/filesystem"
+	"github.com/cella-sandbox/cella/internal/errdefs"
 )
 
 // maxPendingEvents bounds the events a watcher queues for a slow or absent
@@ -238,7 +239,7 @@ var networkFSMagic = map[int64]bool{0x6969: true, 0xFF534D42: true, 0x517B: true
 func (s *Server) openWatch(u *sandboxUser, path string, recursive, includeEntry, allowNetwork bool) (*dirWatcher, error) {
 	p, err := s.resolve(path, u)
 	if err != nil {
-		return nil, connect.NewError(connect.CodeInvalidArgument, err)
+		return nil, errdefs.Wrap(errdefs.KindInvalidArgument, err)
 	}
 	names := s.users.idNames()
 	var w *dirWatcher
@@ -248,12 +249,12 @@ func (s *Server) openWatch(u *sandboxUser, path string, recursive, includeEntry,
 			return fsError(u.denied("watch", p, err))
 		}
 		if !st.IsDir() {
-			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %s is not a directory", p))
+			return errdefs.InvalidArgument("path %s is not a directory", p)
 		}
 		if !allowNetwork {
 			var sfs unix.Statfs_t
 			if err := unix.Statfs(p, &sfs); err == nil && networkFSMagic[int64(sfs.Type)] {
-				return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("path %s is on a network mount; set allowNetworkMounts to watch it", p))
+				return errdefs.FailedPrecondition("path %s is on a network mount; set allowNetworkMounts to watch it", p)
 			}
 		}
 		w, err = newDirWatcher(p, recursive, includeEntry, names, u)
@@ -268,7 +269,8 @@ func (s *Server) openWatch(u *sandboxUser, path string, recursive, includeEntry,
 	return w, nil
 }
 
-func (fsvc filesystemService) WatchDir(ctx context.Context, req *connect.Request[filesystem.WatchDirRequest], stream *connect.ServerStream[filesystem.WatchDirResponse]) error {
+func (fsvc filesystemService) WatchDir(ctx context.Context, req *connect.Request[filesystem.WatchDirRequest], stream *connect.ServerStream[filesystem.WatchDirResponse]) (err error) {
+	defer rpcError(&err)
 	u, err := fsvc.s.requestUser(req.Header())
 	if err != nil {
 		return err
@@ -311,7 +313,7 @@ func (fsvc filesystemService) WatchDir(ctx context.Context, req *connect.Request
 				}
 			}
 			if w.isClosed() {
-				return connect.NewError(connect.CodeInternal, fmt.Errorf("watcher of %s stopped", w.root))
+				return errdefs.Internal("watcher of %s stopped", w.root)
 			}
 		}
 	}
@@ -333,7 +335,8 @@ func (t *watcherTable) closeAll() {
 	}
 }
 
-func (fsvc filesystemService) CreateWatcher(ctx context.Context, req *connect.Request[filesystem.CreateWatcherRequest]) (*connect.Response[filesystem.CreateWatcherResponse], error) {
+func (fsvc filesystemService) CreateWatcher(ctx context.Context, req *connect.Request[filesystem.CreateWatcherRequest]) (_ *connect.Response[filesystem.CreateWatcherResponse], err error) {
+	defer rpcError(&err)
 	u, err := fsvc.s.requestUser(req.Header())
 	if err != nil {
 		return nil, err
@@ -353,25 +356,27 @@ func (fsvc filesystemService) CreateWatcher(ctx context.Context, req *connect.Re
 	return connect.NewResponse(&filesystem.CreateWatcherResponse{WatcherId: id}), nil
 }
 
-func (fsvc filesystemService) GetWatcherEvents(ctx context.Context, req *connect.Request[filesystem.GetWatcherEventsRequest]) (*connect.Response[filesystem.GetWatcherEventsResponse], error) {
+func (fsvc filesystemService) GetWatcherEvents(ctx context.Context, req *connect.Request[filesystem.GetWatcherEventsRequest]) (_ *connect.Response[filesystem.GetWatcherEventsResponse], err error) {
+	defer rpcError(&err)
 	t := &fsvc.s.watchers
 	t.mu.Lock()
 	w := t.byID[req.Msg.GetWatcherId()]
 	t.mu.Unlock()
 	if w == nil {
-		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("watcher with id %s not found", req.Msg.GetWatcherId()))
+		return nil, errdefs.NotFound("watcher with id %s not found", req.Msg.GetWatcherId())
 	}
 	return connect.NewResponse(&filesystem.GetWatcherEventsResponse{Events: w.take()}), nil
 }
 
-func (fsvc filesystemService) RemoveWatcher(ctx context.Context, req *connect.Request[filesystem.RemoveWatcherRequest]) (*connect.Response[filesystem.RemoveWatcherResponse], error) {
+func (fsvc filesystemService) RemoveWatcher(ctx context.Context, req *connect.Request[filesystem.RemoveWatcherRequest]) (_ *connect.Response[filesystem.RemoveWatcherResponse], err error) {
+	defer rpcError(&err)
 	t := &fsvc.s.watchers
 	t.mu.Lock()
 	w := t.byID[req.Msg.GetWatcherId()]
 	delete(t.byID, req.Msg.GetWatcherId())
 	t.mu.Unlock()
 	if w == nil {
-		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("watcher with id %s not found", req.Msg.GetWatcherId()))
+		return nil, errdefs.NotFound("watcher with id %s not found", req.Msg.GetWatcherId())
 	}
 	w.close()
 	return connect.NewResponse(&filesystem.RemoveWatcherResponse{}), nil

@@ -19,8 +19,11 @@ import (
 )
 
 // Version is the envd protocol version the agent implements, reported to
-// SDKs as envdVersion.
-const Version = "0.5.7"
+// SDKs as envdVersion. The SDKs gate features on it; everything gated up
+// to it works: octet-stream and gzip uploads (0.5.7), file metadata
+// (0.6.2), watch events with entries (0.6.3), watching network mounts
+// (0.6.4).
+const Version = "0.6.4"
 
 // Port is the port of the agent's own API, the same as E2B's envd: a
 // channel stream opened for it reaches the agent, any other port is piped to

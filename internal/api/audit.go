@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
 	"slices"
@@ -23,7 +24,9 @@ func (s *Server) auditRoutes(auth func(http.HandlerFunc) http.Handler) {
 	m.Handle("GET /v2/sandboxes/{id}/logs", auth(s.sandboxLogsV2))
 }
 
-// sandboxLog is an item of E2B's v1 "logs": a plain line.
+// sandboxLog is an item of E2B's v1 "logs": a line that is itself a JSON
+// object, as E2B's are (the raw structured log line; the E2B CLI's
+// `sandbox logs` parses it and reads level, logger and the rest).
 type sandboxLog struct {
 	Timestamp time.Time `json:"timestamp"`
 	Line      string    `json:"line"`
@@ -62,6 +65,20 @@ func logEntry(e audit.Entry) sandboxLogEntry {
 	return sandboxLogEntry{Timestamp: e.Time.UTC(), Level: level, Message: e.Line(), Fields: e.Fields()}
 }
 
+// logLine is the v1 line of an entry: a JSON object with E2B's keys (level,
+// logger, message, sandboxID) and the entry's fields. The logger is the
+// entry's kind, so that the CLI's --loggers filters by it.
+func logLine(e audit.Entry, le sandboxLogEntry) string {
+	line := make(map[string]string, len(le.Fields)+4)
+	for k, v := range le.Fields {
+		line[k] = v
+	}
+	delete(line, "sandboxId")
+	line["level"], line["logger"], line["message"], line["sandboxID"] = le.Level, e.Kind, le.Message, e.SandboxID
+	b, _ := json.Marshal(line) // a map of strings: no error
+	return string(b)
+}
+
 // GET /sandboxes/{id}/logs?since=&kind=&decision=&limit= (E2B's start= too).
 func (s *Server) sandboxLogsV1(w http.ResponseWriter, r *http.Request) {
 	entries, st, ok := s.auditEntries(w, r, false)
@@ -71,7 +88,7 @@ func (s *Server) sandboxLogsV1(w http.ResponseWriter, r *http.Request) {
 	out := sandboxLogsV1{Logs: make([]sandboxLog, 0, len(entries)), LogEntries: make([]sandboxLogEntry, 0, len(entries)), Entries: entries, Dropped: st.Dropped}
 	for _, e := range entries {
 		le := logEntry(e)
-		out.Logs = append(out.Logs, sandboxLog{Timestamp: le.Timestamp, Line: le.Message})
+		out.Logs = append(out.Logs, sandboxLog{Timestamp: le.Timestamp, Line: logLine(e, le)})
 		out.LogEntries = append(out.LogEntries, le)
 	}
 	writeJSON(w, http.StatusOK, out)

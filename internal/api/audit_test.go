@@ -75,10 +75,17 @@ func TestAuditLogsAPI(t *testing.T) {
 	blocked := v1.LogEntries[2]
 	if blocked.Level != "warn" || v1.LogEntries[1].Level != "info" ||
 		blocked.Message != `connect blocked host=evil.example dst=203.0.113.9:443 rule=default reason="not in the allowlist"` ||
-		v1.Logs[2].Line != blocked.Message || !v1.Logs[2].Timestamp.Equal(t0.Add(2*time.Second)) ||
+		!v1.Logs[2].Timestamp.Equal(t0.Add(2*time.Second)) ||
 		blocked.Fields["decision"] != "blocked" || blocked.Fields["dst"] != "203.0.113.9:443" || blocked.Fields["sandboxId"] != "isb1" ||
 		v1.Entries[2].Rule != "default" || v1.Entries[3].PID != 7 {
 		t.Fatalf("v1 shape: %s", body)
+	}
+
+	// E2B's v1 lines are JSON objects (the E2B CLI parses them).
+	var line map[string]string
+	if err := json.Unmarshal([]byte(v1.Logs[2].Line), &line); err != nil || line["level"] != "warn" || line["logger"] != "connect" ||
+		line["message"] != blocked.Message || line["sandboxID"] != "isb1" || line["dst"] != "203.0.113.9:443" {
+		t.Fatalf("v1 line: %q %v", v1.Logs[2].Line, err)
 	}
 
 	for _, tc := range []struct {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 	"github.com/cella-sandbox/cella/internal/volume"
@@ -29,6 +30,8 @@ func optSeconds(field string, v *int64, def, max time.Duration) (time.Duration, 
 
 // parseSetTimeout reads POST /sandboxes/{id}/timeout {"timeout": s}.
 func parseSetTimeout(r *http.Request) (time.Duration, error) {
+	// Not apiwire.SandboxTimeoutRequest: timeout is required, and only a
+	// pointer tells it left out from 0.
 	var req struct {
 		Timeout *int64 `json:"timeout"`
 	}
@@ -44,9 +47,7 @@ func parseSetTimeout(r *http.Request) (time.Duration, error) {
 // parseRefresh reads POST /sandboxes/{id}/refreshes {"duration"?: s},
 // 60 s by default.
 func parseRefresh(r *http.Request) (time.Duration, error) {
-	var req struct {
-		Duration *int64 `json:"duration"`
-	}
+	var req apiwire.SandboxRefreshRequest
 	if err := decodeBody(r, &req); err != nil {
 		return 0, err
 	}
@@ -57,10 +58,7 @@ func parseRefresh(r *http.Request) (time.Duration, error) {
 // "memory"?: bool}. "memory": false asks for a cold boot of a paused
 // sandbox on its kept filesystem (the SDK's onResume: 'reboot').
 func parseConnect(r *http.Request) (timeout time.Duration, keepMemory bool, err error) {
-	var req struct {
-		Timeout *int64 `json:"timeout"`
-		Memory  *bool  `json:"memory"`
-	}
+	var req apiwire.ConnectSandboxV2
 	if err := decodeBody(r, &req); err != nil {
 		return 0, false, err
 	}
@@ -70,9 +68,7 @@ func parseConnect(r *http.Request) (timeout time.Duration, keepMemory bool, err 
 
 // parsePause reads POST /sandboxes/{id}/pause {"memory"?: bool}.
 func parsePause(r *http.Request) (keepMemory bool, err error) {
-	var req struct {
-		Memory *bool `json:"memory"`
-	}
+	var req apiwire.SandboxPauseRequest
 	if err := decodeBody(r, &req); err != nil {
 		return false, err
 	}
@@ -82,6 +78,8 @@ func parsePause(r *http.Request) (keepMemory bool, err error) {
 // parseResume reads E2B's deprecated POST /sandboxes/{id}/resume
 // {"timeout"?: s}, 15 s by default (the spec's, for ResumedSandbox).
 func parseResume(r *http.Request) (time.Duration, error) {
+	// Not apiwire.ResumedSandbox: only timeout is read, and the SDKs'
+	// other fields must not be refused for their types.
 	var req struct {
 		Timeout *int64 `json:"timeout"`
 	}
@@ -93,10 +91,7 @@ func parseResume(r *http.Request) (time.Duration, error) {
 
 // parseFork reads POST /sandboxes/{id}/fork {"count"?: n, "timeout"?: s}.
 func parseFork(r *http.Request) (count int, timeout time.Duration, err error) {
-	var req struct {
-		Timeout *int64 `json:"timeout"`
-		Count   *int   `json:"count"`
-	}
+	var req apiwire.SandboxForkRequest
 	if err := decodeBody(r, &req); err != nil {
 		return 0, 0, err
 	}
@@ -114,9 +109,7 @@ func parseFork(r *http.Request) (count int, timeout time.Duration, err error) {
 // parseSnapshot reads POST /sandboxes/{id}/snapshots {"name"?: s}; the
 // manager checks the name.
 func parseSnapshot(r *http.Request) (string, error) {
-	var req struct {
-		Name string `json:"name"`
-	}
+	var req apiwire.SandboxSnapshotRequest
 	err := decodeBody(r, &req)
 	return req.Name, err
 }
@@ -124,6 +117,8 @@ func parseSnapshot(r *http.Request) (string, error) {
 // parsePoolSize reads PUT /pools/{template} {"size": n}; the manager
 // checks its range.
 func parsePoolSize(r *http.Request) (int, error) {
+	// Not apiwire.PoolSize: size is required, and only a pointer tells it
+	// left out from 0 (which removes the pool).
 	var req struct {
 		Size *int `json:"size"`
 	}
@@ -140,11 +135,7 @@ func parsePoolSize(r *http.Request) (int, error) {
 // "1G"}; size 0 is the volume manager's default. The manager checks the
 // name.
 func parseVolumeCreate(r *http.Request) (name string, size int64, err error) {
-	var req struct {
-		Name   string  `json:"name"`
-		SizeMB *int64  `json:"sizeMB"`
-		Size   *string `json:"size"`
-	}
+	var req apiwire.NewVolume
 	if err := decodeBody(r, &req); err != nil {
 		return "", 0, err
 	}
@@ -167,7 +158,7 @@ func parseVolumeCreate(r *http.Request) (name string, size int64, err error) {
 // parseWait reads POST /sandboxes/{id}/wait into the query of the agent's
 // GET /cella/wait.
 func parseWait(r *http.Request) (url.Values, error) {
-	var req waitRequest
+	var req apiwire.WaitRequest // timeout: seconds (a number) or a Go duration string
 	if err := decodeBody(r, &req); err != nil {
 		return nil, err
 	}

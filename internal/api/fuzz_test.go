@@ -61,7 +61,7 @@ func fuzzRequest(method, target string, body []byte, p tenant.Principal) *http.R
 // want4xx fails unless err is bad input or a refusal of the caller.
 func want4xx(t *testing.T, what string, err error) {
 	t.Helper()
-	if st := errdefs.Status(err); st != http.StatusBadRequest && st != http.StatusForbidden {
+	if st := errdefs.HTTPStatus(err); st != http.StatusBadRequest && st != http.StatusForbidden {
 		t.Fatalf("%s: %v is a %d, not a 400 or 403", what, err, st)
 	}
 }

@@ -148,7 +148,7 @@ func TestInteract(t *testing.T) {
 	a := apiT{env: env}
 	key := env.APIKey
 	ctx := context.Background()
-	created, err := env.Client.Create(ctx, client.CreateRequest{Timeout: 600})
+	created, err := env.Client.Create(ctx, client.CreateRequest{Timeout: new(int64(600))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,13 +9,15 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/quota"
 	"github.com/cella-sandbox/cella/internal/secrets"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
 // keyInfo is an API key's public part; Key is set only in the answer that
-// creates it.
+// creates it. Not apiwire.APIKey: the generated usage.vcpus is a float32,
+// which would round what this answer has always given as a float64.
 type keyInfo struct {
 	ID   string `json:"id"`
 	Name string `json:"name"`
@@ -33,6 +35,10 @@ type keyInfo struct {
 	EgressAllow []string `json:"egressAllow"`
 	// Egress says in words what this key's sandboxes may reach at most.
 	Egress string `json:"egress"`
+	// The key's quota (quotas.go; the admin key's is all zero: unlimited)
+	// and what it holds now against it.
+	keyLimits
+	Usage keyUsage `json:"usage"`
 }
 
 func (s *Server) keyBody(k store.APIKey) keyInfo {
@@ -40,8 +46,13 @@ func (s *Server) keyBody(k store.APIKey) keyInfo {
 	if k.ID == store.AdminKeyID {
 		secrets = []string{"*"}
 	}
+	var u keyUsage
+	if s.cfg.Manager != nil {
+		u.Sandboxes, u.VCPUs, u.MemoryMB = s.cfg.Manager.Usage(k.ID)
+	}
 	return keyInfo{ID: k.ID, Name: k.Name, TeamID: k.TeamID, Team: k.TeamName, Secrets: secrets,
-		MCPMaxCalls: k.MCPMaxCalls, CreatedAt: k.CreatedAt.UTC(), EgressAllow: nonNil(k.EgressAllow), Egress: s.egressText(k)}
+		MCPMaxCalls: k.MCPMaxCalls, CreatedAt: k.CreatedAt.UTC(), EgressAllow: nonNil(k.EgressAllow), Egress: s.egressText(k),
+		keyLimits: limitsBody(k.Limits), Usage: u}
 }
 
 // egressText describes a key's ceiling for people and agents (MCP tool
@@ -76,7 +87,8 @@ func (s *Server) adminOnly(what string, h http.HandlerFunc) http.HandlerFunc {
 }
 
 // parseKeyCreate reads POST /keys {"name", "team"?, "mcpMaxCalls"?,
-// "egressAllow"?, "secrets"?}.
+// "egressAllow"?, "secrets"?, "maxSandboxes"?, "maxVcpus"?, "maxMemoryMB"?,
+// "createRate"?, "requestRate"?}.
 func (s *Server) parseKeyCreate(r *http.Request) (store.NewKey, error) {
 	var req struct {
 		Name string `json:"name"`
@@ -86,8 +98,13 @@ func (s *Server) parseKeyCreate(r *http.Request) (store.NewKey, error) {
 		MCPMaxCalls int64    `json:"mcpMaxCalls"`
 		EgressAllow []string `json:"egressAllow"`
 		Secrets     []string `json:"secrets"`
+		limitsRequest
 	}
 	if err := decodeBody(r, &req); err != nil {
+		return store.NewKey{}, err
+	}
+	var limits quota.Limits
+	if err := req.limitsRequest.apply(&limits); err != nil { // quotas.go
 		return store.NewKey{}, err
 	}
 	if !keyNameRe.MatchString(req.Name) {
@@ -124,7 +141,7 @@ func (s *Server) parseKeyCreate(r *http.Request) (store.NewKey, error) {
 			return store.NewKey{}, errdefs.InvalidArgument("egressAllow: %v", err)
 		}
 	}
-	return store.NewKey{Name: req.Name, Team: req.Team, MCPMaxCalls: req.MCPMaxCalls, EgressAllow: req.EgressAllow, Secrets: req.Secrets}, nil
+	return store.NewKey{Name: req.Name, Team: req.Team, MCPMaxCalls: req.MCPMaxCalls, EgressAllow: req.EgressAllow, Secrets: req.Secrets, Limits: limits}, nil
 }
 
 func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {

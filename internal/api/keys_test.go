@@ -27,6 +27,7 @@ func TestAdminOnlyRoutes(t *testing.T) {
 		{"POST", "/secrets", "only the admin key (<data-dir>/admin.key) may manage secrets"},
 		{"DELETE", "/secrets/X", "only the admin key (<data-dir>/admin.key) may manage secrets"},
 		{"PUT", "/pools/base", "only the admin key (<data-dir>/admin.key) may size warm pools"},
+		{"GET", "/overview", "only the admin key (<data-dir>/admin.key) may read the daemon's overview"},
 	} {
 		st, _, body := e.do(t, tc.method, tc.path, e.userKey, map[string]any{"size": 1}, nil)
 		var eb struct {

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 )
@@ -15,7 +16,9 @@ import (
 // string ("90s", "15m", "36h"). A policy left out takes the daemon's default
 // (cella serve --auto-stop/--auto-archive/--auto-delete); 0 turns it off.
 // onTimeout ("kill"|"pause") and autoResume mirror E2B's autoPause and
-// autoResume.enabled.
+// autoResume.enabled. Not apiwire.LifecycleRequest: it is decoded strictly
+// (unknown fields refused) and json's messages name this type and its
+// field types, which the answers have always shown.
 type lifecycleRequest struct {
 	AutoStop           *string  `json:"autoStop"`
 	AutoStopSeconds    *float64 `json:"autoStopSeconds"`
@@ -111,6 +114,8 @@ func applyVolumeMounts(opts *sandbox.Options, raw json.RawMessage) error {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil
 	}
+	// Not apiwire.SandboxVolumeMount: json's messages for a bad item name
+	// the Go type, and the answers have always shown this one's.
 	var items []struct {
 		Name     string `json:"name"`
 		Path     string `json:"path"`
@@ -125,64 +130,36 @@ func applyVolumeMounts(opts *sandbox.Options, raw json.RawMessage) error {
 	return sandbox.ValidateVolumeMounts(opts.Volumes)
 }
 
-// lifecycleDetail is the "lifecycle" of GET /sandboxes/{id}: E2B's
+// lifecycleOf is the "lifecycle" of GET /sandboxes/{id}: E2B's
 // onTimeout/autoResume plus cella's policies (in seconds, 0 = off), the
 // idle clock and the archive state.
-type lifecycleDetail struct {
-	OnTimeout          string     `json:"onTimeout"`
-	AutoResume         bool       `json:"autoResume"`
-	AutoStopSeconds    float64    `json:"autoStopSeconds"`
-	AutoArchiveSeconds float64    `json:"autoArchiveSeconds"`
-	AutoDeleteSeconds  float64    `json:"autoDeleteSeconds"`
-	LastActivityAt     time.Time  `json:"lastActivityAt"`
-	PausedAt           *time.Time `json:"pausedAt,omitempty"`
-	Archived           bool       `json:"archived"`
-	ArchivePath        string     `json:"archivePath,omitempty"`
-}
-
-// transitionDetail is nextTransition: what happens next on its own, when.
-type transitionDetail struct {
-	Action string    `json:"action"` // pause | archive | delete | kill
-	At     time.Time `json:"at"`
-	Reason string    `json:"reason,omitempty"`
-}
-
-func lifecycleOf(in sandbox.Info) lifecycleDetail {
+func lifecycleOf(in sandbox.Info) apiwire.SandboxLifecycle {
 	li := in.Lifecycle
-	d := lifecycleDetail{
-		OnTimeout: onTimeout(in.Options), AutoResume: in.Options.AutoResume,
+	return apiwire.SandboxLifecycle{
+		OnTimeout: apiwire.SandboxOnTimeout(onTimeout(in.Options)), AutoResume: in.Options.AutoResume,
 		AutoStopSeconds:    li.Policy.AutoStop.Seconds(),
 		AutoArchiveSeconds: li.Policy.AutoArchive.Seconds(),
 		AutoDeleteSeconds:  li.Policy.AutoDelete.Seconds(),
 		LastActivityAt:     li.LastActivityAt,
+		PausedAt:           li.PausedAt, // omitted when zero
 		Archived:           li.Archived, ArchivePath: li.ArchivePath,
 	}
-	if !li.PausedAt.IsZero() {
-		t := li.PausedAt
-		d.PausedAt = &t
-	}
-	return d
 }
 
-func nextTransitionOf(in sandbox.Info) *transitionDetail {
+// nextTransitionOf is nextTransition: what happens next on its own, when.
+func nextTransitionOf(in sandbox.Info) *apiwire.SandboxTransition {
 	if in.Lifecycle.Next == nil {
 		return nil
 	}
 	n := in.Lifecycle.Next
-	return &transitionDetail{Action: n.Action, At: n.At, Reason: n.Reason}
+	return &apiwire.SandboxTransition{Action: apiwire.SandboxTransitionAction(n.Action), At: n.At, Reason: n.Reason}
 }
 
-// volumeMountDetail is a volumeMounts item of the detail and the list.
-type volumeMountDetail struct {
-	Name     string `json:"name"`
-	Path     string `json:"path"`
-	ReadOnly bool   `json:"readOnly"`
-}
-
-func volumeMountsOf(in sandbox.Info) []any {
-	out := make([]any, 0, len(in.Options.Volumes))
+// volumeMountsOf is the volumeMounts of the detail and the list.
+func volumeMountsOf(in sandbox.Info) []apiwire.SandboxVolumeMountDetail {
+	out := make([]apiwire.SandboxVolumeMountDetail, 0, len(in.Options.Volumes))
 	for _, v := range in.Options.Volumes {
-		out = append(out, volumeMountDetail{Name: v.Name, Path: v.Path, ReadOnly: v.ReadOnly})
+		out = append(out, apiwire.SandboxVolumeMountDetail{Name: v.Name, Path: v.Path, ReadOnly: v.ReadOnly})
 	}
 	return out
 }

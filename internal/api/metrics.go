@@ -54,7 +54,7 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	for state, n := range counts {
 		ch <- prometheus.MustNewConstMetric(c.sandboxes, prometheus.GaugeValue, float64(n), state)
 	}
-	for _, p := range m.Pools() {
+	for _, p := range c.s.cfg.Pools.Pools() {
 		ch <- prometheus.MustNewConstMetric(c.poolSize, prometheus.GaugeValue, float64(p.Size), p.Template)
 		ch <- prometheus.MustNewConstMetric(c.poolReady, prometheus.GaugeValue, float64(p.Ready), p.Template)
 		ch <- prometheus.MustNewConstMetric(c.poolFilling, prometheus.GaugeValue, float64(p.Filling), p.Template)
@@ -69,8 +69,10 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 
 // metricsHandler serves /metrics in Prometheus' text format (scrape with
 // the API key as a bearer token).
+// The registry is the daemon's (metrics.Metrics: lifecycle histograms,
+// deaths, API errors, quota refusals), with the API's collectors added.
 func (s *Server) metricsHandler() http.Handler {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(newMetricsCollector(s), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	mx := s.cfg.Metrics
+	mx.Registry.MustRegister(newMetricsCollector(s), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return promhttp.HandlerFor(mx.Registry, promhttp.HandlerOpts{})
 }

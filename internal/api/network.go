@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/secrets"
@@ -126,7 +127,9 @@ func ceilingText(entries []string) string {
 }
 
 // networkUpdate is E2B's SandboxNetworkUpdateConfig: the egress fields of
-// network plus allow_internet_access; an omitted field is cleared.
+// network plus allow_internet_access; an omitted field is cleared. Not
+// apiwire.SandboxNetworkUpdateConfig: rules are egress.Rule, the proxy's own
+// type, which the update hands on as it is.
 type networkUpdate struct {
 	AllowOut            []string                 `json:"allowOut,omitempty"`
 	DenyOut             []string                 `json:"denyOut,omitempty"`
@@ -198,28 +201,12 @@ func mergeNetwork(stored, egressFields json.RawMessage) json.RawMessage {
 	return b
 }
 
-// networkInfo is E2B's SandboxNetworkInfo (what was asked) plus what cella
-// enforces.
-type networkInfo struct {
-	AllowOut           []string                 `json:"allowOut"`
-	DenyOut            []string                 `json:"denyOut"`
-	Rules              map[string][]egress.Rule `json:"rules,omitempty"`
-	AllowPublicTraffic *bool                    `json:"allowPublicTraffic,omitempty"`
-	MaskRequestHost    string                   `json:"maskRequestHost,omitempty"`
-	// Effective is the policy in force: the request within the operator's
-	// ceiling; Summary says it in words.
-	Effective *effectivePolicy `json:"effective"`
-	Summary   string           `json:"summary"`
-}
-
-type effectivePolicy struct {
-	AllowOut []string `json:"allowOut"`
-	DenyOut  []string `json:"denyOut"`
-	// Rules are the header rules the proxy applies, values redacted.
-	Rules map[string][]egress.Rule `json:"rules,omitempty"`
-}
-
-func networkInfoOf(raw json.RawMessage, p *egress.Policy, enabled bool) networkInfo {
+// networkInfoOf is E2B's SandboxNetworkInfo (what was asked) plus what
+// cella enforces: effective, the request within the operator's ceiling,
+// and summary, which says it in words.
+func networkInfoOf(raw json.RawMessage, p *egress.Policy, enabled bool) apiwire.SandboxNetworkInfo {
+	// The stored request, read leniently (it passed the egress parser at
+	// create); rules as egress.Rule, which redactRules shows.
 	var req struct {
 		AllowOut           []string                 `json:"allowOut"`
 		DenyOut            []string                 `json:"denyOut"`
@@ -228,10 +215,10 @@ func networkInfoOf(raw json.RawMessage, p *egress.Policy, enabled bool) networkI
 		MaskRequestHost    string                   `json:"maskRequestHost"`
 	}
 	_ = json.Unmarshal(raw, &req)
-	ni := networkInfo{
+	ni := apiwire.SandboxNetworkInfo{
 		AllowOut: nonNil(req.AllowOut), DenyOut: nonNil(req.DenyOut), Rules: redactRules(req.Rules),
 		AllowPublicTraffic: req.AllowPublicTraffic, MaskRequestHost: req.MaskRequestHost,
-		Effective: &effectivePolicy{AllowOut: []string{}, DenyOut: []string{}},
+		Effective: apiwire.SandboxEgressPolicy{AllowOut: []string{}, DenyOut: []string{}},
 	}
 	switch {
 	case !enabled:
@@ -239,7 +226,7 @@ func networkInfoOf(raw json.RawMessage, p *egress.Policy, enabled bool) networkI
 	case p == nil || len(p.AllowOut) == 0:
 		ni.Summary = "no egress: nothing is allowed for this sandbox"
 	default:
-		ni.Effective = &effectivePolicy{AllowOut: nonNil(p.AllowOut), DenyOut: nonNil(p.DenyOut), Rules: redactRules(p.Rules)}
+		ni.Effective = apiwire.SandboxEgressPolicy{AllowOut: nonNil(p.AllowOut), DenyOut: nonNil(p.DenyOut), Rules: redactRules(p.Rules)}
 		ni.Summary = p.Summary()
 	}
 	return ni
@@ -247,14 +234,14 @@ func networkInfoOf(raw json.RawMessage, p *egress.Policy, enabled bool) networkI
 
 // redactRules shows header rules without their values: a value may be a
 // literal credential.
-func redactRules(rules map[string][]egress.Rule) map[string][]egress.Rule {
+func redactRules(rules map[string][]egress.Rule) map[string][]apiwire.SandboxNetworkRule {
 	if len(rules) == 0 {
 		return nil
 	}
-	out := make(map[string][]egress.Rule, len(rules))
+	out := make(map[string][]apiwire.SandboxNetworkRule, len(rules))
 	for host, rs := range rules {
 		for _, r := range rs {
-			nr := egress.Rule{Scheme: r.Scheme, Port: r.Port}
+			nr := apiwire.SandboxNetworkRule{Scheme: r.Scheme, Port: r.Port}
 			if r.Transform != nil {
 				h := map[string]string{}
 				for k, v := range r.Transform.Headers {
@@ -264,7 +251,7 @@ func redactRules(rules map[string][]egress.Rule) map[string][]egress.Rule {
 						h[k] = "[redacted]"
 					}
 				}
-				nr.Transform = &egress.Transform{Headers: h}
+				nr.Transform = apiwire.SandboxNetworkTransform{Headers: h} // {} when it has none, as before
 			}
 			out[host] = append(out[host], nr)
 		}

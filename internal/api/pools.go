@@ -3,6 +3,7 @@ package api
 import (
 	"net/http"
 
+	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 )
 
@@ -13,25 +14,14 @@ func (s *Server) poolRoutes(auth func(http.HandlerFunc) http.Handler) {
 	s.mux.Handle("PUT /pools/{template}", auth(s.adminOnly("size warm pools", s.setPool)))
 }
 
-// poolResponse is one template's warm pool.
-type poolResponse struct {
-	Template  string `json:"template"`
-	Size      int    `json:"size"`
-	Ready     int    `json:"ready"`
-	Filling   int    `json:"filling"`
-	HandedOut int64  `json:"handedOut"`
-	Misses    int64  `json:"misses"`
-	LastError string `json:"lastError"`
-}
-
-func poolBody(p sandbox.PoolStatus) poolResponse {
-	return poolResponse{Template: p.Template, Size: p.Size, Ready: p.Ready, Filling: p.Filling,
+func poolBody(p sandbox.PoolStatus) apiwire.Pool {
+	return apiwire.Pool{Template: p.Template, Size: p.Size, Ready: p.Ready, Filling: p.Filling,
 		HandedOut: p.HandedOut, Misses: p.Misses, LastError: p.LastError}
 }
 
 func (s *Server) listPools(w http.ResponseWriter, r *http.Request) {
-	out := []poolResponse{}
-	for _, p := range s.cfg.Manager.Pools() {
+	out := []apiwire.Pool{}
+	for _, p := range s.cfg.Pools.Pools() {
 		out = append(out, poolBody(p))
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -45,7 +35,7 @@ func (s *Server) setPool(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	p, err := s.cfg.Manager.SetPool(r.Context(), r.PathValue("template"), size)
+	p, err := s.cfg.Pools.SetPool(r.Context(), r.PathValue("template"), size)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/agentapi"
+	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 )
@@ -51,7 +52,7 @@ type sandboxResponse struct {
 	Alias              string  `json:"alias,omitempty"`
 	ClientID           string  `json:"clientID"`
 	EnvdVersion        string  `json:"envdVersion"`
-	EnvdAccessToken    string  `json:"envdAccessToken"`
+	EnvdAccessToken    *string `json:"envdAccessToken"`
 	TrafficAccessToken *string `json:"trafficAccessToken"`
 	Domain             string  `json:"domain"`
 }
@@ -64,7 +65,7 @@ const v1DefaultTimeout = 15 * time.Second
 func (s *Server) sandboxBody(in sandbox.Info) sandboxResponse {
 	return sandboxResponse{
 		SandboxID: in.ID, TemplateID: in.TemplateID, Alias: in.TemplateID, ClientID: clientID,
-		EnvdVersion: agentapi.Version, EnvdAccessToken: in.EnvdAccessToken, Domain: s.cfg.Domain,
+		EnvdVersion: agentapi.Version, EnvdAccessToken: envdTokenPtr(in), Domain: s.cfg.Domain,
 		TrafficAccessToken: trafficTokenPtr(in.Options), // traffic.go
 	}
 }
@@ -87,6 +88,11 @@ func (s *Server) createOptions(r *http.Request, lifecycleDefaults sandbox.Lifecy
 		opts.AutoResume = req.AutoResume.Enabled
 	}
 	opts.TrafficAccessToken = trafficTokenFor(req.Network) // traffic.go
+	opts.Insecure = req.Secure != nil && !*req.Secure      // traffic.go
+	var err error
+	if opts.MaskRequestHost, err = maskRequestHostFor(req.Network); err != nil { // traffic.go
+		return sandbox.Options{}, err
+	}
 	if len(req.SecretEnvVars) > 0 {
 		if err := s.checkSecretEnv(r, req.SecretEnvVars); err != nil { // network.go
 			return sandbox.Options{}, err
@@ -123,28 +129,47 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
+	if err := s.takeCreates(r, 1); err != nil { // quotas.go
+		s.writeErr(w, r, err)
+		return
+	}
+	if s.cfg.Builds != nil { // a template built over the API: its build (templatebuilds.go)
+		name, ours, err := s.cfg.Builds.Resolve(r.Context(), buildCaller(r), opts.TemplateID)
+		if err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		if ours {
+			opts.TemplateID = name
+		}
+	}
 	sb, err := s.cfg.Manager.Create(r.Context(), caller(r), opts)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
+	noteSandbox(r, sb.ID)        // accesslog.go
+	s.creates.add(time.Now(), 1) // overview.go
 	writeJSON(w, http.StatusCreated, s.sandboxBody(sb.Info()))
 }
 
-// sandboxDetail is E2B's SandboxDetail plus cella's fields.
+// sandboxDetail is E2B's SandboxDetail plus cella's fields. Not
+// apiwire.SandboxDetail, nor sandboxResponse apiwire.Sandbox: envdAccessToken
+// is null for a sandbox created with secure false, which the generated
+// string cannot say.
 type sandboxDetail struct {
 	sandboxResponse
-	Metadata            map[string]string `json:"metadata"`
-	AllowInternetAccess bool              `json:"allowInternetAccess"`
-	StartedAt           time.Time         `json:"startedAt"`
-	EndAt               time.Time         `json:"endAt"`
-	State               string            `json:"state"`
-	CPUCount            float64           `json:"cpuCount"`
-	MemoryMB            int64             `json:"memoryMB"`
-	DiskSizeMB          int64             `json:"diskSizeMB"`
-	Network             networkInfo       `json:"network"`
-	Lifecycle           lifecycleDetail   `json:"lifecycle"`
-	VolumeMounts        []any             `json:"volumeMounts"`
+	Metadata            map[string]string                  `json:"metadata"`
+	AllowInternetAccess bool                               `json:"allowInternetAccess"`
+	StartedAt           time.Time                          `json:"startedAt"`
+	EndAt               time.Time                          `json:"endAt"`
+	State               string                             `json:"state"`
+	CPUCount            float64                            `json:"cpuCount"`
+	MemoryMB            int64                              `json:"memoryMB"`
+	DiskSizeMB          int64                              `json:"diskSizeMB"`
+	Network             apiwire.SandboxNetworkInfo         `json:"network"`
+	Lifecycle           apiwire.SandboxLifecycle           `json:"lifecycle"`
+	VolumeMounts        []apiwire.SandboxVolumeMountDetail `json:"volumeMounts"`
 
 	// cella's own fields.
 	Runtime       string `json:"runtime"`
@@ -158,7 +183,7 @@ type sandboxDetail struct {
 	PauseMode string `json:"pauseMode,omitempty"`
 
 	// NextTransition is the next automatic lifecycle step (lifecycle.go).
-	NextTransition *transitionDetail `json:"nextTransition"`
+	NextTransition *apiwire.SandboxTransition `json:"nextTransition"`
 }
 
 func (s *Server) detail(in sandbox.Info) sandboxDetail {
@@ -299,20 +324,20 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 
 // listedSandbox is E2B's ListedSandbox.
 type listedSandbox struct {
-	SandboxID    string            `json:"sandboxID"`
-	TemplateID   string            `json:"templateID"`
-	Alias        string            `json:"alias,omitempty"`
-	ClientID     string            `json:"clientID"`
-	CPUCount     float64           `json:"cpuCount"`
-	MemoryMB     int64             `json:"memoryMB"`
-	DiskSizeMB   int64             `json:"diskSizeMB"`
-	StartedAt    time.Time         `json:"startedAt"`
-	EndAt        time.Time         `json:"endAt"`
-	EnvdVersion  string            `json:"envdVersion"`
-	Metadata     map[string]string `json:"metadata"`
-	State        string            `json:"state"`
-	VolumeMounts []any             `json:"volumeMounts"`
-	Runtime      string            `json:"runtime"`
+	SandboxID    string                             `json:"sandboxID"`
+	TemplateID   string                             `json:"templateID"`
+	Alias        string                             `json:"alias,omitempty"`
+	ClientID     string                             `json:"clientID"`
+	CPUCount     float64                            `json:"cpuCount"`
+	MemoryMB     int64                              `json:"memoryMB"`
+	DiskSizeMB   int64                              `json:"diskSizeMB"`
+	StartedAt    time.Time                          `json:"startedAt"`
+	EndAt        time.Time                          `json:"endAt"`
+	EnvdVersion  string                             `json:"envdVersion"`
+	Metadata     map[string]string                  `json:"metadata"`
+	State        string                             `json:"state"`
+	VolumeMounts []apiwire.SandboxVolumeMountDetail `json:"volumeMounts"`
+	Runtime      string                             `json:"runtime"`
 }
 
 func listed(in sandbox.Info) listedSandbox {
@@ -437,25 +462,6 @@ func (s *Server) listSandboxesV2(w http.ResponseWriter, r *http.Request) {
 	out := make([]listedSandbox, 0, len(page))
 	for _, in := range page {
 		out = append(out, listed(in))
-	}
-	writeJSON(w, http.StatusOK, out)
-}
-
-type templateInfo struct {
-	TemplateID string   `json:"templateID"`
-	Aliases    []string `json:"aliases"`
-	Public     bool     `json:"public"`
-}
-
-func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
-	tpls, err := s.cfg.Templates.List()
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
-	out := []templateInfo{}
-	for _, t := range tpls {
-		out = append(out, templateInfo{TemplateID: t.Name, Aliases: []string{t.Name}})
 	}
 	writeJSON(w, http.StatusOK, out)
 }

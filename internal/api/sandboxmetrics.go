@@ -3,27 +3,16 @@ package api
 import (
 	"net/http"
 	"strings"
-	"time"
 
+	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 )
 
-// sandboxMetric is E2B's SandboxMetric.
-type sandboxMetric struct {
-	Timestamp     time.Time `json:"timestamp"` // deprecated in E2B's spec, read by its SDKs
-	TimestampUnix int64     `json:"timestampUnix"`
-	CPUCount      int       `json:"cpuCount"`
-	CPUUsedPct    float64   `json:"cpuUsedPct"`
-	MemUsed       int64     `json:"memUsed"`
-	MemTotal      int64     `json:"memTotal"`
-	MemCache      int64     `json:"memCache"`
-	DiskUsed      int64     `json:"diskUsed"`
-	DiskTotal     int64     `json:"diskTotal"`
-}
-
-func toSandboxMetric(m sandbox.Metric) sandboxMetric {
-	return sandboxMetric{
+// toSandboxMetric is E2B's SandboxMetric (timestamp is deprecated in E2B's
+// spec and read by its SDKs).
+func toSandboxMetric(m sandbox.Metric) apiwire.SandboxMetric {
+	return apiwire.SandboxMetric{
 		Timestamp: m.At, TimestampUnix: m.At.Unix(), CPUCount: m.CPUCount, CPUUsedPct: m.CPUUsedPct,
 		MemUsed: m.MemUsed, MemTotal: m.MemTotal, MemCache: m.MemCache, DiskUsed: m.DiskUsed, DiskTotal: m.DiskTotal,
 	}
@@ -46,7 +35,7 @@ func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	out := make([]sandboxMetric, len(ms))
+	out := make([]apiwire.SandboxMetric, len(ms))
 	for i, m := range ms {
 		out[i] = toSandboxMetric(m)
 	}
@@ -66,13 +55,13 @@ func (s *Server) sandboxesMetrics(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, errdefs.InvalidArgument("sandbox_ids names %d sandboxes; at most %d per request", len(ids), maxMetricsIDs))
 		return
 	}
-	out := map[string]sandboxMetric{}
+	out := apiwire.SandboxesWithMetrics{Sandboxes: map[string]apiwire.SandboxMetric{}}
 	for _, id := range ids {
 		m, ok, err := s.cfg.Manager.LatestMetric(caller(r), strings.TrimSpace(id))
 		if err != nil || !ok {
 			continue // unknown or not yet sampled: left out, as E2B does
 		}
-		out[strings.TrimSpace(id)] = toSandboxMetric(m)
+		out.Sandboxes[strings.TrimSpace(id)] = toSandboxMetric(m)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
+	writeJSON(w, http.StatusOK, out)
 }

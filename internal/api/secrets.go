@@ -4,8 +4,8 @@ import (
 	"encoding/base64"
 	"net/http"
 	"sort"
-	"time"
 
+	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/secrets"
 )
@@ -34,30 +34,21 @@ func (s *Server) secretRoutes(auth func(http.HandlerFunc) http.Handler) {
 	m.Handle("DELETE /secrets/{secretID}", auth(s.secretsAdmin(s.deleteSecret)))
 }
 
-// secretInfo is E2B's Secret schema. Metadata is always an object, {} when
+// secretBody is E2B's Secret schema. Metadata is always an object, {} when
 // unset, as E2B documents it.
-type secretInfo struct {
-	SecretID       string            `json:"secretID"`
-	Name           string            `json:"name"`
-	CurrentVersion int64             `json:"currentVersion"`
-	Metadata       map[string]string `json:"metadata"`
-	CreatedAt      time.Time         `json:"createdAt"`
-	UpdatedAt      time.Time         `json:"updatedAt"`
-}
-
-func secretBody(i secrets.Info) secretInfo {
+func secretBody(i secrets.Info) apiwire.Secret {
 	md := i.Metadata
 	if md == nil {
 		md = map[string]string{}
 	}
-	return secretInfo{
+	return apiwire.Secret{
 		SecretID: i.ID, Name: i.Name, CurrentVersion: i.Version, Metadata: md,
 		CreatedAt: i.CreatedAt.UTC(), UpdatedAt: i.UpdatedAt.UTC(),
 	}
 }
 
 // secretsAdmin admits the admin key only, then needs a configured manager.
-func (s *Server) secretsAdmin(h func(http.ResponseWriter, *http.Request, *secrets.Manager)) http.HandlerFunc {
+func (s *Server) secretsAdmin(h func(http.ResponseWriter, *http.Request, Secrets)) http.HandlerFunc {
 	return s.adminOnly("manage secrets", func(w http.ResponseWriter, r *http.Request) {
 		if s.cfg.Secrets == nil {
 			s.writeErr(w, r, errdefs.NotImplemented("secrets are not configured on this daemon"))
@@ -70,12 +61,8 @@ func (s *Server) secretsAdmin(h func(http.ResponseWriter, *http.Request, *secret
 // createSecret is POST /secrets. It never replaces: E2B keeps create and
 // update apart, and a create that silently overwrote would let a typo or a
 // second script clobber a credential others rely on.
-func (s *Server) createSecret(w http.ResponseWriter, r *http.Request, sm *secrets.Manager) {
-	var req struct {
-		Name     string            `json:"name"`
-		Value    string            `json:"value"`
-		Metadata map[string]string `json:"metadata"`
-	}
+func (s *Server) createSecret(w http.ResponseWriter, r *http.Request, sm Secrets) {
+	var req apiwire.NewSecret
 	if err := decodeBody(r, &req); err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -91,16 +78,17 @@ func (s *Server) createSecret(w http.ResponseWriter, r *http.Request, sm *secret
 // updateSecret is POST /secrets/{secretID}: a new value, the next version.
 // Metadata, when sent, replaces the stored metadata ({} clears it); when
 // left out it is kept, as the SDK's update without opts.metadata expects.
-func (s *Server) updateSecret(w http.ResponseWriter, r *http.Request, sm *secrets.Manager) {
-	var req struct {
-		Value    string            `json:"value"`
-		Metadata map[string]string `json:"metadata"`
-	}
+func (s *Server) updateSecret(w http.ResponseWriter, r *http.Request, sm Secrets) {
+	var req apiwire.SecretUpdate // Metadata: nil when left out
 	if err := decodeBody(r, &req); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
-	info, err := sm.Update(r.Context(), r.PathValue("secretID"), req.Value, req.Metadata)
+	var md map[string]string
+	if req.Metadata != nil {
+		md = *req.Metadata
+	}
+	info, err := sm.Update(r.Context(), r.PathValue("secretID"), req.Value, md)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -114,7 +102,7 @@ const maxSecretPage = 100
 // listSecrets is GET /secrets?limit=&nextToken=, by name. The token is the
 // last name of the page (base64url), so a page boundary stays put while
 // secrets are added or removed around it.
-func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request, sm *secrets.Manager) {
+func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request, sm Secrets) {
 	limit, after, err := parseSecretPage(r.URL.Query()) // bodies.go
 	if err != nil {
 		s.writeErr(w, r, err)
@@ -130,7 +118,7 @@ func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request, sm *secrets
 		page = page[:limit]
 		w.Header().Set("X-Next-Token", base64.RawURLEncoding.EncodeToString([]byte(page[len(page)-1].Name)))
 	}
-	out := make([]secretInfo, 0, len(page))
+	out := make([]apiwire.Secret, 0, len(page))
 	for _, i := range page {
 		out = append(out, secretBody(i))
 	}
@@ -138,7 +126,7 @@ func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request, sm *secrets
 }
 
 // getSecret is GET /secrets/{secretID}, by ID or name.
-func (s *Server) getSecret(w http.ResponseWriter, r *http.Request, sm *secrets.Manager) {
+func (s *Server) getSecret(w http.ResponseWriter, r *http.Request, sm Secrets) {
 	info, err := sm.Info(r.PathValue("secretID"))
 	if err != nil {
 		s.writeErr(w, r, err)
@@ -149,7 +137,7 @@ func (s *Server) getSecret(w http.ResponseWriter, r *http.Request, sm *secrets.M
 
 // deleteSecret is DELETE /secrets/{secretID}, by ID or name; a missing
 // secret is 404, which the SDK's Secret.destroy turns into false.
-func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request, sm *secrets.Manager) {
+func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request, sm Secrets) {
 	if err := sm.Delete(r.Context(), r.PathValue("secretID")); err != nil {
 		s.writeErr(w, r, err)
 		return

@@ -122,7 +122,7 @@ func TestSecretsAPI(t *testing.T) {
 		t.Fatalf("create: %d %s", st, body)
 	}
 	created := secretJSON(t, body)
-	if !secretIDRe.MatchString(created.ID) || created.Name != "GH_TOKEN" || created.Version != 1 || len(created.Metadata) != 0 ||
+	if !secretIDRe.MatchString(created.SecretID) || created.Name != "GH_TOKEN" || created.CurrentVersion != 1 || len(created.Metadata) != 0 ||
 		created.CreatedAt.IsZero() || !created.UpdatedAt.Equal(created.CreatedAt) || !bytes.Contains(body, []byte(`"metadata":{}`)) {
 		t.Fatalf("create answer: %s", body)
 	}
@@ -144,21 +144,21 @@ func TestSecretsAPI(t *testing.T) {
 		t.Fatalf("update by name: %d %s", st, body)
 	}
 	updated := secretJSON(t, body)
-	if updated.ID != created.ID || updated.Version != 2 || updated.Metadata["owner"] != "ci" ||
+	if updated.SecretID != created.SecretID || updated.CurrentVersion != 2 || updated.Metadata["owner"] != "ci" ||
 		!updated.CreatedAt.Equal(created.CreatedAt) || !updated.UpdatedAt.After(created.UpdatedAt) {
 		t.Fatalf("update answer: %s", body)
 	}
 	// By ID, without metadata: the metadata stays.
-	st, _, body = do("POST", "/secrets/"+created.ID, map[string]any{"value": value + "-v3"})
-	if s := secretJSON(t, body); st != 200 || s.Version != 3 || s.Metadata["owner"] != "ci" {
+	st, _, body = do("POST", "/secrets/"+created.SecretID, map[string]any{"value": value + "-v3"})
+	if s := secretJSON(t, body); st != 200 || s.CurrentVersion != 3 || s.Metadata["owner"] != "ci" {
 		t.Fatalf("update by id: %d %s", st, body)
 	}
 	if v, _ := e.secrets.Get("GH_TOKEN"); v != value+"-v3" {
 		t.Fatal("update did not reach the manager")
 	}
-	for _, ref := range []string{created.ID, "GH_TOKEN"} {
+	for _, ref := range []string{created.SecretID, "GH_TOKEN"} {
 		st, _, body = do("GET", "/secrets/"+ref, nil)
-		if s := secretJSON(t, body); st != 200 || s.ID != created.ID || s.Name != "GH_TOKEN" || s.Version != 3 {
+		if s := secretJSON(t, body); st != 200 || s.SecretID != created.SecretID || s.Name != "GH_TOKEN" || s.CurrentVersion != 3 {
 			t.Fatalf("get %s: %d %s", ref, st, body)
 		}
 	}
@@ -260,7 +260,7 @@ func TestSecretsAPI(t *testing.T) {
 	})
 
 	t.Run("NonAdminForbidden", func(t *testing.T) {
-		for _, r := range [][2]string{{"POST", "/secrets"}, {"GET", "/secrets"}, {"GET", "/secrets/GH_TOKEN"}, {"POST", "/secrets/GH_TOKEN"}, {"DELETE", "/secrets/GH_TOKEN"}, {"DELETE", "/secrets/" + created.ID}} {
+		for _, r := range [][2]string{{"POST", "/secrets"}, {"GET", "/secrets"}, {"GET", "/secrets/GH_TOKEN"}, {"POST", "/secrets/GH_TOKEN"}, {"DELETE", "/secrets/GH_TOKEN"}, {"DELETE", "/secrets/" + created.SecretID}} {
 			st, _, b := e.do(t, r[0], r[1], e.userKey, map[string]any{"name": "GH_TOKEN", "value": "stolen"}, nil)
 			e.wantError(t, 403, st, b, "admin key")
 		}
@@ -269,11 +269,11 @@ func TestSecretsAPI(t *testing.T) {
 		}
 	})
 
-	st, _, body = do("DELETE", "/secrets/"+created.ID, nil)
+	st, _, body = do("DELETE", "/secrets/"+created.SecretID, nil)
 	if st != 204 || len(body) != 0 {
 		t.Fatalf("delete: %d %s", st, body)
 	}
-	for _, ref := range []string{created.ID, "GH_TOKEN"} {
+	for _, ref := range []string{created.SecretID, "GH_TOKEN"} {
 		st, _, body = do("GET", "/secrets/"+ref, nil)
 		e.wantError(t, 404, st, body, ref)
 	}
@@ -329,11 +329,11 @@ func TestSecretsClient(t *testing.T) {
 	}
 	// set = update, or create on 404.
 	s1, err := c.SetSecret(ctx, "TOKEN", "value-1234", nil)
-	if err != nil || s1.Version != 1 || !secretIDRe.MatchString(s1.ID) {
+	if err != nil || s1.CurrentVersion != 1 || !secretIDRe.MatchString(s1.SecretID) {
 		t.Fatalf("set new: %+v %v", s1, err)
 	}
 	s2, err := c.SetSecret(ctx, "TOKEN", "value-5678", map[string]string{"k": "v"})
-	if err != nil || s2.Version != 2 || s2.ID != s1.ID || s2.Metadata["k"] != "v" {
+	if err != nil || s2.CurrentVersion != 2 || s2.SecretID != s1.SecretID || s2.Metadata["k"] != "v" {
 		t.Fatalf("set existing: %+v %v", s2, err)
 	}
 	if _, err := c.CreateSecret(ctx, "TOKEN", "x", nil); !client.IsConflict(err) {
@@ -352,13 +352,13 @@ func TestSecretsClient(t *testing.T) {
 	if err != nil || len(ss) != 151 || ss[0].Name != "S000" || ss[150].Name != "TOKEN" {
 		t.Fatalf("list: %d %v", len(ss), err)
 	}
-	if s, err := c.GetSecret(ctx, s1.ID); err != nil || s.Name != "TOKEN" || s.Version != 2 {
+	if s, err := c.GetSecret(ctx, s1.SecretID); err != nil || s.Name != "TOKEN" || s.CurrentVersion != 2 {
 		t.Fatalf("get: %v %v", s, err)
 	}
 	if err := c.DeleteSecret(ctx, "TOKEN"); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.DeleteSecret(ctx, s1.ID); !client.IsNotFound(err) {
+	if err := c.DeleteSecret(ctx, s1.SecretID); !client.IsNotFound(err) {
 		t.Fatalf("delete twice: %v", err)
 	}
 }

@@ -8,43 +8,58 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/cella-sandbox/cella/internal/apiwire"
-	"github.com/cella-sandbox/cella/internal/audit"
+	"github.com/cella-sandbox/cella/internal/builds"
 	"github.com/cella-sandbox/cella/internal/edge"
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/events"
 	"github.com/cella-sandbox/cella/internal/mcpserver"
-	"github.com/cella-sandbox/cella/internal/sandbox"
-	"github.com/cella-sandbox/cella/internal/secrets"
+	"github.com/cella-sandbox/cella/internal/metrics"
+	"github.com/cella-sandbox/cella/internal/quota"
 	"github.com/cella-sandbox/cella/internal/store"
-	"github.com/cella-sandbox/cella/internal/template"
 	"github.com/cella-sandbox/cella/internal/tenant"
 	"github.com/cella-sandbox/cella/internal/ui"
-	"github.com/cella-sandbox/cella/internal/volume"
 )
 
-// Config configures the API server.
+// Config configures the API server. Its dependencies are the narrow
+// interfaces of deps.go; the daemon passes the real types.
 type Config struct {
-	Manager   *sandbox.Manager
-	Store     *store.Store
-	Templates *template.Store
+	// Manager is the sandbox core (sandbox.Manager).
+	Manager Sandboxes
+	// Pools are the warm pools (sandbox.Manager too).
+	Pools Pools
+	// Store holds the API keys (store.Store).
+	Store     Keys
+	Templates Templates
 	// Domain is returned to clients for <port>-<id>.<domain> hosts.
 	Domain string
 	// MCPMaxCalls is the tool-call budget of each /mcp session (0 = none).
 	MCPMaxCalls int64
 	Log         *slog.Logger
 	// Volumes serves /volumes (volumes.go).
-	Volumes *volume.Manager
+	Volumes Volumes
 	// Secrets serves /secrets (secrets.go); nil answers 501.
-	Secrets *secrets.Manager
+	Secrets Secrets
 	// Audit serves /sandboxes/{id}/logs (audit.go); nil answers 501.
-	Audit *audit.Log
+	Audit AuditLog
 	// EgressCeiling is the operator's egress ceiling (network.go); nil
 	// means sandboxes run with no network at all.
 	EgressCeiling *egress.Policy
 	// Egress counts the proxy's decisions for /metrics (nil: not shown).
 	Egress *EgressCounters
+	// Metrics are the daemon's instruments, served at /metrics with the
+	// API's own collectors (nil: a registry of the API's alone).
+	Metrics *metrics.Metrics
+	// AccessLog receives one line per API request (accesslog.go; nil: none).
+	AccessLog *slog.Logger
+	// Builds serves E2B's template build API (templatebuilds.go); nil
+	// answers 501.
+	Builds *builds.Service
+	// Events serves /events (events.go); nil answers 501.
+	Events *events.Service
 }
 
 // Server serves the REST API and the sandbox proxy on one listener.
@@ -58,6 +73,10 @@ type Server struct {
 	pty  edge.Shells
 	// self is the API's in-process client (selfclient.go), MCP's way in.
 	self *selfClient
+	// buckets hold keys to their rates (quotas.go).
+	buckets quota.Buckets
+	// creates counts creates per minute for GET /overview (overview.go).
+	creates createCounts
 }
 
 // New builds the server's routes.
@@ -65,8 +84,19 @@ func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	s := &Server{cfg: cfg, log: cfg.Log, mux: newRouteMux(),
-		edge: edge.New(edge.Config{Router: cfg.Manager.TrafficRouter(), Domain: cfg.Domain})}
+	if cfg.Metrics == nil {
+		rt := ""
+		if cfg.Manager != nil {
+			rt = cfg.Manager.RuntimeName()
+		}
+		cfg.Metrics = metrics.New(rt, nil)
+	}
+	s := &Server{cfg: cfg, log: cfg.Log, mux: newRouteMux()}
+	var router edge.Router
+	if cfg.Manager != nil {
+		router = cfg.Manager.TrafficRouter()
+	}
+	s.edge = edge.New(edge.Config{Router: router, Domain: cfg.Domain, ExecStarted: s.execStarted})
 	s.self = newSelfClient(s)
 	s.routes()
 	return s
@@ -106,6 +136,8 @@ func (s *Server) routes() {
 	s.auditRoutes(auth)    // audit.go
 	s.interactRoutes(auth) // pty.go, wait.go: PTY WebSocket, readiness waits, process logs
 	s.poolRoutes(auth)     // pools.go: warm pools
+	s.overviewRoutes(auth) // overview.go: the console's host page
+	s.eventRoutes(auth)    // events.go: lifecycle events and webhooks
 	m.Handle("/mcp", auth(mcpserver.HTTPHandler(mcpserver.HTTPConfig{
 		API: s.self.http, APIURL: selfURL, Budget: s.mcpBudget,
 		Network: func(r *http.Request) string { return s.egressText(apiKeyFrom(r.Context())) },
@@ -114,18 +146,16 @@ func (s *Server) routes() {
 	m.Handle("GET /keys", auth(s.adminOnly("manage API keys", s.listKeys)))
 	m.Handle("GET /keys/self", auth(s.selfKey))
 	m.Handle("DELETE /keys/{id}", auth(s.adminOnly("manage API keys", s.deleteKey)))
+	m.Handle("PATCH /keys/{id}", auth(s.adminOnly("manage API keys", s.updateKey))) // quotas.go
 
-	// Later work answers 501 naming the feature, so clients fail clearly.
-	for pattern, feature := range map[string]string{
-		"POST /v3/templates": "template builds over the API (use: cella template build)",
-	} {
-		m.Handle(pattern, auth(notImplemented(feature)))
-	}
+	s.templateBuildRoutes(auth) // templatebuilds.go: E2B's template build API
 }
 
-func notImplemented(feature string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotImplemented, "%s is not implemented in this version of cella (%s %s)", feature, r.Method, r.URL.Path)
+// execStarted is the edge's report of a process start: its latency, by the
+// sandbox's template.
+func (s *Server) execStarted(sb edge.Sandbox, took time.Duration) {
+	if x, err := s.cfg.Manager.Lookup(tenant.System, sb.ID()); err == nil {
+		s.cfg.Metrics.ExecStart(x.TemplateID, took)
 	}
 }
 
@@ -138,7 +168,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.edge.Handle(w, r) {
 		return
 	}
-	s.mux.ServeHTTP(&jsonStatusWriter{ResponseWriter: w}, r)
+	s.serveAPI(w, r) // accesslog.go
 }
 
 // requireKey checks X-API-Key (or a bearer token) against the stored hashes.
@@ -157,6 +187,12 @@ func (s *Server) requireKey(h http.HandlerFunc) http.Handler {
 		k, err := s.cfg.Store.LookupAPIKey(r.Context(), key)
 		if err != nil {
 			s.writeErr(w, r, errdefs.Unauthenticated("invalid API key"))
+			return
+		}
+		noteKey(r, k) // accesslog.go
+		// The key's request rate (quotas.go).
+		if err := s.takeRate(k, "requestRate", "--request-rate", k.Limits.RequestRate, 1); err != nil {
+			s.writeErr(w, r, err)
 			return
 		}
 		ctx := context.WithValue(r.Context(), keyCtx{}, k)

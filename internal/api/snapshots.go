@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/builds"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 )
@@ -78,8 +79,9 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 }
 
 // deleteTemplate is E2B's DELETE /templates/{id}, which the SDK's
-// deleteSnapshot calls: snapshots are deleted; templates are managed with
-// `cella template`.
+// deleteSnapshot and `e2b template delete` call: snapshots and templates
+// built over the API are deleted; this machine's templates are managed
+// with `cella template`.
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if s.cfg.Manager.IsSnapshot(r.Context(), caller(r), id) {
@@ -90,7 +92,17 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
-	if s.cfg.Templates != nil {
+	if s.cfg.Builds != nil { // a template built over the API (templatebuilds.go)
+		if ours, err := s.cfg.Builds.Delete(r.Context(), buildCaller(r), id); ours {
+			if err != nil {
+				s.writeErr(w, r, err)
+				return
+			}
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+	}
+	if s.cfg.Templates != nil && !builds.IsStoreName(id) {
 		if _, err := s.cfg.Templates.Get(id); err == nil {
 			s.writeErr(w, r, errdefs.NotImplemented("template %q cannot be deleted over the API (use: cella template rm)", id))
 			return
@@ -118,6 +130,10 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
+	if err := s.takeCreates(r, count); err != nil { // quotas.go
+		s.writeErr(w, r, err)
+		return
+	}
 	res, err := s.cfg.Manager.Fork(r.Context(), caller(r), r.PathValue("id"), count, timeout)
 	if err != nil {
 		s.writeErr(w, r, err)
@@ -126,11 +142,12 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 	out := make([]forkResult, 0, len(res))
 	for _, f := range res {
 		if f.Err != nil {
-			st := errdefs.Status(f.Err)
+			st := errdefs.HTTPStatus(f.Err)
 			out = append(out, forkResult{Error: &errorBody{Code: st, Message: f.Err.Error()}})
 			continue
 		}
 		_, mem := s.cfg.Manager.SnapshotOrigin(f.Sandbox)
+		s.creates.add(time.Now(), 1) // overview.go
 		out = append(out, forkResult{Sandbox: &forkedSandbox{sandboxResponse: s.sandboxBody(f.Sandbox.Info()), MemoryRestored: mem}})
 	}
 	writeJSON(w, http.StatusCreated, out)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -112,7 +114,20 @@ func TestTenancy(t *testing.T) {
 	})
 
 	t.Run("Lists", func(t *testing.T) {
-		for _, path := range []string{"/sandboxes", "/v2/sandboxes", "/v2/sandboxes?state=running,paused,dead", "/snapshots", "/volumes", "/sandboxes/metrics?sandbox_ids=" + id} {
+		// Alice sees her sandbox's lifecycle events (stored asynchronously).
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			st, _, body := a.do(t, "GET", "/events/sandboxes/"+id, alice.Key, nil, nil)
+			if st == 200 && strings.Contains(string(body), `"sandbox.lifecycle.created"`) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("alice's events: %d %s", st, body)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		for _, path := range []string{"/sandboxes", "/v2/sandboxes", "/v2/sandboxes?state=running,paused,dead", "/snapshots", "/volumes", "/sandboxes/metrics?sandbox_ids=" + id,
+			"/events/sandboxes/" + id, "/events/webhooks"} {
 			st, _, body := a.do(t, "GET", path, bob.Key, nil, nil)
 			if st != 200 || strings.Contains(string(body), id) || strings.Contains(string(body), "red-") {
 				t.Fatalf("GET %s as another team: %d %s", path, st, body)
@@ -165,6 +180,78 @@ func TestTenancy(t *testing.T) {
 		}
 		if _, err := aliceClient.GetVolume(ctx, "red-vol"); err != nil {
 			t.Fatalf("bob's delete took alice's volume: %v", err)
+		}
+	})
+
+	t.Run("VolumeContent", func(t *testing.T) {
+		// The standalone file API (/volumecontent) opens a volume for its
+		// token or a key of its team only: bob's key, bob's token and
+		// alice's token on bob's volume all answer what an unknown volume
+		// ID answers, on every route, and change nothing.
+		volToken := func(key, ref string) (id, token string) {
+			st, _, body := a.do(t, "GET", "/volumes/"+ref, key, nil, nil)
+			var v struct{ VolumeID, Token string }
+			json.Unmarshal(body, &v)
+			if st != 200 || !strings.HasPrefix(v.Token, "vtok_") {
+				t.Fatalf("GET /volumes/%s: %d %s", ref, st, body)
+			}
+			return v.VolumeID, v.Token
+		}
+		aliceVol, aliceTok := volToken(alice.Key, "red-vol")
+		bobClient, _ := client.New(client.Config{URL: env.URL, APIKey: bob.Key})
+		if _, err := bobClient.CreateVolume(ctx, "blue-vol", 32); err != nil {
+			t.Fatal(err)
+		}
+		defer bobClient.DeleteVolume(ctx, "blue-vol")
+		bobVol, bobTok := volToken(bob.Key, "blue-vol")
+		bearer := func(tok string) map[string]string { return map[string]string{"Authorization": "Bearer " + tok} }
+		st, _, body := a.do(t, "PUT", "/volumecontent/"+aliceVol+"/file?path=/f.txt", "", "alice's", bearer(aliceTok))
+		if st != 201 {
+			t.Fatalf("alice's write with her token: %d %s", st, body)
+		}
+		routes := [][2]string{{"GET", "/dir?path=/"}, {"POST", "/dir?path=/d&force=true"}, {"GET", "/path?path=/f.txt"},
+			{"PATCH", "/path?path=/f.txt"}, {"DELETE", "/path?path=/f.txt"}, {"GET", "/file?path=/f.txt"}, {"PUT", "/file?path=/f.txt&force=true"}}
+		const unknownVol = "vol_0000000000000000"
+		for _, cred := range []struct {
+			who, key string
+			hdr      map[string]string
+			vol      string
+		}{
+			{"bob's key", bob.Key, nil, aliceVol},
+			{"bob's token", "", bearer(bobTok), aliceVol},
+			{"bob's key as a bearer", "", bearer(bob.Key), aliceVol},
+			{"alice's token on bob's volume", "", bearer(aliceTok), bobVol},
+		} {
+			for _, r := range routes {
+				var b any
+				if r[0] == "PUT" || r[0] == "PATCH" {
+					b = `{"mode":511}`
+				}
+				gotSt, _, got := a.do(t, r[0], "/volumecontent/"+cred.vol+r[1], cred.key, b, cred.hdr)
+				wantSt, _, want := a.do(t, r[0], "/volumecontent/"+unknownVol+r[1], cred.key, b, cred.hdr)
+				if gotSt != 404 || gotSt != wantSt || strings.ReplaceAll(string(got), cred.vol, unknownVol) != string(want) {
+					t.Fatalf("%s %s with %s: %d %s; an unknown volume: %d %s", r[0], r[1], cred.who, gotSt, got, wantSt, want)
+				}
+			}
+		}
+		st, _, body = a.do(t, "GET", "/volumecontent/"+aliceVol+"/file?path=/f.txt", alice2.Key, nil, nil)
+		if st != 200 || string(body) != "alice's" {
+			t.Fatalf("alice's file after the attempts, read with a key of her team: %d %s", st, body)
+		}
+		st, _, body = a.do(t, "GET", "/volumecontent/"+aliceVol+"/file?path=/f.txt", "", nil, nil)
+		a.wantError(t, 401, st, body, "token")
+		for _, key := range []string{alice.Key, bob.Key} {
+			st, _, body := a.do(t, "GET", "/volumes", key, nil, nil)
+			if st != 200 || strings.Contains(string(body), "vtok_") {
+				t.Fatalf("GET /volumes carries a token: %d %s", st, body)
+			}
+		}
+		// The tokens are sealed in the database, not kept in the clear.
+		for _, f := range []string{"cella.db", "cella.db-wal"} {
+			b, _ := os.ReadFile(filepath.Join(env.DataDir, f))
+			if strings.Contains(string(b), aliceTok) || strings.Contains(string(b), bobTok) {
+				t.Fatalf("%s holds a volume token in the clear", f)
+			}
 		}
 	})
 

@@ -5,8 +5,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
+	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/volume"
 )
@@ -19,33 +19,23 @@ func (s *Server) volumeRoutes(auth func(http.HandlerFunc) http.Handler) {
 	m.Handle("GET /volumes", auth(s.listVolumes))
 	m.Handle("GET /volumes/{name}", auth(s.getVolume))
 	m.Handle("DELETE /volumes/{name}", auth(s.deleteVolume))
-}
-
-// volumeResponse is a volume: E2B's volumeID/name plus cella's fields.
-type volumeResponse struct {
-	VolumeID  string    `json:"volumeID"`
-	Name      string    `json:"name"`
-	SizeMB    int64     `json:"sizeMB"`
-	UsedBytes int64     `json:"usedBytes"`
-	Mounted   bool      `json:"mounted"`
-	CreatedAt time.Time `json:"createdAt"`
-	UsedBy    []string  `json:"usedBy"`
+	s.volumeContentRoutes() // volumecontent.go
 }
 
 // volumeBody shows v to the caller, with the sandboxes that mount it that
 // the caller may see.
-func (s *Server) volumeBody(r *http.Request, v volume.Volume) volumeResponse {
+func (s *Server) volumeBody(r *http.Request, v volume.Volume) apiwire.Volume {
 	users := []string{}
 	for _, id := range s.cfg.Manager.VolumeUsers(v.ID) {
 		if _, err := s.cfg.Manager.Lookup(caller(r), id); err == nil {
 			users = append(users, id)
 		}
 	}
-	return volumeResponse{VolumeID: v.ID, Name: v.Name, SizeMB: v.SizeBytes >> 20, UsedBytes: v.UsedBytes,
+	return apiwire.Volume{VolumeID: v.ID, Name: v.Name, SizeMB: v.SizeBytes >> 20, UsedBytes: v.UsedBytes,
 		Mounted: v.Mounted, CreatedAt: v.CreatedAt, UsedBy: users}
 }
 
-func (s *Server) volumes(w http.ResponseWriter, r *http.Request) *volume.Manager {
+func (s *Server) volumes(w http.ResponseWriter, r *http.Request) Volumes {
 	if s.cfg.Volumes == nil {
 		s.writeErr(w, r, errdefs.NotImplemented("this daemon has no volume store"))
 		return nil
@@ -89,7 +79,9 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, s.volumeBody(r, v))
+	body := s.volumeBody(r, v)
+	body.Token = v.Token
+	writeJSON(w, http.StatusCreated, body)
 }
 
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
@@ -102,7 +94,7 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	out := make([]volumeResponse, 0, len(vs))
+	out := make([]apiwire.Volume, 0, len(vs))
 	for _, v := range vs {
 		out = append(out, s.volumeBody(r, v))
 	}
@@ -119,7 +111,9 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.volumeBody(r, v))
+	body := s.volumeBody(r, v)
+	body.Token = v.Token
+	writeJSON(w, http.StatusOK, body)
 }
 
 // deleteVolume is DELETE /volumes/{name}: 204; 409 while a live sandbox

@@ -14,15 +14,6 @@ import (
 	"github.com/cella-sandbox/cella/internal/errdefs"
 )
 
-// waitRequest is the body of POST /sandboxes/{id}/wait.
-type waitRequest struct {
-	Port int    `json:"port"`
-	Log  string `json:"log"`
-	PID  int    `json:"pid"`
-	// Timeout is seconds (a number) or a Go duration string; default 30 s.
-	Timeout json.RawMessage `json:"timeout"`
-}
-
 const maxWaitTimeout = time.Hour
 
 // parseWaitTimeout reads the wait's timeout: seconds or a Go duration
@@ -102,7 +93,7 @@ func (s *Server) forwardAgent(w http.ResponseWriter, r *http.Request, path strin
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusNotFound && resp.Header.Get("Content-Type") == "text/plain; charset=utf-8" {
 		// An agent from before this feature answers the mux's plain 404.
-		writeError(w, http.StatusNotImplemented, "the agent of sandbox %s is older than this daemon and has no %s endpoint", sb.ID, path)
+		s.writeErr(w, r, errdefs.NotImplemented("the agent of sandbox %s is older than this daemon and has no %s endpoint", sb.ID, path))
 		return
 	}
 	for _, h := range []string{"Content-Type"} {

@@ -107,6 +107,30 @@ func (e AuditKind) Valid() bool {
 	}
 }
 
+// Defines values for BuildLogEntryLevel.
+const (
+	BuildLogEntryLevelDebug BuildLogEntryLevel = "debug"
+	BuildLogEntryLevelError BuildLogEntryLevel = "error"
+	BuildLogEntryLevelInfo  BuildLogEntryLevel = "info"
+	BuildLogEntryLevelWarn  BuildLogEntryLevel = "warn"
+)
+
+// Valid indicates whether the value is a known member of the BuildLogEntryLevel enum.
+func (e BuildLogEntryLevel) Valid() bool {
+	switch e {
+	case BuildLogEntryLevelDebug:
+		return true
+	case BuildLogEntryLevelError:
+		return true
+	case BuildLogEntryLevelInfo:
+		return true
+	case BuildLogEntryLevelWarn:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for LogLevel.
 const (
 	LogLevelDebug LogLevel = "debug"
@@ -215,6 +239,90 @@ func (e PtyEventType) Valid() bool {
 	}
 }
 
+// Defines values for SandboxEventEventCategory.
+const (
+	Lifecycle SandboxEventEventCategory = "lifecycle"
+)
+
+// Valid indicates whether the value is a known member of the SandboxEventEventCategory enum.
+func (e SandboxEventEventCategory) Valid() bool {
+	switch e {
+	case Lifecycle:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for SandboxEventEventLabel.
+const (
+	Create SandboxEventEventLabel = "create"
+	Kill   SandboxEventEventLabel = "kill"
+	Pause  SandboxEventEventLabel = "pause"
+	Resume SandboxEventEventLabel = "resume"
+	Update SandboxEventEventLabel = "update"
+)
+
+// Valid indicates whether the value is a known member of the SandboxEventEventLabel enum.
+func (e SandboxEventEventLabel) Valid() bool {
+	switch e {
+	case Create:
+		return true
+	case Kill:
+		return true
+	case Pause:
+		return true
+	case Resume:
+		return true
+	case Update:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for SandboxEventType.
+const (
+	SandboxEventTypeSandboxLifecycleCreated SandboxEventType = "sandbox.lifecycle.created"
+	SandboxEventTypeSandboxLifecycleKilled  SandboxEventType = "sandbox.lifecycle.killed"
+	SandboxEventTypeSandboxLifecyclePaused  SandboxEventType = "sandbox.lifecycle.paused"
+	SandboxEventTypeSandboxLifecycleResumed SandboxEventType = "sandbox.lifecycle.resumed"
+	SandboxEventTypeSandboxLifecycleUpdated SandboxEventType = "sandbox.lifecycle.updated"
+)
+
+// Valid indicates whether the value is a known member of the SandboxEventType enum.
+func (e SandboxEventType) Valid() bool {
+	switch e {
+	case SandboxEventTypeSandboxLifecycleCreated:
+		return true
+	case SandboxEventTypeSandboxLifecycleKilled:
+		return true
+	case SandboxEventTypeSandboxLifecyclePaused:
+		return true
+	case SandboxEventTypeSandboxLifecycleResumed:
+		return true
+	case SandboxEventTypeSandboxLifecycleUpdated:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for SandboxEventVersion.
+const (
+	V2 SandboxEventVersion = "v2"
+)
+
+// Valid indicates whether the value is a known member of the SandboxEventVersion enum.
+func (e SandboxEventVersion) Valid() bool {
+	switch e {
+	case V2:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for SandboxOnTimeout.
 const (
 	SandboxOnTimeoutKill  SandboxOnTimeout = "kill"
@@ -299,6 +407,81 @@ func (e SandboxTransitionAction) Valid() bool {
 	}
 }
 
+// Defines values for TemplateBuildInfoStatus.
+const (
+	TemplateBuildInfoStatusBuilding TemplateBuildInfoStatus = "building"
+	TemplateBuildInfoStatusError    TemplateBuildInfoStatus = "error"
+	TemplateBuildInfoStatusReady    TemplateBuildInfoStatus = "ready"
+	TemplateBuildInfoStatusWaiting  TemplateBuildInfoStatus = "waiting"
+)
+
+// Valid indicates whether the value is a known member of the TemplateBuildInfoStatus enum.
+func (e TemplateBuildInfoStatus) Valid() bool {
+	switch e {
+	case TemplateBuildInfoStatusBuilding:
+		return true
+	case TemplateBuildInfoStatusError:
+		return true
+	case TemplateBuildInfoStatusReady:
+		return true
+	case TemplateBuildInfoStatusWaiting:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for VolumeEntryStatType.
+const (
+	Directory VolumeEntryStatType = "directory"
+	File      VolumeEntryStatType = "file"
+	Symlink   VolumeEntryStatType = "symlink"
+	Unknown   VolumeEntryStatType = "unknown"
+)
+
+// Valid indicates whether the value is a known member of the VolumeEntryStatType enum.
+func (e VolumeEntryStatType) Valid() bool {
+	switch e {
+	case Directory:
+		return true
+	case File:
+		return true
+	case Symlink:
+		return true
+	case Unknown:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for WebhookInputEvents.
+const (
+	WebhookInputEventsSandboxLifecycleCreated WebhookInputEvents = "sandbox.lifecycle.created"
+	WebhookInputEventsSandboxLifecycleKilled  WebhookInputEvents = "sandbox.lifecycle.killed"
+	WebhookInputEventsSandboxLifecyclePaused  WebhookInputEvents = "sandbox.lifecycle.paused"
+	WebhookInputEventsSandboxLifecycleResumed WebhookInputEvents = "sandbox.lifecycle.resumed"
+	WebhookInputEventsSandboxLifecycleUpdated WebhookInputEvents = "sandbox.lifecycle.updated"
+)
+
+// Valid indicates whether the value is a known member of the WebhookInputEvents enum.
+func (e WebhookInputEvents) Valid() bool {
+	switch e {
+	case WebhookInputEventsSandboxLifecycleCreated:
+		return true
+	case WebhookInputEventsSandboxLifecycleKilled:
+		return true
+	case WebhookInputEventsSandboxLifecyclePaused:
+		return true
+	case WebhookInputEventsSandboxLifecycleResumed:
+		return true
+	case WebhookInputEventsSandboxLifecycleUpdated:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for GetSandboxLogsParamsDirection.
 const (
 	LogsV1DirectionForward GetSandboxLogsParamsDirection = "forward"
@@ -352,7 +535,11 @@ func (e ListSandboxesV2ParamsOrder) Valid() bool {
 
 // APIKey An API key's public part.
 type APIKey struct {
-	CreatedAt time.Time `json:"createdAt"`
+	// CreateRate Sandboxes the key may make per period (`N/s`, `N/m`, `N/h`, `N/d`; N at once, then N per period); "" = unlimited.
+	//
+	// Example: 60/m
+	CreateRate string    `json:"createRate"`
+	CreatedAt  time.Time `json:"createdAt"`
 
 	// Egress In words, what this key's sandboxes may reach at most.
 	Egress string `json:"egress"`
@@ -364,9 +551,23 @@ type APIKey struct {
 	// Key The key itself; only in the answer that creates it.
 	Key string `json:"key,omitempty,omitzero"`
 
+	// MaxMemoryMB Memory (MiB) of the key's running sandboxes together; 0 = unlimited.
+	MaxMemoryMB int64 `json:"maxMemoryMB"`
+
+	// MaxSandboxes Running sandboxes the key may hold at once (paused ones do not count); 0 = unlimited.
+	MaxSandboxes int `json:"maxSandboxes"`
+
+	// MaxVcpus vCPUs of the key's running sandboxes together; 0 = unlimited.
+	MaxVcpus int `json:"maxVcpus"`
+
 	// MCPMaxCalls The key's MCP tool-call budget per session (0 = the daemon's).
 	MCPMaxCalls int64  `json:"mcpMaxCalls"`
 	Name        string `json:"name"`
+
+	// RequestRate API requests the key may make per period, as createRate; "" = unlimited.
+	//
+	// Example: 100/s
+	RequestRate string `json:"requestRate"`
 
 	// Secrets The secrets the key may attach (`*` for all; the admin key has `["*"]`).
 	Secrets []string `json:"secrets"`
@@ -374,6 +575,52 @@ type APIKey struct {
 	// Team The team whose sandboxes, snapshots and volumes the key shares.
 	Team   string `json:"team"`
 	TeamID string `json:"teamID"`
+
+	// Usage What the key holds now against its quota (running sandboxes and creates in flight).
+	Usage APIKeyUsage `json:"usage"`
+}
+
+// APIKeyUpdate The quota fields to change; absent fields keep their value, 0 and "" make a limit unlimited.
+type APIKeyUpdate struct {
+	// CreateRate Sandboxes the key may make per period (`N/s`, `N/m`, `N/h`, `N/d`; N at once, then N per period); "" = unlimited.
+	//
+	// Example: 60/m
+	CreateRate string `json:"createRate,omitempty,omitzero"`
+
+	// MaxMemoryMB Memory (MiB) of the key's running sandboxes together; 0 = unlimited.
+	MaxMemoryMB int64 `json:"maxMemoryMB,omitempty,omitzero"`
+
+	// MaxSandboxes Running sandboxes the key may hold at once (paused ones do not count); 0 = unlimited.
+	MaxSandboxes int `json:"maxSandboxes,omitempty,omitzero"`
+
+	// MaxVcpus vCPUs of the key's running sandboxes together; 0 = unlimited.
+	MaxVcpus int `json:"maxVcpus,omitempty,omitzero"`
+
+	// RequestRate API requests the key may make per period, as createRate; "" = unlimited.
+	//
+	// Example: 100/s
+	RequestRate string `json:"requestRate,omitempty,omitzero"`
+}
+
+// APIKeyUsage What the key holds now against its quota (running sandboxes and creates in flight).
+type APIKeyUsage struct {
+	MemoryMB  int64   `json:"memoryMB"`
+	Sandboxes int     `json:"sandboxes"`
+	Vcpus     float32 `json:"vcpus"`
+}
+
+// AssignTemplateTagsRequest defines model for AssignTemplateTagsRequest.
+type AssignTemplateTagsRequest struct {
+	Tags []string `json:"tags"`
+
+	// Target alias[:tag] of the build to tag.
+	Target string `json:"target"`
+}
+
+// AssignedTemplateTags defines model for AssignedTemplateTags.
+type AssignedTemplateTags struct {
+	BuildID string   `json:"buildID"`
+	Tags    []string `json:"tags"`
 }
 
 // AuditDecision defines model for AuditDecision.
@@ -453,6 +700,19 @@ type AuditEntrySource string
 // AuditKind defines model for AuditKind.
 type AuditKind string
 
+// BuildLogEntry E2B's BuildLogEntry.
+type BuildLogEntry struct {
+	Level   BuildLogEntryLevel `json:"level"`
+	Message string             `json:"message"`
+
+	// Step base, 1..N or finalize; absent for lines of the whole build.
+	Step      string    `json:"step,omitempty,omitzero"`
+	Timestamp time.Time `json:"timestamp"`
+}
+
+// BuildLogEntryLevel defines model for BuildLogEntry.Level.
+type BuildLogEntryLevel string
+
 // ConnectSandbox E2B's connect body.
 type ConnectSandbox = ConnectSandboxV2
 
@@ -464,6 +724,12 @@ type ConnectSandboxV2 struct {
 
 	// Timeout Seconds from now the sandbox lives at least.
 	Timeout *int64 `json:"timeout,omitempty"`
+}
+
+// DeleteTemplateTagsRequest defines model for DeleteTemplateTagsRequest.
+type DeleteTemplateTagsRequest struct {
+	Name string   `json:"name"`
+	Tags []string `json:"tags"`
 }
 
 // EnvVars Environment variables of every process of the sandbox.
@@ -557,12 +823,31 @@ type LogsDirection string
 
 // NewAPIKey defines model for NewAPIKey.
 type NewAPIKey struct {
+	// CreateRate Sandboxes the key may make per period (`N/s`, `N/m`, `N/h`, `N/d`; N at once, then N per period); "" = unlimited.
+	//
+	// Example: 60/m
+	CreateRate string `json:"createRate,omitempty,omitzero"`
+
 	// EgressAllow A narrower egress ceiling than the daemon's.
 	EgressAllow []string `json:"egressAllow,omitempty,omitzero"`
-	MCPMaxCalls int64    `json:"mcpMaxCalls,omitempty,omitzero"`
+
+	// MaxMemoryMB Memory (MiB) of the key's running sandboxes together; 0 = unlimited.
+	MaxMemoryMB int64 `json:"maxMemoryMB,omitempty,omitzero"`
+
+	// MaxSandboxes Running sandboxes the key may hold at once (paused ones do not count); 0 = unlimited.
+	MaxSandboxes int `json:"maxSandboxes,omitempty,omitzero"`
+
+	// MaxVcpus vCPUs of the key's running sandboxes together; 0 = unlimited.
+	MaxVcpus    int   `json:"maxVcpus,omitempty,omitzero"`
+	MCPMaxCalls int64 `json:"mcpMaxCalls,omitempty,omitzero"`
 
 	// Name 1-63 letters, digits, '.', '_' and '-', starting with a letter or digit.
 	Name string `json:"name"`
+
+	// RequestRate API requests the key may make per period, as createRate; "" = unlimited.
+	//
+	// Example: 100/s
+	RequestRate string `json:"requestRate,omitempty,omitzero"`
 
 	// Secrets Secrets the key may attach (`*` for all).
 	Secrets []string `json:"secrets,omitempty,omitzero"`
@@ -637,7 +922,10 @@ type NewSandbox struct {
 	// rules: every process in the sandbox can read them.
 	SecretEnvVars map[string]string `json:"secretEnvVars,omitempty,omitzero"`
 
-	// Secure Accepted and ignored (E2B's SDKs <= 2.50 send it).
+	// Secure E2B's `secure` (default true). `false`: requests to the
+	// sandbox's envd port need no `X-Access-Token` and the answer's
+	// `envdAccessToken` is null, so anyone who knows the sandbox ID
+	// can use its envd API (the REST API still needs the team's key).
 	Secure bool `json:"secure,omitempty,omitzero"`
 
 	// TemplateID A template's name, or a snapshot's ID or name. Default `base`.
@@ -749,6 +1037,39 @@ type NewVolume struct {
 
 	// SizeMB Size in MiB. Give sizeMB or size, not both; neither is 1 GiB.
 	SizeMB *int64 `json:"sizeMB,omitempty"`
+}
+
+// Overview The daemon at a glance.
+type Overview struct {
+	Creates struct {
+		// PerMinute Sandboxes created (and forked) in each of the last 60 minutes, oldest first; the last is the current minute.
+		PerMinute []int `json:"perMinute"`
+
+		// Start Unix time of the first minute's start.
+		Start int64 `json:"start"`
+	} `json:"creates"`
+
+	// Egress The egress proxy's decisions since start; null when sandboxes have no network.
+	Egress struct {
+		Allowed int64 `json:"allowed"`
+		Blocked int64 `json:"blocked"`
+	} `json:"egress"`
+	Memory struct {
+		// CommittedMB The memory ceilings of the running sandboxes, summed (MiB).
+		CommittedMB int64 `json:"committedMB"`
+
+		// HostMB The host's RAM (MiB).
+		HostMB int64 `json:"hostMB"`
+
+		// MaxMB The daemon's per-sandbox memory maximum (`--max-memory`; MiB).
+		MaxMB int64 `json:"maxMB"`
+
+		// UsedMB What the running sandboxes use, file cache excluded, summed (MiB).
+		UsedMB int64 `json:"usedMB"`
+	} `json:"memory"`
+
+	// Sandboxes Sandboxes by state (running and paused always present).
+	Sandboxes map[string]int `json:"sandboxes"`
 }
 
 // Pool A template's warm pool.
@@ -884,7 +1205,7 @@ type Sandbox struct {
 	// Domain The domain of the sandbox's hosts, `<port>-<sandboxID>.<domain>`.
 	Domain string `json:"domain"`
 
-	// EnvdAccessToken The token every envd request of the sandbox must carry in `X-Access-Token`.
+	// EnvdAccessToken The token every envd request of the sandbox must carry in `X-Access-Token`; null for a sandbox created with `secure` false.
 	EnvdAccessToken string `json:"envdAccessToken"`
 
 	// EnvdVersion The envd version the agent implements; SDKs gate features on it.
@@ -988,6 +1309,42 @@ type SandboxEgressPolicy struct {
 	Rules map[string][]SandboxNetworkRule `json:"rules,omitempty,omitzero"`
 }
 
+// SandboxEvent E2B's sandbox lifecycle event (version v2, with v1's event_category and event_label).
+type SandboxEvent struct {
+	EventCategory SandboxEventEventCategory `json:"event_category"`
+
+	// EventData sandbox_metadata (the sandbox's metadata), execution (on killed and paused: started_at, vcpu_count, memory_mb, execution_time in ms) and cella_detail (what changed: timeout, network, the pause mode, why it died).
+	EventData  map[string]interface{} `json:"event_data,omitempty,omitzero"`
+	EventLabel SandboxEventEventLabel `json:"event_label"`
+
+	// ID A UUID.
+	ID string `json:"id"`
+
+	// SandboxBuildID Always empty on cella.
+	SandboxBuildID string `json:"sandbox_build_id"`
+
+	// SandboxExecutionID Always empty on cella.
+	SandboxExecutionID string              `json:"sandbox_execution_id"`
+	SandboxID          string              `json:"sandbox_id"`
+	SandboxTeamID      string              `json:"sandbox_team_id"`
+	SandboxTemplateID  string              `json:"sandbox_template_id"`
+	Timestamp          time.Time           `json:"timestamp"`
+	Type               SandboxEventType    `json:"type"`
+	Version            SandboxEventVersion `json:"version"`
+}
+
+// SandboxEventEventCategory defines model for SandboxEvent.EventCategory.
+type SandboxEventEventCategory string
+
+// SandboxEventEventLabel defines model for SandboxEvent.EventLabel.
+type SandboxEventEventLabel string
+
+// SandboxEventType defines model for SandboxEvent.Type.
+type SandboxEventType string
+
+// SandboxEventVersion defines model for SandboxEvent.Version.
+type SandboxEventVersion string
+
 // SandboxForkRequest E2B's fork body.
 type SandboxForkRequest struct {
 	Count *int `json:"count,omitempty"`
@@ -1029,6 +1386,9 @@ type SandboxLifecycle struct {
 
 // SandboxLog E2B's log line.
 type SandboxLog struct {
+	// Line A JSON object, as E2B's raw log lines are (the E2B CLI parses
+	// it): `level`, `logger` (the entry's kind), `message`,
+	// `sandboxID` and the entry's fields.
 	Line      string    `json:"line"`
 	Timestamp time.Time `json:"timestamp"`
 }
@@ -1282,16 +1642,149 @@ type SnapshotInfo struct {
 	TookMs int64 `json:"tookMs,omitempty,omitzero"`
 }
 
-// Template A template on this machine. E2B's Template has these three fields
-// among others cella does not fill.
+// Template E2B's Template, as `e2b template list` reads it: the API templates the
+// caller may see, then this machine's templates (builtins and `cella
+// template build`s, public).
 type Template struct {
-	Aliases []string `json:"aliases"`
+	Aliases    []string `json:"aliases"`
+	BuildCount int      `json:"buildCount"`
 
-	// Public Always false.
-	Public bool `json:"public"`
+	// BuildID The newest build (a machine template's image key).
+	BuildID string `json:"buildID"`
 
-	// TemplateID The template's name.
+	// BuildStatus The newest build's status.
+	BuildStatus string    `json:"buildStatus"`
+	CPUCount    int       `json:"cpuCount"`
+	CreatedAt   time.Time `json:"createdAt"`
+
+	// CreatedBy Always null.
+	CreatedBy map[string]interface{} `json:"createdBy"`
+
+	// DiskSizeMB Always 0 (a sandbox's disk is its create's).
+	DiskSizeMB  int    `json:"diskSizeMB"`
+	EnvdVersion string `json:"envdVersion"`
+
+	// LastSpawnedAt Always null.
+	LastSpawnedAt time.Time `json:"lastSpawnedAt"`
+	MemoryMB      int       `json:"memoryMB"`
+	Names         []string  `json:"names"`
+	Public        bool      `json:"public"`
+
+	// SpawnCount Always 0.
+	SpawnCount int `json:"spawnCount"`
+
+	// TemplateID The template's ID (a machine template's name).
+	TemplateID string    `json:"templateID"`
+	UpdatedAt  time.Time `json:"updatedAt"`
+}
+
+// TemplateAliasResponse E2B's TemplateAliasResponse.
+type TemplateAliasResponse struct {
+	Public     bool   `json:"public"`
 	TemplateID string `json:"templateID"`
+}
+
+// TemplateBuildFileUpload E2B's TemplateBuildFileUpload.
+type TemplateBuildFileUpload struct {
+	// Present The team's files cache has this hash.
+	Present bool `json:"present"`
+
+	// URL The signed upload URL (PUT).
+	URL string `json:"url"`
+}
+
+// TemplateBuildInfo E2B's TemplateBuildInfo.
+type TemplateBuildInfo struct {
+	BuildID    string          `json:"buildID"`
+	LogEntries []BuildLogEntry `json:"logEntries"`
+
+	// Logs E2B's deprecated v1 log; always empty.
+	Logs   []string `json:"logs"`
+	Reason struct {
+		LogEntries []BuildLogEntry `json:"logEntries"`
+		Message    string          `json:"message"`
+		Step       string          `json:"step,omitempty,omitzero"`
+	} `json:"reason,omitempty,omitzero"`
+	Status     TemplateBuildInfoStatus `json:"status"`
+	TemplateID string                  `json:"templateID"`
+}
+
+// TemplateBuildInfoStatus defines model for TemplateBuildInfo.Status.
+type TemplateBuildInfoStatus string
+
+// TemplateBuildRequestV3 E2B's TemplateBuildRequestV3.
+type TemplateBuildRequestV3 struct {
+	// Alias E2B's deprecated field for name.
+	Alias string `json:"alias,omitempty,omitzero"`
+
+	// CPUCount 1 or even (default 2); the build sandbox's.
+	CPUCount int `json:"cpuCount,omitempty,omitzero"`
+
+	// MemoryMB Even (default 1024); the build sandbox's.
+	MemoryMB      int `json:"memoryMB,omitempty,omitzero"`
+	MinFreeDiskMb int `json:"minFreeDiskMb,omitempty,omitzero"`
+
+	// Name alias, alias:tag or namespace/alias[:tag].
+	Name   string   `json:"name,omitempty,omitzero"`
+	Tags   []string `json:"tags,omitempty,omitzero"`
+	TeamID string   `json:"teamID,omitempty,omitzero"`
+}
+
+// TemplateBuildStartV2 E2B's TemplateBuildStartV2.
+type TemplateBuildStartV2 struct {
+	Force     bool   `json:"force,omitempty,omitzero"`
+	FromImage string `json:"fromImage,omitempty,omitzero"`
+
+	// FromImageRegistry Registry credentials; only type "registry" (username, password).
+	FromImageRegistry struct {
+		Password string `json:"password,omitempty,omitzero"`
+		Type     string `json:"type,omitempty,omitzero"`
+		Username string `json:"username,omitempty,omitzero"`
+	} `json:"fromImageRegistry,omitempty,omitzero"`
+	FromTemplate string         `json:"fromTemplate,omitempty,omitzero"`
+	ReadyCmd     string         `json:"readyCmd,omitempty,omitzero"`
+	StartCmd     string         `json:"startCmd,omitempty,omitzero"`
+	Steps        []TemplateStep `json:"steps,omitempty,omitzero"`
+}
+
+// TemplateRequestResponseV3 E2B's TemplateRequestResponseV3.
+type TemplateRequestResponseV3 struct {
+	Aliases []string `json:"aliases"`
+	BuildID string   `json:"buildID"`
+
+	// Names <team name>/<alias>.
+	Names      []string `json:"names"`
+	Public     bool     `json:"public"`
+	Tags       []string `json:"tags"`
+	TemplateID string   `json:"templateID"`
+}
+
+// TemplateStep E2B's TemplateStep. COPY steps' `forceUpload`, `resolveSymlinks` and
+// `gzip` keys are ignored (the archive's format is detected).
+type TemplateStep struct {
+	Args      []string `json:"args,omitempty,omitzero"`
+	FilesHash string   `json:"filesHash,omitempty,omitzero"`
+	Force     bool     `json:"force,omitempty,omitzero"`
+
+	// Type RUN, COPY, ENV, WORKDIR, USER (ADD = COPY, ARG = ENV); compared upper-cased.
+	Type string `json:"type"`
+}
+
+// TemplateTag E2B's TemplateTag.
+type TemplateTag struct {
+	BuildID   string    `json:"buildID"`
+	CreatedAt time.Time `json:"createdAt"`
+	Tag       string    `json:"tag"`
+}
+
+// TemplateUpdateRequest defines model for TemplateUpdateRequest.
+type TemplateUpdateRequest struct {
+	Public bool `json:"public"`
+}
+
+// TemplateUpdateResponse defines model for TemplateUpdateResponse.
+type TemplateUpdateResponse struct {
+	Names []string `json:"names"`
 }
 
 // Volume E2B's Volume, plus cella's fields.
@@ -1303,10 +1796,46 @@ type Volume struct {
 	Name    string `json:"name"`
 	SizeMB  int64  `json:"sizeMB"`
 
+	// Token E2B's VolumeAndToken.token, in the answers of create and get (not
+	// in lists): the bearer of /volumecontent/{volumeID}/*. E2B's SDKs
+	// reach that API at `E2B_VOLUME_API_URL` (set it to the daemon's URL).
+	Token string `json:"token,omitempty,omitzero"`
+
 	// UsedBy The sandboxes that mount it, of those the caller may see.
 	UsedBy    []string `json:"usedBy"`
 	UsedBytes int64    `json:"usedBytes"`
 	VolumeID  string   `json:"volumeID"`
+}
+
+// VolumeEntryStat E2B's VolumeEntryStat.
+type VolumeEntryStat struct {
+	Atime time.Time `json:"atime"`
+	Ctime time.Time `json:"ctime"`
+	GID   uint32    `json:"gid"`
+
+	// Mode Permission bits (with sticky), not the file type.
+	Mode  uint32    `json:"mode"`
+	Mtime time.Time `json:"mtime"`
+	Name  string    `json:"name"`
+
+	// Path Absolute within the volume.
+	Path string `json:"path"`
+	Size int64  `json:"size"`
+
+	// Target A symlink's target, as stored.
+	Target string              `json:"target,omitempty,omitzero"`
+	Type   VolumeEntryStatType `json:"type"`
+	UID    uint32              `json:"uid"`
+}
+
+// VolumeEntryStatType defines model for VolumeEntryStat.Type.
+type VolumeEntryStatType string
+
+// VolumeMetadata The owner and mode a PATCH sets; absent fields are kept.
+type VolumeMetadata struct {
+	GID  *uint32 `json:"gid,omitempty"`
+	Mode *uint32 `json:"mode,omitempty"`
+	UID  *uint32 `json:"uid,omitempty"`
 }
 
 // WaitRequest What to wait for, and how long.
@@ -1339,6 +1868,38 @@ type WaitResult struct {
 	Port    int    `json:"port,omitempty,omitzero"`
 	Ready   bool   `json:"ready"`
 }
+
+// Webhook E2B's webhook (never its signatureSecret).
+type Webhook struct {
+	CreatedAt time.Time `json:"createdAt"`
+	Enabled   bool      `json:"enabled"`
+	Events    []string  `json:"events"`
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	TeamID    string    `json:"teamID"`
+	URL       string    `json:"url"`
+}
+
+// WebhookInput A webhook to create (name, url, events and signatureSecret required) or the fields to change.
+type WebhookInput struct {
+	Enabled         *bool                `json:"enabled,omitempty"`
+	Events          []WebhookInputEvents `json:"events,omitempty,omitzero"`
+	Name            *string              `json:"name,omitempty"`
+	SignatureSecret *string              `json:"signatureSecret,omitempty"`
+	URL             *string              `json:"url,omitempty"`
+}
+
+// WebhookInputEvents defines model for WebhookInput.Events.
+type WebhookInputEvents string
+
+// APITemplateID defines model for apiTemplateID.
+type APITemplateID = string
+
+// BuildID defines model for buildID.
+type BuildID = string
+
+// FilesHash defines model for filesHash.
+type FilesHash = string
 
 // Limit defines model for limit.
 type Limit = int
@@ -1376,8 +1937,26 @@ type SecretID = string
 // TemplateID defines model for templateID.
 type TemplateID = string
 
+// VolumeContentID defines model for volumeContentID.
+type VolumeContentID = string
+
+// VolumeForce defines model for volumeForce.
+type VolumeForce = bool
+
+// VolumeGID defines model for volumeGID.
+type VolumeGID = uint32
+
 // VolumeID defines model for volumeID.
 type VolumeID = string
+
+// VolumeMode defines model for volumeMode.
+type VolumeMode = uint32
+
+// VolumePath defines model for volumePath.
+type VolumePath = string
+
+// VolumeUID defines model for volumeUID.
+type VolumeUID = uint32
 
 // AgentUnreachable E2B's edge-proxy error body, for sandbox traffic that cannot reach
 // its sandbox (502) or lacks the traffic token (403). The REST API
@@ -1414,8 +1993,31 @@ type SandboxCreated = Sandbox
 // Everything an SDK needs to reach the sandbox's envd.
 type SandboxResumed = Sandbox
 
+// TooManyRequests E2B's error body. Every error answer of the REST API has this shape.
+type TooManyRequests = Error
+
 // Unauthorized E2B's error body. Every error answer of the REST API has this shape.
 type Unauthorized = Error
+
+// VolumeContentNotFound E2B's error body. Every error answer of the REST API has this shape.
+type VolumeContentNotFound = Error
+
+// VolumePathForbidden E2B's error body. Every error answer of the REST API has this shape.
+type VolumePathForbidden = Error
+
+// ListTeamSandboxEventsParams defines parameters for ListTeamSandboxEvents.
+type ListTeamSandboxEventsParams struct {
+	Offset   int  `form:"offset,omitempty" json:"offset,omitempty,omitzero"`
+	Limit    int  `form:"limit,omitempty" json:"limit,omitempty,omitzero"`
+	OrderAsc bool `form:"orderAsc,omitempty" json:"orderAsc,omitempty,omitzero"`
+}
+
+// ListSandboxEventsParams defines parameters for ListSandboxEvents.
+type ListSandboxEventsParams struct {
+	Offset   int  `form:"offset,omitempty" json:"offset,omitempty,omitzero"`
+	Limit    int  `form:"limit,omitempty" json:"limit,omitempty,omitzero"`
+	OrderAsc bool `form:"orderAsc,omitempty" json:"orderAsc,omitempty,omitzero"`
+}
 
 // PostMCPJSONBody defines parameters for PostMCP.
 type PostMCPJSONBody = map[string]interface{}
@@ -1534,6 +2136,27 @@ type ListSnapshotsParams struct {
 	NextToken string `form:"nextToken,omitempty" json:"nextToken,omitempty,omitzero"`
 }
 
+// GetTemplateBuildStatusParams defines parameters for GetTemplateBuildStatus.
+type GetTemplateBuildStatusParams struct {
+	// LogsOffset The index of the first log entry to return.
+	LogsOffset int `form:"logsOffset,omitempty" json:"logsOffset,omitempty,omitzero"`
+
+	// Limit Items per page.
+	Limit Limit `form:"limit,omitempty" json:"limit,omitempty,omitzero"`
+}
+
+// UploadTemplateFilesParams defines parameters for UploadTemplateFiles.
+type UploadTemplateFilesParams struct {
+	// Team The team whose files cache receives the upload.
+	Team string `form:"team" json:"team"`
+
+	// Expires When the URL stops working (Unix seconds).
+	Expires int64 `form:"expires" json:"expires"`
+
+	// Token HMAC-SHA256 of the template, hash, team and expiry under the daemon's key (hex).
+	Token string `form:"token" json:"token"`
+}
+
 // ListSandboxesV2Params defines parameters for ListSandboxesV2.
 type ListSandboxesV2Params struct {
 	// Metadata Only sandboxes whose metadata has these pairs, as E2B's SDKs encode
@@ -1588,8 +2211,75 @@ type GetSandboxLogsV2Params struct {
 	Limit LogLimit `form:"limit,omitempty" json:"limit,omitempty,omitzero"`
 }
 
+// ListVolumeDirParams defines parameters for ListVolumeDir.
+type ListVolumeDirParams struct {
+	Depth int `form:"depth,omitempty" json:"depth,omitempty,omitzero"`
+
+	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// MakeVolumeDirParams defines parameters for MakeVolumeDir.
+type MakeVolumeDirParams struct {
+	UID VolumeUID `form:"uid,omitempty" json:"uid,omitempty,omitzero"`
+	GID VolumeGID `form:"gid,omitempty" json:"gid,omitempty,omitzero"`
+
+	// Mode Permission bits as a decimal number (0o644 is 420); at most 01777.
+	Mode  VolumeMode  `form:"mode,omitempty" json:"mode,omitempty,omitzero"`
+	Force VolumeForce `form:"force,omitempty" json:"force,omitempty,omitzero"`
+
+	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// ReadVolumeFileParams defines parameters for ReadVolumeFile.
+type ReadVolumeFileParams struct {
+	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// WriteVolumeFileParams defines parameters for WriteVolumeFile.
+type WriteVolumeFileParams struct {
+	UID VolumeUID `form:"uid,omitempty" json:"uid,omitempty,omitzero"`
+	GID VolumeGID `form:"gid,omitempty" json:"gid,omitempty,omitzero"`
+
+	// Mode Permission bits as a decimal number (0o644 is 420); at most 01777.
+	Mode  VolumeMode  `form:"mode,omitempty" json:"mode,omitempty,omitzero"`
+	Force VolumeForce `form:"force,omitempty" json:"force,omitempty,omitzero"`
+
+	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// RemoveVolumePathParams defines parameters for RemoveVolumePath.
+type RemoveVolumePathParams struct {
+	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// StatVolumePathParams defines parameters for StatVolumePath.
+type StatVolumePathParams struct {
+	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// UpdateVolumePathParams defines parameters for UpdateVolumePath.
+type UpdateVolumePathParams struct {
+	// Path A path inside the volume, e.g. `/dir/file.txt` (`..` cannot leave the volume).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// CreateWebhookJSONRequestBody defines body for CreateWebhook for application/json ContentType.
+type CreateWebhookJSONRequestBody = WebhookInput
+
+// UpdateWebhookJSONRequestBody defines body for UpdateWebhook for application/json ContentType.
+type UpdateWebhookJSONRequestBody = WebhookInput
+
 // CreateAPIKeyJSONRequestBody defines body for CreateAPIKey for application/json ContentType.
 type CreateAPIKeyJSONRequestBody = NewAPIKey
+
+// UpdateAPIKeyJSONRequestBody defines body for UpdateAPIKey for application/json ContentType.
+type UpdateAPIKeyJSONRequestBody = APIKeyUpdate
 
 // PostMCPJSONRequestBody defines body for PostMCP for application/json ContentType.
 type PostMCPJSONRequestBody = PostMCPJSONBody
@@ -1635,11 +2325,29 @@ type CreateSecretJSONRequestBody = NewSecret
 // UpdateSecretJSONRequestBody defines body for UpdateSecret for application/json ContentType.
 type UpdateSecretJSONRequestBody = SecretUpdate
 
+// DeleteTemplateTagsJSONRequestBody defines body for DeleteTemplateTags for application/json ContentType.
+type DeleteTemplateTagsJSONRequestBody = DeleteTemplateTagsRequest
+
+// AssignTemplateTagsJSONRequestBody defines body for AssignTemplateTags for application/json ContentType.
+type AssignTemplateTagsJSONRequestBody = AssignTemplateTagsRequest
+
 // CreateSandboxV2JSONRequestBody defines body for CreateSandboxV2 for application/json ContentType.
 type CreateSandboxV2JSONRequestBody = NewSandboxV2
 
 // ConnectSandboxV2JSONRequestBody defines body for ConnectSandboxV2 for application/json ContentType.
 type ConnectSandboxV2JSONRequestBody = ConnectSandboxV2
+
+// UpdateTemplateV2JSONRequestBody defines body for UpdateTemplateV2 for application/json ContentType.
+type UpdateTemplateV2JSONRequestBody = TemplateUpdateRequest
+
+// StartTemplateBuildV2JSONRequestBody defines body for StartTemplateBuildV2 for application/json ContentType.
+type StartTemplateBuildV2JSONRequestBody = TemplateBuildStartV2
+
+// RequestTemplateBuildV3JSONRequestBody defines body for RequestTemplateBuildV3 for application/json ContentType.
+type RequestTemplateBuildV3JSONRequestBody = TemplateBuildRequestV3
+
+// UpdateVolumePathJSONRequestBody defines body for UpdateVolumePath for application/json ContentType.
+type UpdateVolumePathJSONRequestBody = VolumeMetadata
 
 // CreateVolumeJSONRequestBody defines body for CreateVolume for application/json ContentType.
 type CreateVolumeJSONRequestBody = NewVolume

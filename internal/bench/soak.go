@@ -204,7 +204,7 @@ func (s *soak) everCreated() []string {
 // one idle sandbox.
 func (s *soak) idleExec(ctx context.Context) (Figure, error) {
 	c := s.d.client
-	sb, err := c.Create(ctx, client.CreateRequest{Timeout: 600})
+	sb, err := c.Create(ctx, client.CreateRequest{Timeout: new(int64(600))})
 	if err != nil {
 		return Figure{}, err
 	}
@@ -341,7 +341,7 @@ func (s *soak) agent(ctx context.Context, a *soakAgent, res *loadResult, stop <-
 		return false
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	sb, err := c.Create(cctx, client.CreateRequest{Timeout: 3600, MemoryMB: 256})
+	sb, err := c.Create(cctx, client.CreateRequest{Timeout: new(int64(3600)), MemoryMB: 256})
 	cancel()
 	if err != nil {
 		fail(-1, "create", err)

@@ -137,7 +137,7 @@ func state(ctx context.Context, cfg Config, rt string, mb, forks int) (StateResu
 	}
 
 	// The sandbox holding mb MiB.
-	sb, err := c.Create(ctx, client.CreateRequest{MemoryMB: int64(max(512, 2*mb+256)), Timeout: 1800})
+	sb, err := c.Create(ctx, client.CreateRequest{MemoryMB: int64(max(512, 2*mb+256)), Timeout: new(int64(1800))})
 	if err != nil {
 		return res, err
 	}

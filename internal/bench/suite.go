@@ -242,7 +242,7 @@ func Density(ctx context.Context, cfg Config, n int) ([]Figure, error) {
 		var ids []string
 		var firstErr error
 		for i := 0; i < n; i++ {
-			sb, err := l.Client.Create(ctx, client.CreateRequest{MemoryMB: 128, Timeout: 3600})
+			sb, err := l.Client.Create(ctx, client.CreateRequest{MemoryMB: 128, Timeout: new(int64(3600))})
 			if err != nil {
 				firstErr = err
 				break

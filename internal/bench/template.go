@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"time"
 
@@ -15,10 +16,13 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/klauspost/compress/gzip"
 
+	"github.com/cella-sandbox/cella/internal/build"
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/image/localregistry"
 	"github.com/cella-sandbox/cella/internal/layerstore"
+	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/template"
+	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
 // benchImage is the template name the create figures pull into the cache.
@@ -99,8 +103,108 @@ func Template(ctx context.Context, cfg Config) ([]Figure, error) {
 		}
 		fi.against(fb)
 		figs = append(figs, fb, fi)
+		if rt == runtime.GVisor { // start commands need memory snapshots
+			figs = append(figs, buildsOf(ctx, cfg, rt, fb)...)
+		}
 	}
 	return figs, nil
+}
+
+// buildsOf times template builds on one daemon: a build of three RUN steps,
+// its rebuild with every step cached (against the build), and create →
+// first answer from a template whose start command (a Python HTTP server)
+// was captured running, against a plain create → first exec (plain).
+func buildsOf(ctx context.Context, cfg Config, rt string, plain Figure) []Figure {
+	fBuild := Figure{Name: "template build, 3 RUN steps (one sandbox each)", Runtime: rt}
+	fCached := Figure{Name: "template rebuild, every step cached", Runtime: rt}
+	fSnap := Figure{Name: "cella create from a start-command snapshot → first HTTP answer", Runtime: rt}
+	fail := func(err error) []Figure {
+		for _, f := range []*Figure{&fBuild, &fCached, &fSnap} {
+			f.Err = err.Error()
+		}
+		return []Figure{fBuild, fCached, fSnap}
+	}
+	l, err := startLocal(ctx, cfg, rt)
+	if err != nil {
+		return fail(err)
+	}
+	defer l.Close()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	team := tenant.Principal{Key: "bench", Team: fmt.Sprintf("bench-%x", b)}
+	name := fmt.Sprintf("cella-bench-build-%x", b)
+	defer l.Daemon.Templates.Delete(name)
+	spec := build.Spec{Name: name, Base: build.Base{Template: "base"}, Steps: []build.Step{
+		{Type: "RUN", Args: []string{"mkdir -p ~/a && echo one > ~/a/x"}},
+		{Type: "RUN", Args: []string{"echo two >> ~/a/x"}},
+		{Type: "RUN", Args: []string{"mkdir -p /srv/www && echo ok > /srv/www/index.html", "root"}},
+	}}
+	t0 := time.Now()
+	if _, err := l.Daemon.Builder.Build(ctx, team, spec, nil, nil); err != nil {
+		return fail(err)
+	}
+	fBuild = summarize(fBuild.Name, rt, []time.Duration{time.Since(t0)})
+	var cached []time.Duration
+	for range max(1, min(cfg.N, 5)) {
+		t0 := time.Now()
+		res, err := l.Daemon.Builder.Build(ctx, team, spec, nil, nil)
+		if err == nil && len(res.Cached) != len(spec.Steps)+1 {
+			err = fmt.Errorf("a rebuild ran steps: cached %v", res.Cached)
+		}
+		if err != nil {
+			return fail(err)
+		}
+		cached = append(cached, time.Since(t0))
+	}
+	fCached = summarize(fCached.Name, rt, cached)
+	fCached.against(fBuild)
+
+	spec.StartCmd = "exec python3 -m http.server 8000 --directory /srv/www"
+	spec.ReadyCmd = "curl -sf http://127.0.0.1:8000/ >/dev/null"
+	if _, err := l.Daemon.Builder.Build(ctx, team, spec, nil, nil); err != nil {
+		fSnap.Err = err.Error()
+		return []Figure{fBuild, fCached, fSnap}
+	}
+	var snap []time.Duration
+	for range cfg.N {
+		t0 := time.Now()
+		sb, err := l.Client.Create(ctx, client.CreateRequest{TemplateID: name})
+		if err == nil {
+			err = firstAnswer(ctx, l.URL, sb.SandboxID, 8000)
+			_ = l.Client.Kill(ctx, sb.SandboxID)
+		}
+		if err != nil {
+			fSnap.Err = err.Error()
+			return []Figure{fBuild, fCached, fSnap}
+		}
+		snap = append(snap, time.Since(t0))
+	}
+	fSnap = summarize(fSnap.Name, rt, snap)
+	fSnap.against(plain)
+	return []Figure{fBuild, fCached, fSnap}
+}
+
+// firstAnswer makes one request to port of sandbox id through the daemon's
+// proxy and wants a 200: no retry, the server must be up already.
+func firstAnswer(ctx context.Context, base, id string, port int) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/", nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("E2b-Sandbox-Id", id)
+	req.Header.Set("E2b-Sandbox-Port", fmt.Sprint(port))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("the first request to port %d answered %s", port, resp.Status)
+	}
+	return nil
 }
 
 // createsOf times create → first exec from base and from the bench image,

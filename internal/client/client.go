@@ -16,6 +16,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/cella-sandbox/cella/internal/apiwire"
 )
 
 // Config says where the daemon is and how to authenticate.
@@ -117,13 +119,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) (*htt
 		return resp, fmt.Errorf("read answer of %s %s: %w", method, path, err)
 	}
 	if resp.StatusCode >= 300 {
-		var eb struct {
-			Message string `json:"message"`
-		}
-		if json.Unmarshal(data, &eb) != nil || eb.Message == "" {
-			eb.Message = strings.TrimSpace(string(data))
-		}
-		return resp, &APIError{Status: resp.StatusCode, Message: eb.Message}
+		return resp, apiErrorFrom(resp.StatusCode, data)
 	}
 	if out != nil && len(data) > 0 {
 		if err := json.Unmarshal(data, out); err != nil {
@@ -134,38 +130,16 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) (*htt
 }
 
 // CreateRequest is the body of POST /v2/sandboxes.
-type CreateRequest struct {
-	TemplateID string            `json:"templateID,omitempty"`
-	Timeout    int64             `json:"timeout,omitempty"`
-	Metadata   map[string]string `json:"metadata,omitempty"`
-	EnvVars    map[string]string `json:"envVars,omitempty"`
-	CPUCount   float64           `json:"cpuCount,omitempty"`
-	MemoryMB   int64             `json:"memoryMB,omitempty"`
-	DiskSizeMB int64             `json:"diskSizeMB,omitempty"`
-	PidsLimit  int64             `json:"pidsLimit,omitempty"`
-	OutputMB   int64             `json:"outputLimitMB,omitempty"`
-	AutoPause  bool              `json:"autoPause,omitempty"`
-	AutoResume *AutoResume       `json:"autoResume,omitempty"`
-	// cella's volumes and lifecycle policies (volumes.go).
-	VolumeMounts []VolumeMount `json:"volumeMounts,omitempty"`
-	Lifecycle    *Lifecycle    `json:"lifecycle,omitempty"`
-}
-
-// AutoResume is E2B's autoResume create option.
-type AutoResume struct {
-	Enabled bool `json:"enabled"`
-}
+type CreateRequest = apiwire.NewSandboxV2
 
 // Sandbox is the answer of create and connect.
-type Sandbox struct {
-	SandboxID       string `json:"sandboxID"`
-	TemplateID      string `json:"templateID"`
-	EnvdVersion     string `json:"envdVersion"`
-	EnvdAccessToken string `json:"envdAccessToken"`
-	Domain          string `json:"domain"`
-}
+type Sandbox = apiwire.Sandbox
 
-// Detail is GET /sandboxes/{id}.
+// Detail is GET /sandboxes/{id}: the fields the client reads, the network
+// raw and the whole answer in Raw (cella info --json prints it as the
+// daemon sent it). Not apiwire.SandboxDetail: its network's rules are the
+// daemon's egress rules as they are, which a typed decode would hold to one
+// version of their shape.
 type Detail struct {
 	Sandbox
 	Metadata      map[string]string `json:"metadata"`
@@ -260,15 +234,15 @@ func (c *Client) Connect(ctx context.Context, id string) (Sandbox, error) {
 // and has been resumed (201) rather than running already (200).
 func (c *Client) ConnectResumed(ctx context.Context, id string) (Sandbox, bool, error) {
 	var sb Sandbox
-	resp, err := c.do(ctx, http.MethodPost, "/v2/sandboxes/"+url.PathEscape(id)+"/connect", map[string]any{}, &sb)
+	resp, err := c.do(ctx, http.MethodPost, "/v2/sandboxes/"+url.PathEscape(id)+"/connect", apiwire.ConnectSandboxV2{}, &sb)
 	return sb, err == nil && resp.StatusCode == http.StatusCreated, err
 }
 
 // Pause pauses a sandbox; keepMemory=false keeps only its filesystem.
 func (c *Client) Pause(ctx context.Context, id string, keepMemory bool) error {
-	body := map[string]any{}
+	var body apiwire.SandboxPauseRequest
 	if !keepMemory {
-		body["memory"] = false
+		body.Memory = new(false)
 	}
 	_, err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/pause", body, nil)
 	return err

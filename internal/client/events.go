@@ -8,7 +8,9 @@ import (
 	"time"
 )
 
-// BlockedEvent is one thing a sandbox's egress policy refused.
+// BlockedEvent is one thing a sandbox's egress policy refused: the fields
+// of an audit entry (apiwire.AuditEntry) it shows, kept as its own type for
+// its String method, which a type of apiwire's cannot have.
 type BlockedEvent struct {
 	Time   time.Time `json:"time"`
 	Kind   string    `json:"kind"`  // connect or dns
@@ -46,7 +48,8 @@ func (c *Client) BlockedSince(ctx context.Context, id string, t time.Time) ([]Bl
 	return out.Entries, nil
 }
 
-// processSpan is a command's life as the audit log recorded it.
+// processSpan is a command's life as the audit log recorded it (the three
+// fields of apiwire.AuditEntry it needs).
 type processSpan struct {
 	Time time.Time `json:"time"`
 	Kind string    `json:"kind"`

@@ -11,12 +11,15 @@ import (
 	"strings"
 
 	"github.com/cella-sandbox/cella/internal/agentapi"
+	"github.com/cella-sandbox/cella/internal/apiwire"
 
 	"github.com/coder/websocket"
 )
 
 // WaitRequest is the body of POST /sandboxes/{id}/wait: a port, or a
-// regular expression matched against the output lines of process PID.
+// regular expression matched against the output lines of process PID. Not
+// apiwire.WaitRequest, whose timeout is raw JSON (the wire takes seconds or
+// a duration string); this client always sends seconds.
 type WaitRequest struct {
 	Port    int     `json:"port,omitempty"`
 	Log     string  `json:"log,omitempty"`
@@ -25,14 +28,7 @@ type WaitRequest struct {
 }
 
 // WaitResult is the answer of a wait.
-type WaitResult struct {
-	Ready     bool   `json:"ready"`
-	Port      int    `json:"port,omitempty"`
-	PID       int    `json:"pid,omitempty"`
-	Line      string `json:"line,omitempty"`
-	ElapsedMs int64  `json:"elapsedMs"`
-	Message   string `json:"message,omitempty"`
-}
+type WaitResult = apiwire.WaitResult
 
 // Wait blocks until the port listens or the line appears. A timeout is an
 // *APIError with Status 408; a process that ended first is 409.
@@ -106,10 +102,10 @@ func (c *Client) DialPTY(ctx context.Context, id string, o PTYOptions) (*websock
 // BaseURL is the daemon's URL.
 func (c *Client) BaseURL() *url.URL { u := *c.base; return &u }
 
+// apiErrorFrom is the *APIError of a non-2xx answer: its JSON message,
+// else its text.
 func apiErrorFrom(status int, body []byte) error {
-	var eb struct {
-		Message string `json:"message"`
-	}
+	var eb apiwire.Error
 	if json.Unmarshal(body, &eb) != nil || eb.Message == "" {
 		eb.Message = strings.TrimSpace(string(body))
 	}
@@ -134,12 +130,7 @@ type Exposed struct {
 
 // Expose describes the preview URL of a port of a running sandbox.
 func (c *Client) Expose(ctx context.Context, id string, port int) (Exposed, error) {
-	var d struct {
-		SandboxID          string  `json:"sandboxID"`
-		Domain             string  `json:"domain"`
-		State              string  `json:"state"`
-		TrafficAccessToken *string `json:"trafficAccessToken"`
-	}
+	var d Detail
 	if _, err := c.do(ctx, http.MethodGet, "/sandboxes/"+url.PathEscape(id), nil, &d); err != nil {
 		return Exposed{}, err
 	}

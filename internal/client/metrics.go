@@ -7,20 +7,12 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cella-sandbox/cella/internal/apiwire"
 )
 
 // Metric is one sample of a sandbox's resource use (E2B's SandboxMetric).
-type Metric struct {
-	Timestamp     time.Time `json:"timestamp"`
-	TimestampUnix int64     `json:"timestampUnix"`
-	CPUCount      int       `json:"cpuCount"`
-	CPUUsedPct    float64   `json:"cpuUsedPct"`
-	MemUsed       int64     `json:"memUsed"`
-	MemTotal      int64     `json:"memTotal"`
-	MemCache      int64     `json:"memCache"`
-	DiskUsed      int64     `json:"diskUsed"`
-	DiskTotal     int64     `json:"diskTotal"`
-}
+type Metric = apiwire.SandboxMetric
 
 // Metrics returns sandbox id's samples between start and end (zero: open),
 // oldest first; with end open the last one is of the present.
@@ -44,9 +36,7 @@ func (c *Client) Metrics(ctx context.Context, id string, start, end time.Time) (
 // LatestMetrics returns the newest sample of each of the sandboxes ids that
 // exists, by ID.
 func (c *Client) LatestMetrics(ctx context.Context, ids []string) (map[string]Metric, error) {
-	var out struct {
-		Sandboxes map[string]Metric `json:"sandboxes"`
-	}
+	var out apiwire.SandboxesWithMetrics
 	_, err := c.do(ctx, http.MethodGet, "/sandboxes/metrics?sandbox_ids="+url.QueryEscape(strings.Join(ids, ",")), nil, &out)
 	return out.Sandboxes, err
 }

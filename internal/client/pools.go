@@ -4,18 +4,12 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+
+	"github.com/cella-sandbox/cella/internal/apiwire"
 )
 
 // Pool is one template's warm pool (GET /pools).
-type Pool struct {
-	Template  string `json:"template"`
-	Size      int    `json:"size"`
-	Ready     int    `json:"ready"`
-	Filling   int    `json:"filling"`
-	HandedOut int64  `json:"handedOut"`
-	Misses    int64  `json:"misses"`
-	LastError string `json:"lastError"`
-}
+type Pool = apiwire.Pool
 
 // ListPools returns every warm pool.
 func (c *Client) ListPools(ctx context.Context) ([]Pool, error) {
@@ -27,6 +21,6 @@ func (c *Client) ListPools(ctx context.Context) ([]Pool, error) {
 // SetPool sets a template's warm-pool size (admin key; 0 removes the pool).
 func (c *Client) SetPool(ctx context.Context, template string, size int) (Pool, error) {
 	var p Pool
-	_, err := c.do(ctx, http.MethodPut, "/pools/"+url.PathEscape(template), map[string]int{"size": size}, &p)
+	_, err := c.do(ctx, http.MethodPut, "/pools/"+url.PathEscape(template), apiwire.PoolSize{Size: size}, &p)
 	return p, err
 }

@@ -154,7 +154,8 @@ func (s *SandboxConn) exec(ctx context.Context, cmd string, o ExecOptions) (Exec
 		creq.Header().Set("Authorization", userHeader(o.User))
 	}
 	// The agent takes Connect-Timeout-Ms as the process's lifetime and ends
-	// the stream itself with a named error when it expires, so the client
+	// the stream itself (deadline_exceeded, naming the timeout) when it
+	// expires, so the client
 	// gets a grace period beyond it instead of cutting the stream first.
 	if o.Timeout > 0 {
 		creq.Header().Set("Connect-Timeout-Ms", strconv.FormatInt(o.Timeout.Milliseconds(), 10))
@@ -215,6 +216,15 @@ func (s *SandboxConn) exec(ctx context.Context, cmd string, o ExecOptions) (Exec
 	}
 	res.Stdout, res.Stderr = stdout.String(), stderr.String()
 	if err := stream.Err(); err != nil {
+		// The agent ends a timed-out command's stream as envd does, with
+		// deadline_exceeded naming the timeout; the client's own grace timer
+		// covers an agent that could not say so.
+		var ce *connect.Error
+		if errors.As(err, &ce) && ce.Code() == connect.CodeDeadlineExceeded && o.Timeout > 0 && ctx.Err() == nil {
+			res.ExitCode = -1
+			res.Error = ce.Message()
+			return res, nil
+		}
 		if (connect.CodeOf(err) == connect.CodeDeadlineExceeded || connect.CodeOf(err) == connect.CodeCanceled) && o.Timeout > 0 && ctx.Err() != nil {
 			res.ExitCode = -1
 			res.Error = fmt.Sprintf("killed: command timeout %v reached (raise with --timeout)", o.Timeout)

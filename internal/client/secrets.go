@@ -5,29 +5,19 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
-	"time"
+
+	"github.com/cella-sandbox/cella/internal/apiwire"
 )
 
 // Secret is a secret's metadata in E2B's shape: the daemon never returns
 // values.
-type Secret struct {
-	ID      string `json:"secretID"`
-	Name    string `json:"name"`
-	Version int64  `json:"currentVersion"`
-	// Metadata is stored in plaintext: labels, never credentials.
-	Metadata  map[string]string `json:"metadata"`
-	CreatedAt time.Time         `json:"createdAt"`
-	UpdatedAt time.Time         `json:"updatedAt"`
-}
+type Secret = apiwire.Secret
 
 // CreateSecret creates a secret at version 1; a taken name is a 409
 // (IsConflict). Admin key only.
 func (c *Client) CreateSecret(ctx context.Context, name, value string, metadata map[string]string) (Secret, error) {
 	var s Secret
-	body := map[string]any{"name": name, "value": value}
-	if metadata != nil {
-		body["metadata"] = metadata
-	}
+	body := apiwire.NewSecret{Name: name, Value: value, Metadata: metadata}
 	_, err := c.do(ctx, http.MethodPost, "/secrets", body, &s)
 	return s, err
 }
@@ -37,9 +27,10 @@ func (c *Client) CreateSecret(ctx context.Context, name, value string, metadata 
 // it. A missing secret is a 404 (IsNotFound). Admin key only.
 func (c *Client) UpdateSecret(ctx context.Context, ref, value string, metadata map[string]string) (Secret, error) {
 	var s Secret
-	body := map[string]any{"value": value}
+	body := apiwire.SecretUpdate{Value: value}
 	if metadata != nil {
-		body["metadata"] = metadata
+		md := apiwire.SecretMetadata(metadata)
+		body.Metadata = &md // sent even when empty: {} clears
 	}
 	_, err := c.do(ctx, http.MethodPost, "/secrets/"+url.PathEscape(ref), body, &s)
 	return s, err

@@ -5,19 +5,12 @@ import (
 	"net/http"
 	"net/url"
 	"time"
+
+	"github.com/cella-sandbox/cella/internal/apiwire"
 )
 
 // SnapshotInfo is E2B's SnapshotInfo plus cella's fields.
-type SnapshotInfo struct {
-	SnapshotID string    `json:"snapshotID"`
-	Names      []string  `json:"names"`
-	SandboxID  string    `json:"sandboxID"`
-	TemplateID string    `json:"templateID"`
-	CreatedAt  time.Time `json:"createdAt"`
-	Memory     bool      `json:"memory"`
-	SizeBytes  int64     `json:"sizeBytes"`
-	TookMS     int64     `json:"tookMs"`
-}
+type SnapshotInfo = apiwire.SnapshotInfo
 
 // Snapshot snapshots a running sandbox (it keeps running); name may be "".
 func (c *Client) Snapshot(ctx context.Context, id, name string) (SnapshotInfo, error) {
@@ -62,23 +55,14 @@ func (c *Client) DeleteSnapshot(ctx context.Context, id string) error {
 }
 
 // ForkResult is one element of the fork answer.
-type ForkResult struct {
-	Sandbox *struct {
-		Sandbox
-		MemoryRestored bool `json:"memoryRestored"`
-	} `json:"sandbox"`
-	Error *struct {
-		Code    int    `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
-}
+type ForkResult = apiwire.SandboxForkResult
 
 // Fork starts count sandboxes from a running sandbox's current state.
 // timeout 0 means the daemon's default.
 func (c *Client) Fork(ctx context.Context, id string, count int, timeout time.Duration) ([]ForkResult, error) {
-	body := map[string]any{"count": count}
+	body := apiwire.SandboxForkRequest{Count: &count}
 	if timeout > 0 {
-		body["timeout"] = int64(timeout / time.Second)
+		body.Timeout = new(int64(timeout / time.Second))
 	}
 	var out []ForkResult
 	_, err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/fork", body, &out)

@@ -5,24 +5,19 @@ import (
 	"net/http"
 	"net/url"
 	"time"
+
+	"github.com/cella-sandbox/cella/internal/apiwire"
 )
 
 // VolumeMount is a volumeMounts item of a create request.
-type VolumeMount struct {
-	Name     string `json:"name"`
-	Path     string `json:"path"`
-	ReadOnly bool   `json:"readOnly,omitempty"`
-}
+type VolumeMount = apiwire.SandboxVolumeMount
 
 // Lifecycle is cella's lifecycle create field; nil fields take the
 // daemon's defaults, 0 turns a policy off.
-type Lifecycle struct {
-	AutoStopSeconds    *float64 `json:"autoStopSeconds,omitempty"`
-	AutoArchiveSeconds *float64 `json:"autoArchiveSeconds,omitempty"`
-	AutoDeleteSeconds  *float64 `json:"autoDeleteSeconds,omitempty"`
-	OnTimeout          string   `json:"onTimeout,omitempty"`
-	AutoResume         *bool    `json:"autoResume,omitempty"`
-}
+type Lifecycle = apiwire.LifecycleRequest
+
+// OnTimeout is Lifecycle's onTimeout: "kill" or "pause".
+type OnTimeout = apiwire.SandboxOnTimeout
 
 // Seconds is a helper for Lifecycle's fields.
 func Seconds(d time.Duration) *float64 {
@@ -31,21 +26,13 @@ func Seconds(d time.Duration) *float64 {
 }
 
 // Volume is a volume as the daemon shows it.
-type Volume struct {
-	VolumeID  string    `json:"volumeID"`
-	Name      string    `json:"name"`
-	SizeMB    int64     `json:"sizeMB"`
-	UsedBytes int64     `json:"usedBytes"`
-	Mounted   bool      `json:"mounted"`
-	CreatedAt time.Time `json:"createdAt"`
-	UsedBy    []string  `json:"usedBy"`
-}
+type Volume = apiwire.Volume
 
 // CreateVolume makes a volume of sizeMB MiB (0: the daemon's default).
 func (c *Client) CreateVolume(ctx context.Context, name string, sizeMB int64) (Volume, error) {
-	req := map[string]any{"name": name}
+	req := apiwire.NewVolume{Name: name}
 	if sizeMB > 0 {
-		req["sizeMB"] = sizeMB
+		req.SizeMB = &sizeMB
 	}
 	var v Volume
 	_, err := c.do(ctx, http.MethodPost, "/volumes", req, &v)

@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/cella-sandbox/cella/internal/build"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -39,6 +40,9 @@ type Config struct {
 	// MCPMaxCalls is the tool-call budget of each /mcp session (0 = none).
 	MCPMaxCalls int64
 	Log         *slog.Logger
+	// AccessLog is where one JSON line per API request goes: a file
+	// (appended), "-" for stderr, "" for nowhere (observe.go).
+	AccessLog string
 	// BuildProgress receives template build progress (default: the log).
 	BuildProgress io.Writer
 	// Lifecycle is the default idle/archive/delete policy of new sandboxes.
@@ -63,9 +67,29 @@ type Config struct {
 	Maxima sandbox.Maxima
 	// Cluster makes the daemon a node of a cluster (--cluster; cluster.go).
 	Cluster ClusterConfig
+	// Build configures template builds (internal/build).
+	Build BuildConfig
+	// Builder, if set, runs the builds E2B's build API requests
+	// (internal/builds) instead of the daemon's engine (tests' doubles).
+	Builder build.Builder
+	// WebhookAllow is where lifecycle webhooks may post (egress entries;
+	// --webhook-allow). Empty: webhooks are off (internal/events).
+	WebhookAllow []string
 
 	// net is Network parsed by Validate.
 	net parsedNetwork
+}
+
+// BuildConfig is how template builds run.
+type BuildConfig struct {
+	// EgressAllow is what build sandboxes may reach (--build-egress-allow);
+	// empty: the daemon's ceiling (Network.Allow/Deny). The ceiling's deny
+	// list holds for builds too.
+	EgressAllow []string
+	// Timeout bounds a build that asks for no other (0: build.DefaultTimeout);
+	// ReadyTimeout the wait for a start command to be ready (0:
+	// build.DefaultReadyTimeout).
+	Timeout, ReadyTimeout time.Duration
 }
 
 // NetworkConfig is the daemon's egress configuration. The lists stay text,
@@ -145,6 +169,13 @@ func (c *Config) Validate() error {
 		return fieldErr("audit-retention", "%v must not be negative", c.AuditRetention)
 	case c.MaxLayerSize < 0:
 		return fieldErr("max-layer-size", "%d must not be negative", c.MaxLayerSize)
+	case c.Build.Timeout < 0 || c.Build.Timeout > 24*time.Hour:
+		return fieldErr("build-timeout", "%v is out of range (0 to 24h)", c.Build.Timeout)
+	case c.Build.ReadyTimeout < 0 || c.Build.ReadyTimeout > 24*time.Hour:
+		return fieldErr("build-ready-timeout", "%v is out of range (0 to 24h)", c.Build.ReadyTimeout)
+	}
+	if err := (egress.Policy{AllowOut: c.Build.EgressAllow}).Validate(); err != nil {
+		return &FieldError{Field: "build-egress-allow", Err: err}
 	}
 	for _, l := range []struct {
 		field string
@@ -228,6 +259,18 @@ func (n NetworkConfig) parse(dataDir string) (parsedNetwork, error) {
 		return p, &FieldError{Field: "network-prefix", Err: err}
 	}
 	return p, nil
+}
+
+// buildEgress is the build sandboxes' policy: --build-egress-allow, else
+// the ceiling; the ceiling's deny list either way. nil: no network.
+func (c Config) buildEgress(ceiling egress.Policy) *egress.Policy {
+	if c.Network.Disabled {
+		return nil
+	}
+	if len(c.Build.EgressAllow) == 0 {
+		return &ceiling
+	}
+	return &egress.Policy{AllowOut: c.Build.EgressAllow, DenyOut: c.Network.Deny}
 }
 
 // Ceiling is the parsed operator ceiling.

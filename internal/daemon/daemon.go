@@ -21,7 +21,11 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/api"
 	"github.com/cella-sandbox/cella/internal/audit"
+	"github.com/cella-sandbox/cella/internal/build"
+	"github.com/cella-sandbox/cella/internal/builds"
 	"github.com/cella-sandbox/cella/internal/egress"
+	"github.com/cella-sandbox/cella/internal/events"
+	"github.com/cella-sandbox/cella/internal/metrics"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/runtime/crun"
@@ -44,11 +48,21 @@ type Daemon struct {
 	Runtime   runtime.Runtime
 	Secrets   *secrets.Manager
 	Audit     *audit.Log
+	// Builds is E2B's template build API's core.
+	Builds *builds.Service
 	// Ceiling is the operator's egress ceiling (empty: no egress).
 	Ceiling   egress.Policy
 	Reconcile sandbox.ReconcileReport
 	// AdminKeyPath is where the admin key was written on first start.
 	AdminKeyPath string
+	// Metrics are the daemon's instruments (served at /metrics); template
+	// builds report through ObservedBuilder (observe.go).
+	Metrics *metrics.Metrics
+	// Builder is the daemon's template build engine (BuildEngine, each
+	// step in a sandbox of Manager, with the build egress policy) observed
+	// in Metrics.
+	Builder     build.Builder
+	BuildEngine *build.Engine
 
 	log     *slog.Logger
 	closers []closer
@@ -154,17 +168,17 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	} else if len(res.Images)+len(res.Layers) > 0 {
 		log.Info("template cache garbage collected", "images", res.Images, "layers", len(res.Layers))
 	}
-	vols, err := volume.New(ctx, volume.Config{DataDir: c.DataDir, Store: st, Log: log})
+	box, err := secrets.OpenBox(c.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	vols, err := volume.New(ctx, volume.Config{DataDir: c.DataDir, Store: st, Box: box, Log: log})
 	if err != nil {
 		return nil, err
 	}
 	d.Volumes = vols
 	d.add("volumes", vols.Close)
 
-	box, err := secrets.OpenBox(c.DataDir)
-	if err != nil {
-		return nil, err
-	}
 	sm, err := secrets.NewManager(ctx, st, box)
 	if err != nil {
 		return nil, err
@@ -194,10 +208,18 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		d.add("network", closeNet)
 	}
 
+	evs, err := events.New(events.Config{Store: st, Box: box, Audit: agentAudit{al}, Log: log, Allow: c.WebhookAllow})
+	if err != nil {
+		return nil, err
+	}
+	d.add("events", evs.Close) // closed after the sandboxes: a shutdown's kills are still queued, not blocked
+
+	d.Metrics = newMetrics(rt.Name(), tpls) // observe.go
 	mgr, err := sandbox.NewManager(sandbox.Config{
 		DataDir: c.DataDir, Runtime: rt, Templates: tpls, Store: st, AgentBinary: c.AgentBinary, Log: log,
 		BuildProgress: c.BuildProgress, Volumes: vols, Lifecycle: c.Lifecycle,
-		AgentAudit: agentAudit{al}, Network: sbNet, SecretValue: sm.Get, MetricsInterval: c.MetricsInterval, Maxima: c.Maxima,
+		AgentAudit: agentAudit{al}, Events: evs, Network: sbNet, SecretValue: sm.Get, MetricsInterval: c.MetricsInterval, Maxima: c.Maxima,
+		Metrics: d.Metrics, KeyLimits: keyLimits(st),
 	})
 	if err != nil {
 		return nil, err
@@ -219,6 +241,12 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	if err := mgr.StartPools(ctx, c.Pools); err != nil { // after Reconcile: pooled sandboxes have no record
 		return nil, fmt.Errorf("warm pools: %w", err)
 	}
+	if d.BuildEngine, err = build.New(build.Config{Sandboxes: mgr, Templates: tpls, Egress: c.buildEgress(d.Ceiling),
+		Timeout: c.Build.Timeout, ReadyTimeout: c.Build.ReadyTimeout, Log: log}); err != nil {
+		return nil, err
+	}
+	d.Builder = ObservedBuilder(d.BuildEngine, d.Metrics)
+
 	if c.Cluster.Kubeconfig != "" { // after Reconcile: the first beat counts the adopted sandboxes
 		if err := d.joinCluster(ctx, c.Cluster, mgr, tpls); err != nil {
 			return nil, err
@@ -226,8 +254,24 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	}
 	stopPrune := pruneAuditLogs(al, mgr, c.AuditRetention, log) // audit.go
 	d.add("audit pruning", func() error { stopPrune(); return nil })
-	srv := api.New(api.Config{Manager: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
-		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts})
+	accessLog, closeAccessLog, err := openAccessLog(c.AccessLog) // observe.go
+	if err != nil {
+		return nil, err
+	}
+	d.add("access log", closeAccessLog)
+	builder := d.Builder
+	if c.Builder != nil {
+		builder = c.Builder
+	}
+	bsvc, err := builds.New(builds.Config{Store: st, Templates: tpls, Builder: builder, Dir: filepath.Join(c.DataDir, "builds"), Log: log})
+	if err != nil {
+		return nil, fmt.Errorf("template builds: %w", err)
+	}
+	d.Builds = bsvc
+	d.add("template builds", func() error { bsvc.Close(); return nil })
+	srv := api.New(api.Config{Manager: mgr, Pools: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
+		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts,
+		Metrics: d.Metrics, AccessLog: accessLog, Builds: bsvc, Events: evs})
 	d.Handler = srv
 	d.add("api", func() error { srv.Close(); return nil })
 	return d, nil

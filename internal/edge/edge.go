@@ -15,6 +15,7 @@ package edge
 import (
 	"context"
 	"net/http"
+	"time"
 
 	"github.com/cella-sandbox/cella/internal/envd/process/processconnect"
 )
@@ -28,6 +29,11 @@ type Router interface {
 	// *PausedError, and so is a failed resume. Any other error (unknown,
 	// dead, not running) reads as "not found".
 	Route(ctx context.Context, id string, admit func(Sandbox) error) (Sandbox, error)
+	// Signed returns the ID of the sandbox whose envd access token signs
+	// a request (signs holds for it), of any owner: a signed file URL
+	// carries no sandbox ID (signed.go). Sandboxes without a token never
+	// match.
+	Signed(signs func(envdAccessToken string) bool) (id string, ok bool)
 }
 
 // Sandbox is what the edge needs of a sandbox.
@@ -38,6 +44,14 @@ type Sandbox interface {
 	// carry ("" = public traffic allowed).
 	EnvdAccessToken() string
 	TrafficAccessToken() string
+	// EnvdTokenOptional is E2B's secure: false: requests to the agent's
+	// port are let in without the envd token, which the edge then adds
+	// (the agent still requires it of programs inside the sandbox).
+	EnvdTokenOptional() bool
+	// RequestHost is the Host header requests to port (never the
+	// agent's) are given inside the sandbox: network.maskRequestHost
+	// with its port filled in; "" keeps the request's own.
+	RequestHost(port int) string
 	// BeginActivity marks a request in progress for the sandbox's idle
 	// clock; the returned func ends it.
 	BeginActivity() (end func())
@@ -78,26 +92,34 @@ type Config struct {
 	// Domain is the domain of <port>-<id>.<domain> hosts ("" = routing by
 	// headers only).
 	Domain string
+	// ExecStarted, when set, learns how long each envd process Start
+	// through the proxy took to its start event (execstart.go).
+	ExecStarted func(sb Sandbox, took time.Duration)
 }
 
 // Proxy routes sandbox traffic.
 type Proxy struct {
-	router Router
-	domain string
+	router      Router
+	domain      string
+	execStarted func(Sandbox, time.Duration)
 }
 
 // New makes a proxy.
-func New(cfg Config) *Proxy { return &Proxy{router: cfg.Router, domain: cfg.Domain} }
+func New(cfg Config) *Proxy {
+	return &Proxy{router: cfg.Router, domain: cfg.Domain, execStarted: cfg.ExecStarted}
+}
 
 // Handle serves r if it is sandbox traffic (E2B's routing: route.go) and
 // reports whether it was; any other request is the caller's.
 func (p *Proxy) Handle(w http.ResponseWriter, r *http.Request) bool {
 	t, ok, err := target(r, p.domain)
 	if !ok {
-		return false
+		if t, ok = p.signedTarget(r); !ok {
+			return false
+		}
 	}
 	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
+		writeJSON(w, http.StatusBadRequest, errorBody{Code: http.StatusBadRequest, Message: err.Error()})
 		return true
 	}
 	p.serve(w, r, t)

@@ -8,6 +8,9 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/agentapi"
 )
 
 // sandboxError is E2B's answer for a sandbox the edge cannot reach.
@@ -41,6 +44,7 @@ func BadGateway(w http.ResponseWriter, id, msg string) {
 // dead sandboxes answer 502 as E2B's do, and so do paused ones unless they
 // were created with autoResume, which the request then resumes (Route).
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, t Target) {
+	start := time.Now()
 	var end func()
 	sb, err := p.router.Route(r.Context(), t.ID, func(sb Sandbox) error {
 		end = sb.BeginActivity() // the idle clock of lifecycle autoStop
@@ -71,10 +75,18 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, t Target) {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(&url.URL{Scheme: "http", Host: "sandbox:" + strconv.Itoa(t.Port)})
 			pr.Out.Host = r.Host
-			pr.SetXForwarded()
+			pr.SetXForwarded() // X-Forwarded-Host: the Host the client used
+			if t.Port != agentapi.Port {
+				if mask := sb.RequestHost(t.Port); mask != "" {
+					// network.maskRequestHost, for servers that check
+					// the Host they are addressed by (E2B's proxy).
+					pr.Out.Host = mask
+				}
+			}
 		},
-		Transport:     link,
-		FlushInterval: -1,
+		Transport:      link,
+		FlushInterval:  -1,
+		ModifyResponse: p.timeExecStart(r, t, sb, start), // execstart.go
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
 			if link.Closed() {
 				BadGateway(w, t.ID, "The sandbox was not found")

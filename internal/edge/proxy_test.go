@@ -29,6 +29,8 @@ import (
 type testSandbox struct {
 	id, envd, traffic string
 	paused, resumable bool
+	insecure          bool
+	mask              string
 	linkErr           error
 	backend           *httptest.Server
 	closed            atomic.Bool
@@ -43,6 +45,10 @@ type testSandbox struct {
 func (s *testSandbox) ID() string                 { return s.id }
 func (s *testSandbox) EnvdAccessToken() string    { return s.envd }
 func (s *testSandbox) TrafficAccessToken() string { return s.traffic }
+func (s *testSandbox) EnvdTokenOptional() bool    { return s.insecure }
+func (s *testSandbox) RequestHost(port int) string {
+	return strings.ReplaceAll(s.mask, "${PORT}", fmt.Sprint(port))
+}
 func (s *testSandbox) BeginActivity() func() {
 	s.mu.Lock()
 	s.begun++
@@ -93,6 +99,15 @@ func (rt testRouter) Route(ctx context.Context, id string, admit func(Sandbox) e
 	return sb, nil
 }
 
+func (rt testRouter) Signed(signs func(string) bool) (string, bool) {
+	for id, sb := range rt {
+		if sb.envd != "" && signs(sb.envd) {
+			return id, true
+		}
+	}
+	return "", false
+}
+
 type answer struct {
 	status int
 	ctype  string
@@ -123,6 +138,8 @@ func TestProxy(t *testing.T) {
 	dead.Close() // a port nothing listens on
 	sbs := testRouter{
 		"open":     {id: "open", envd: "envd-1", backend: backend},
+		"insecure": {id: "insecure", envd: "envd-5", insecure: true, backend: backend},
+		"masked":   {id: "masked", envd: "envd-6", mask: "${PORT}-app.internal:${PORT}", backend: backend},
 		"private":  {id: "private", envd: "envd-2", traffic: "traffic-2", backend: backend},
 		"paused":   {id: "paused", envd: "envd-3", paused: true, backend: backend},
 		"autores":  {id: "autores", envd: "envd-4", traffic: "traffic-4", paused: true, resumable: true, backend: backend},
@@ -164,7 +181,11 @@ func TestProxy(t *testing.T) {
 		{"unsigned download", "GET", "/files?path=/a", to("open", envd), 401, unauthorized, ""},
 		{"init needs the token", "POST", "/init", to("open", envd), 401, unauthorized, ""},
 		{"channel token needs the token", "POST", agentapi.ChannelTokenPath, to("open", envd), 401, unauthorized, ""},
+		{"secure: false lets envd requests in without the token, which the edge adds", "POST", "/process.Process/List", to("insecure", envd), 200, nil, `inside POST /process.Process/List host=127.0.0.1:3000 xff=true token="envd-5"`},
+		{"secure: false still refuses a wrong token", "GET", "/envs", to("insecure", envd, agentapi.AccessTokenHeader, "envd-1"), 401, unauthorized, ""},
 		{"public port", "GET", "/x", to("open", 8080), 200, nil, "inside GET /x"},
+		{"maskRequestHost rewrites the Host, ${PORT} filled in", "GET", "/m", to("masked", 8080), 200, nil, "inside GET /m host=8080-app.internal:8080 xff=true"},
+		{"maskRequestHost leaves the agent's port alone", "GET", "/envs", to("masked", envd, agentapi.AccessTokenHeader, "envd-6"), 200, nil, "inside GET /envs host=127.0.0.1:3000"},
 		{"private port without token", "GET", "/x", to("private", 8080), 403, map[string]any{"sandboxId": "private", "code": 403.0,
 			"message": "this sandbox does not allow public traffic: send the sandbox's trafficAccessToken in the e2b-traffic-access-token header"}, ""},
 		{"private port wrong token", "GET", "/x", to("private", 8080, hdrTrafficToken, "traffic-4"), 403, map[string]any{"sandboxId": "private", "code": 403.0,

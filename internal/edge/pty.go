@@ -393,6 +393,9 @@ func (ss *Shell) resize(ctx context.Context, cols, rows uint32) error {
 
 func (ss *Shell) kill(ctx context.Context) error {
 	_, err := ss.proc.SendSignal(ctx, connect.NewRequest(&process.SendSignalRequest{Process: ss.selector(), Signal: process.Signal_SIGNAL_SIGKILL}))
+	if connect.CodeOf(err) == connect.CodeNotFound {
+		return nil // it ended already (envd's answer to a signal then): what kill wants
+	}
 	return err
 }
 

@@ -37,8 +37,7 @@ func target(r *http.Request, domain string) (t Target, ok bool, err error) {
 	domain = strings.ToLower(domain)
 
 	idH, portH := r.Header.Get(hdrSandboxID), r.Header.Get(hdrSandboxPort)
-	generic := host == "localhost" || net.ParseIP(strings.Trim(host, "[]")) != nil || host == "sandbox."+domain
-	if generic && (idH != "" || portH != "") {
+	if genericHost(host, domain) && (idH != "" || portH != "") {
 		if idH == "" || portH == "" {
 			return Target{}, true, errors.New("missing header")
 		}
@@ -77,4 +76,15 @@ func target(r *http.Request, domain string) (t Target, ok bool, err error) {
 // hops agree on what is sandbox traffic.
 func TargetOf(r *http.Request, domain string) (t Target, ok bool, err error) {
 	return target(r, domain)
+}
+
+// genericHost is a Host that names no sandbox: an IP, localhost or
+// sandbox.<domain> (E2B's shared sandbox host), where the routing headers
+// (or a signed URL's signature) say which sandbox is meant.
+func genericHost(host, domain string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	return host == "localhost" || net.ParseIP(strings.Trim(host, "[]")) != nil || host == "sandbox."+strings.ToLower(domain)
 }

@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"encoding/json"
 	"net"
 	"net/http/httptest"
 	"regexp"
@@ -101,4 +102,30 @@ func FuzzSandboxTarget(f *testing.F) {
 			t.Fatalf("Host %q (domain %q) without routing headers taken for sandbox traffic: %+v", host, domain, tg)
 		}
 	})
+}
+
+// TestBadTargetIsJSON: a request that is sandbox traffic but names no
+// valid target is answered by the edge in the JSON error shape, never
+// net/http's text/plain.
+func TestBadTargetIsJSON(t *testing.T) {
+	p := New(Config{Domain: "cella.test"})
+	for _, hdr := range []map[string]string{
+		{"E2b-Sandbox-Id": "abc"},
+		{"E2b-Sandbox-Id": "ABC", "E2b-Sandbox-Port": "80"},
+		{"E2b-Sandbox-Id": "abc", "E2b-Sandbox-Port": "0"},
+	} {
+		r := httptest.NewRequest("GET", "http://127.0.0.1:3000/health", nil)
+		for k, v := range hdr {
+			r.Header.Set(k, v)
+		}
+		w := httptest.NewRecorder()
+		if !p.Handle(w, r) {
+			t.Fatalf("%v: not handled as sandbox traffic", hdr)
+		}
+		var body errorBody
+		if w.Code != 400 || !strings.HasPrefix(w.Header().Get("Content-Type"), "application/json") ||
+			json.Unmarshal(w.Body.Bytes(), &body) != nil || body.Code != 400 || body.Message == "" {
+			t.Errorf("%v: %d %q %s, want a 400 JSON {code, message}", hdr, w.Code, w.Header().Get("Content-Type"), w.Body)
+		}
+	}
 }

@@ -139,7 +139,7 @@ func sandboxPath(p string) (string, bool) {
 func (g *Gateway) toSandbox(w http.ResponseWriter, r *http.Request, id string) {
 	node, err := g.nodeOf(r.Context(), id)
 	if err != nil {
-		writeError(w, errdefs.Status(err), "%s", err.Error())
+		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return
 	}
 	g.forward(w, r, node)
@@ -194,7 +194,7 @@ func (g *Gateway) nodeOf(ctx context.Context, id string) (*url.URL, error) {
 func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	nodes, err := cluster.Nodes(r.Context(), g.cfg.Client, g.cfg.Namespace)
 	if err != nil {
-		writeError(w, errdefs.Status(err), "%s", err.Error())
+		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return
 	}
 	n, ok := g.pick(nodes)

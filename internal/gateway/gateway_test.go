@@ -62,7 +62,7 @@ func TestGateway(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb, err := c.Create(ctx, client.CreateRequest{TemplateID: "base", Timeout: 300})
+	sb, err := c.Create(ctx, client.CreateRequest{TemplateID: "base", Timeout: new(int64(300))})
 	if err != nil {
 		t.Fatalf("create through the gateway: %v", err)
 	}
@@ -106,7 +106,7 @@ func TestGateway(t *testing.T) {
 
 	// A second sandbox for the kill -9 below, then this one killed through
 	// the gateway: gone from its node and from the records.
-	sb2, err := c.Create(ctx, client.CreateRequest{TemplateID: "base", Timeout: 300})
+	sb2, err := c.Create(ctx, client.CreateRequest{TemplateID: "base", Timeout: new(int64(300))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestGateway(t *testing.T) {
 		return r.Status.Phase == v1alpha1.SandboxLost && strings.Contains(r.Status.Message, victim.Name), fmt.Sprintf("%+v", r.Status)
 	})
 	// New sandboxes go to the live node only.
-	sb3, err := c.Create(ctx, client.CreateRequest{TemplateID: "base", Timeout: 300})
+	sb3, err := c.Create(ctx, client.CreateRequest{TemplateID: "base", Timeout: new(int64(300))})
 	if err != nil {
 		t.Fatalf("create with one node dead: %v", err)
 	}

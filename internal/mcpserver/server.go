@@ -104,10 +104,14 @@ type createOut struct {
 }
 
 func (t *tools) create(ctx context.Context, in createIn) (createOut, error) {
-	sb, err := t.cfg.Client.Create(ctx, client.CreateRequest{
-		TemplateID: in.Template, Timeout: in.TimeoutSeconds, CPUCount: in.CPUs, MemoryMB: in.MemoryMB,
+	req := client.CreateRequest{
+		TemplateID: in.Template, CPUCount: in.CPUs, MemoryMB: in.MemoryMB,
 		DiskSizeMB: in.DiskMB, PidsLimit: in.Pids, EnvVars: in.Env,
-	})
+	}
+	if in.TimeoutSeconds != 0 {
+		req.Timeout = &in.TimeoutSeconds // 0 is left out: the daemon's default
+	}
+	sb, err := t.cfg.Client.Create(ctx, req)
 	if err != nil {
 		return createOut{}, err
 	}

@@ -50,11 +50,20 @@ func (m *Manager) Fork(ctx context.Context, p tenant.Principal, id string, count
 	if err != nil {
 		return nil, err
 	}
-	// Refuse before the snapshot when the forks could not be made anyway.
-	if _, _, err := restrictTo(p, sb.Info().Options, m.memorySnapshots()); err != nil {
+	// Refuse before the snapshot when the forks could not be made anyway:
+	// beyond p's rights, or its quota (all count forks or none).
+	t0 := time.Now()
+	forkOpts, _, err := restrictTo(p, sb.Info().Options, m.memorySnapshots())
+	if err != nil {
 		return nil, err
 	}
-	sn, err := m.snapshot(ctx, p, id, "", true)
+	res, err := m.reserve(ctx, forkOpts, count) // quota.go
+	if err != nil {
+		return nil, err
+	}
+	defer res.release()
+	ctx = withReservation(ctx, res)
+	sn, err := m.snapshot(ctx, p, id, "", true, "")
 	if err != nil {
 		return nil, err
 	}
@@ -90,6 +99,7 @@ func (m *Manager) Fork(ctx context.Context, p tenant.Principal, id string, count
 		m.log.Warn("drop fork snapshot record", "snapshot", sn.ID, "err", err)
 	}
 	m.gcSnapshots(context.WithoutCancel(ctx))
+	m.cfg.Metrics.Fork(sb.TemplateID, time.Since(t0))
 	return out, nil
 }
 
@@ -108,7 +118,13 @@ func (m *Manager) createFromSnapshot(ctx context.Context, p tenant.Principal, re
 	maps.Copy(opts.EnvVars, req.EnvVars)
 	opts.AutoPause, opts.AutoPauseMemory, opts.AutoResume = req.AutoPause, req.AutoPauseMemory, req.AutoResume
 	opts.Lifecycle = req.Lifecycle
-	return m.fromSnapshot(ctx, p, opts, row, rec, true)
+	opts.APIKeyID, opts.TeamID = p.Key, p.Team
+	res, err := m.reserve(ctx, opts, 1) // quota.go
+	if err != nil {
+		return nil, err
+	}
+	defer res.release()
+	return m.fromSnapshot(withReservation(ctx, res), p, opts, row, rec, true)
 }
 
 // memorySnapshots says whether this daemon's snapshots hold memory.
@@ -146,7 +162,7 @@ func (m *Manager) fromSnapshot(ctx context.Context, p tenant.Principal, opts Opt
 	}
 
 	sb := &Sandbox{
-		ID:              newID(),
+		ID:              store.NewID(),
 		TemplateID:      opts.TemplateID,
 		Runtime:         rt.Name(),
 		Options:         opts,
@@ -247,11 +263,12 @@ func (m *Manager) fromSnapshot(ctx context.Context, p tenant.Principal, opts Opt
 		m.mu.Unlock()
 		return fail(errdefs.Unavailable("daemon is shutting down"))
 	}
-	m.sandboxes[sb.ID] = sb
+	m.addLocked(ctx, sb) // quota.go
 	m.mu.Unlock()
 	go m.supervise(sb, sb.gen)
 	m.log.Info("sandbox created from snapshot", "id", sb.ID, "snapshot", row.ID, "memory", memory, "opts", opts.String())
 	m.lifecycleEvent(sb.ID, "created from snapshot %s (memory %v): %s; egress %s", row.ID, memory, opts.String(), egressSummary(opts.Egress))
+	m.emit(sb, EventCreated, "")
 	if len(dropped) > 0 {
 		m.lifecycleEvent(sb.ID, "not carried over from snapshot %s (beyond the rights of API key %s): %s", row.ID, p.Key, strings.Join(dropped, "; "))
 	}

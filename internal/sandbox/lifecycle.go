@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/metrics"
 	"github.com/cella-sandbox/cella/internal/tenant"
 
 	"github.com/cella-sandbox/cella/internal/errdefs"
@@ -192,7 +193,7 @@ func (m *Manager) lifecycleTick(sb *Sandbox, now time.Time) bool {
 	case state == StatePaused && p.AutoDelete > 0 && !pausedAt.IsZero() && now.Sub(pausedAt) >= p.AutoDelete:
 		action = func() {
 			m.log.Info("sandbox paused for its autoDelete time: deleting it", "id", sb.ID, "paused_at", pausedAt)
-			if err := m.Kill(context.Background(), tenant.System, sb.ID); err != nil {
+			if err := m.kill(context.Background(), tenant.System, sb.ID, metrics.DeathTimeout); err != nil {
 				m.log.Debug("auto-delete", "id", sb.ID, "err", err)
 			}
 		}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/agentapi"
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/metrics"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/store"
@@ -44,6 +45,9 @@ type Config struct {
 	Lifecycle Lifecycle
 	// AgentAudit receives the agents' audit feeds (nil: not followed).
 	AgentAudit AgentAudit
+	// Events receives lifecycle events (E2B's events API and webhooks);
+	// nil: none.
+	Events EventSink
 	// Network gives sandboxes egress through the proxy (network.go); nil
 	// runs them with no network at all.
 	Network *Network
@@ -55,6 +59,11 @@ type Config struct {
 	// Maxima bound every sandbox's limits; zero fields are the host's
 	// (HostMaxima of DataDir).
 	Maxima Maxima
+	// Metrics receives lifecycle latencies and deaths (nil: none kept).
+	Metrics *metrics.Metrics
+	// KeyLimits returns the quota of an API key (quota.go); nil: no key
+	// has one.
+	KeyLimits func(ctx context.Context, keyID string) (KeyQuota, error)
 }
 
 // Validate checks the config.
@@ -104,11 +113,20 @@ type Manager struct {
 	sandboxes map[string]*Sandbox
 	closed    bool
 
+	// reserved are the quota reservations of creates and resumes in
+	// flight (quota.go).
+	reserved map[*reservation]struct{}
+
 	reaperStop  chan struct{} // closed by Shutdown: stops the reaper and the metrics sampler
 	reaperDone  chan struct{}
 	samplerDone chan struct{}
 
 	pools poolSet // warm pools (pool.go)
+
+	snapsMu sync.Mutex
+	// pendingSnaps are template snapshots whose template does not name
+	// them yet: the pruning of template snapshots leaves them (build.go).
+	pendingSnaps map[string]bool
 
 	layers *rootfs.Layers // makes the writable layers (blank images in <data>/layers)
 }
@@ -184,6 +202,7 @@ func (r record) tokens() []string {
 
 // Create makes a sandbox owned by p and returns once its agent answers.
 func (m *Manager) Create(ctx context.Context, p tenant.Principal, opts Options) (*Sandbox, error) {
+	t0 := time.Now()
 	opts.APIKeyID, opts.TeamID = p.Key, p.Team
 	if err := opts.Normalize(m.cfg.Maxima); err != nil {
 		return nil, err
@@ -201,18 +220,38 @@ func (m *Manager) Create(ctx context.Context, p tenant.Principal, opts Options) 
 	}
 	defer m.pools.creating()() // pool.go: refills wait while creates run
 	if row, rec, ok := m.lookupSnapshot(ctx, p, opts.TemplateID); ok {
-		return m.createFromSnapshot(ctx, p, opts, row, rec) // fork.go
+		sb, err := m.createFromSnapshot(ctx, p, opts, row, rec) // fork.go
+		if err == nil {
+			m.cfg.Metrics.Create(metrics.CreateSnapshot, sb.TemplateID, time.Since(t0))
+		}
+		return sb, err
 	}
-	if sb, ok := m.fromPool(ctx, opts); ok { // pool.go: a warm sandbox, else cold below
-		return sb, nil
-	}
-	tpl, err := m.template(ctx, opts.TemplateID)
+	tpl, err := m.templateFor(ctx, opts) // build.go
 	if err != nil {
 		return nil, err
 	}
+	if tpl.Snapshot != "" && opts.Image == "" {
+		// A built template with its start command captured running.
+		if sb, ok, err := m.fromTemplateSnapshot(ctx, p, opts, tpl); ok { // build.go
+			if err == nil {
+				m.cfg.Metrics.Create(metrics.CreateSnapshot, sb.TemplateID, time.Since(t0))
+			}
+			return sb, err
+		}
+	}
+	res, err := m.reserve(ctx, opts, 1) // quota.go: the key's slot, before anything starts
+	if err != nil {
+		return nil, err
+	}
+	defer res.release()
+	ctx = withReservation(ctx, res)
+	if sb, ok := m.fromPool(ctx, opts); ok { // pool.go: a warm sandbox, else cold below
+		m.cfg.Metrics.Create(metrics.CreatePooled, sb.TemplateID, time.Since(t0))
+		return sb, nil
+	}
 
 	sb := &Sandbox{
-		ID:              newID(),
+		ID:              store.NewID(),
 		TemplateID:      opts.TemplateID,
 		Runtime:         m.cfg.Runtime.Name(),
 		Options:         opts,
@@ -238,11 +277,13 @@ func (m *Manager) Create(ctx context.Context, p tenant.Principal, opts Options) 
 		m.cleanup(context.WithoutCancel(ctx), sb)
 		return nil, errdefs.Unavailable("daemon is shutting down")
 	}
-	m.sandboxes[sb.ID] = sb
+	m.addLocked(ctx, sb) // quota.go
 	m.mu.Unlock()
 	go m.supervise(sb, sb.gen)
+	m.cfg.Metrics.Create(metrics.CreateCold, sb.TemplateID, time.Since(t0))
 	m.log.Info("sandbox created", "id", sb.ID, "opts", opts.String(), "runtime", sb.Runtime)
 	m.lifecycleEvent(sb.ID, "created on %s: %s; egress %s", sb.Runtime, opts.String(), egressSummary(opts.Egress))
+	m.emit(sb, EventCreated, "")
 	return sb, nil
 }
 
@@ -263,10 +304,12 @@ func (m *Manager) template(ctx context.Context, name string) (*template.Template
 		return tpl, nil
 	}
 	m.log.Warn("template is missing: building it now from Debian packages (minutes, once per machine)", "template", name)
+	start := time.Now()
 	tpl, err = m.cfg.Templates.EnsureNamed(ctx, name, m.cfg.BuildProgress)
 	if err != nil {
 		return nil, fmt.Errorf("build template %s: %w", name, err)
 	}
+	m.cfg.Metrics.TemplateBuild(name, time.Since(start))
 	return tpl, nil
 }
 
@@ -545,26 +588,31 @@ func (m *Manager) isTracked(sb *Sandbox) bool {
 	return m.sandboxes[sb.ID] == sb
 }
 
-func (m *Manager) deathReason(sb *Sandbox) string {
+// death is why a sandbox died: the cause the metrics count it under
+// (metrics.Death*) and the words its record keeps.
+type death struct{ cause, reason string }
+
+func (m *Manager) deathReason(sb *Sandbox) death {
 	// The host's counters of its limits outlive the container's processes
 	// (until Destroy). The pids ceiling first: a fork bomb under gVisor
 	// grows the sentry's memory too, and the process count is the cause
 	// worth naming.
 	st, err := m.cfg.Runtime.Stats(context.Background(), sb.ID)
 	if err == nil && st.PidsMaxHits != 0 {
-		return fmt.Sprintf("killed: sandbox hit its host process ceiling of %d (sandbox pids limit %d; raise with --pids)",
-			m.ceilings(sb.Options).Pids, sb.Options.Pids)
+		return death{metrics.DeathPids, fmt.Sprintf("killed: sandbox hit its host process ceiling of %d (sandbox pids limit %d; raise with --pids)",
+			m.ceilings(sb.Options).Pids, sb.Options.Pids)}
 	}
 	if err == nil && st.OOMKills != 0 {
-		return fmt.Sprintf("killed: sandbox exceeded its host memory ceiling of %d MiB (sandbox memory limit %d MiB; raise with --memory)",
-			m.ceilings(sb.Options).MemoryBytes>>20, sb.Options.MemoryMB)
+		return death{metrics.DeathOOM, fmt.Sprintf("killed: sandbox exceeded its host memory ceiling of %d MiB (sandbox memory limit %d MiB; raise with --memory)",
+			m.ceilings(sb.Options).MemoryBytes>>20, sb.Options.MemoryMB)}
 	}
-	return "sandbox stopped unexpectedly: its container exited; agent log: " + tail(filepath.Join(sb.Dir, "agent.log"), 400)
+	return death{metrics.DeathCrash, "sandbox stopped unexpectedly: its container exited; agent log: " + tail(filepath.Join(sb.Dir, "agent.log"), 400)}
 }
 
 // markDead records why a sandbox died and frees its host resources, keeping
 // the record so that GET /sandboxes/{id} can say what happened.
-func (m *Manager) markDead(sb *Sandbox, gen uint64, reason string) {
+func (m *Manager) markDead(sb *Sandbox, gen uint64, d death) {
+	reason := d.reason
 	sb.mu.Lock()
 	if sb.gen != gen || sb.state != StateRunning {
 		sb.mu.Unlock() // a pause or kill took over
@@ -573,8 +621,10 @@ func (m *Manager) markDead(sb *Sandbox, gen uint64, reason string) {
 	sb.setStateLocked(StateDead)
 	sb.err = reason
 	sb.mu.Unlock()
+	m.cfg.Metrics.Death(d.cause)
 	m.log.Warn("sandbox died", "id", sb.ID, "reason", reason)
 	m.lifecycleEvent(sb.ID, "died: %s", reason)
+	m.emit(sb, EventKilled, "died: "+reason)
 	ctx := context.Background()
 	m.releaseHost(ctx, sb)
 	if err := m.persist(ctx, sb); err != nil {
@@ -671,6 +721,12 @@ func (m *Manager) List(p tenant.Principal) []*Sandbox {
 
 // Kill destroys a sandbox and forgets it.
 func (m *Manager) Kill(ctx context.Context, p tenant.Principal, id string) error {
+	return m.kill(ctx, p, id, metrics.DeathKilled)
+}
+
+// kill is Kill counting the end of a running or paused sandbox as cause (a
+// dead one was counted when it died).
+func (m *Manager) kill(ctx context.Context, p tenant.Principal, id, cause string) error {
 	m.mu.Lock()
 	sb, ok := m.sandboxes[id]
 	if ok && p.Can(sb.Owner()) {
@@ -683,9 +739,16 @@ func (m *Manager) Kill(ctx context.Context, p tenant.Principal, id string) error
 	// Wait for a pause or resume in flight to finish first.
 	sb.opMu.Lock()
 	defer sb.opMu.Unlock()
+	died := sb.State() == StateDead // it had its killed event when it died
+	if !died {
+		m.cfg.Metrics.Death(cause)
+	}
 	m.cleanup(ctx, sb)
 	m.log.Info("sandbox killed", "id", id)
 	m.lifecycleEvent(id, "killed")
+	if !died {
+		m.emit(sb, EventKilled, "")
+	}
 	go m.gcSnapshots(context.WithoutCancel(ctx)) // its snapshot layers may be unused now
 	return nil
 }
@@ -709,7 +772,11 @@ func (m *Manager) SetTimeout(ctx context.Context, p tenant.Principal, id string,
 	sb.mu.Lock()
 	sb.endAt = time.Now().UTC().Add(d)
 	sb.mu.Unlock()
-	return m.persist(ctx, sb)
+	if err := m.persist(ctx, sb); err != nil {
+		return err
+	}
+	m.emit(sb, EventUpdated, "timeout")
+	return nil
 }
 
 // Extend makes the sandbox live at least d from now (E2B connect: TTL is

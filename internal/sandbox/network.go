@@ -260,6 +260,7 @@ func (m *Manager) SetNetwork(ctx context.Context, caller tenant.Principal, id st
 	}
 	m.log.Info("sandbox network policy updated", "id", id, "policy", egressSummary(p))
 	m.lifecycleEvent(id, "egress policy updated: %s", egressSummary(p))
+	m.emit(sb, EventUpdated, "network")
 	return nil
 }
 

@@ -148,6 +148,11 @@ type Options struct {
 	Volumes   []VolumeMount `json:"volumes,omitempty"`
 	Lifecycle Lifecycle     `json:"lifecycle"`
 
+	// Image, set only by template builds (internal/build), is the image of
+	// the template store to start on instead of TemplateID's (build.go);
+	// never taken from a request.
+	Image string `json:"image,omitempty"`
+
 	// APIKeyID and TeamID own the sandbox (tenant.Owner): set by Create
 	// from the caller, never from the request.
 	APIKeyID string `json:"api_key_id,omitempty"`
@@ -155,7 +160,19 @@ type Options struct {
 	// TrafficAccessToken guards the non-agent ports when the create request
 	// set network.allowPublicTraffic to false (api/traffic.go).
 	TrafficAccessToken string `json:"traffic_access_token,omitempty"`
+	// Insecure is E2B's secure: false: requests to the agent's port need
+	// no envd access token (the edge adds it for them) and the create
+	// answer has none. The agent itself keeps one, so programs inside the
+	// sandbox still cannot use its API (a uid 1000 process running
+	// commands as root through 127.0.0.1:49983).
+	Insecure bool `json:"insecure,omitempty"`
+	// MaskRequestHost is network.maskRequestHost: the Host requests to the
+	// sandbox's own ports get (MaskPortPlaceholder = the port).
+	MaskRequestHost string `json:"mask_request_host,omitempty"`
 }
+
+// MaskPortPlaceholder is replaced by the port in MaskRequestHost (E2B's).
+const MaskPortPlaceholder = "${PORT}"
 
 // Owner is who a sandbox made with these options belongs to.
 func (o Options) Owner() tenant.Owner { return tenant.Owner{Team: o.TeamID, Key: o.APIKeyID} }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/metrics"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/tenant"
 )
@@ -104,8 +105,10 @@ func (m *Manager) Pause(ctx context.Context, p tenant.Principal, id string, keep
 	if err := m.persist(context.WithoutCancel(ctx), sb); err != nil {
 		return err
 	}
+	m.cfg.Metrics.Pause(sb.TemplateID, time.Since(start))
 	m.log.Info("sandbox paused", "id", id, "mode", mode, "took", time.Since(start).Round(time.Millisecond))
 	m.lifecycleEvent(id, "paused (%s)", mode)
+	m.emit(sb, EventPaused, mode)
 	return nil
 }
 
@@ -125,7 +128,7 @@ func (m *Manager) pauseFailed(sb *Sandbox, mode string, cause error) {
 	sb.gen++
 	gen := sb.gen
 	sb.mu.Unlock()
-	m.markDead(sb, gen, fmt.Sprintf("pause (%s) failed and the container is gone: %v", mode, cause))
+	m.markDead(sb, gen, death{metrics.DeathCrash, fmt.Sprintf("pause (%s) failed and the container is gone: %v", mode, cause)})
 }
 
 // Resume brings a paused sandbox back and returns once its agent answers;
@@ -158,13 +161,21 @@ func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, kee
 	case StateDead:
 		return false, errdefs.NotFound("sandbox %q is not running: %s", id, sb.Err())
 	}
+	start := time.Now()
+	// A paused sandbox holds no slot of its key's quota: running again
+	// takes one (quota.go), bound to it until it is running.
+	res, err := m.reserve(ctx, sb.Options, 1)
+	if err != nil {
+		return false, err
+	}
+	res.bind(sb.ID)
+	defer res.release()
 	if err := m.unarchive(ctx, sb); err != nil { // lifecycle.go
 		return false, err
 	}
 	if sb.layer == nil {
 		return false, fmt.Errorf("sandbox %q has no root filesystem to resume on", id)
 	}
-	start := time.Now()
 	if !keepMemory && mode != PauseStopped {
 		if err := m.cfg.Runtime.Destroy(ctx, sb.ID); err != nil {
 			return false, fmt.Errorf("resume sandbox %s without memory: %w", id, err)
@@ -254,8 +265,10 @@ func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, kee
 	if err := m.persist(context.WithoutCancel(ctx), sb); err != nil {
 		return true, err
 	}
+	m.cfg.Metrics.Resume(sb.TemplateID, time.Since(start))
 	m.log.Info("sandbox resumed", "id", id, "mode", mode, "took", time.Since(start).Round(time.Millisecond))
 	m.lifecycleEvent(id, "resumed (%s)", mode)
+	m.emit(sb, EventResumed, mode)
 	return true, nil
 }
 

@@ -386,6 +386,7 @@ func (m *Manager) fromPool(ctx context.Context, opts Options) (*Sandbox, bool) {
 	m.log.Info("sandbox created from warm pool", "id", sb.ID, "opts", opts.String(), "runtime", sb.Runtime,
 		"took", time.Since(start).Round(time.Microsecond), "pooled_for", start.Sub(pd.made).Round(time.Millisecond))
 	m.lifecycleEvent(sb.ID, "created from the warm pool on %s: %s; egress %s", sb.Runtime, opts.String(), egressSummary(opts.Egress))
+	m.emit(sb, EventCreated, "")
 	return sb, true
 }
 
@@ -438,7 +439,7 @@ func (m *Manager) handOut(ctx context.Context, pd *pooled, opts Options) (*Sandb
 		m.mu.Unlock()
 		return nil, errdefs.Unavailable("daemon is shutting down")
 	}
-	m.sandboxes[sb.ID] = sb
+	m.addLocked(ctx, sb) // quota.go
 	m.mu.Unlock()
 	go m.supervise(sb, sb.gen)
 	return sb, nil
@@ -452,7 +453,7 @@ func (m *Manager) makePooled(ctx context.Context, base Options) (*pooled, error)
 		return nil, err
 	}
 	sb := &Sandbox{
-		ID:              newID(),
+		ID:              store.NewID(),
 		TemplateID:      base.TemplateID,
 		Runtime:         m.cfg.Runtime.Name(),
 		Options:         base,
@@ -596,7 +597,7 @@ func (m *Manager) prunePools(ctx context.Context) {
 	ps.mu.Unlock()
 	for _, pd := range dead {
 		m.log.Warn("pooled sandbox lost its agent: destroying it", "template", pd.sb.TemplateID, "id", pd.sb.ID,
-			"reason", m.deathReason(pd.sb))
+			"reason", m.deathReason(pd.sb).reason)
 	}
 	m.destroyPooled(context.WithoutCancel(ctx), dead)
 }

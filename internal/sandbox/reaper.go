@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/metrics"
 	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
@@ -39,7 +40,7 @@ func (m *Manager) reaper() {
 						continue
 					}
 				}
-				if err := m.Kill(context.Background(), tenant.System, sb.ID); err != nil {
+				if err := m.kill(context.Background(), tenant.System, sb.ID, metrics.DeathTimeout); err != nil {
 					m.log.Debug("reap sandbox", "id", sb.ID, "err", err)
 				}
 			}

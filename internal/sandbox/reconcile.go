@@ -225,7 +225,8 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		m.log.Error("remove orphan cgroups", "err", err)
 	}
 	rep.RemovedCgroups = append(rep.RemovedCgroups, removed...)
-	m.removeOrphanArchives() // lifecycle.go
+	m.removeOrphanArchives()      // lifecycle.go
+	m.pruneTemplateSnapshots(ctx) // build.go: templates removed or rebuilt while the daemon was down
 	if n := m.cfg.Network; n != nil {
 		// Slots kept for sandboxes that turned out dead go now.
 		if k, err := n.Slots.ReapUnadopted(); err != nil {

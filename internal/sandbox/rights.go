@@ -20,7 +20,7 @@ import (
 // fork's original's) to a sandbox that p makes: it is owned by p, and it
 // gets nothing p could not have asked for itself — its egress within p's
 // ceiling, only the secrets p may use (header rules and environment), a
-// traffic token of its own. dropped says in words what was taken away.
+// traffic token of its own, an envd token required (secure). dropped says in words what was taken away.
 //
 // memory says the new sandbox restores the original's processes: their
 // environments hold the values of the original's secret environment
@@ -28,6 +28,8 @@ import (
 // of those secrets is refused.
 func restrictTo(p tenant.Principal, o Options, memory bool) (_ Options, dropped []string, _ error) {
 	o.APIKeyID, o.TeamID = p.Key, p.Team
+	// Secure again: its token goes to p alone, not to whoever holds an ID.
+	o.Insecure = false
 	if o.TrafficAccessToken != "" {
 		o.TrafficAccessToken = newTrafficToken()
 	}

@@ -226,20 +226,6 @@ func (s *Sandbox) Info() Info {
 	return in
 }
 
-const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-
-// newID makes a 20-character [a-z0-9] ID, a valid DNS label like E2B's.
-func newID() string {
-	b := make([]byte, 20)
-	if _, err := rand.Read(b); err != nil {
-		panic(err)
-	}
-	for i := range b {
-		b[i] = idAlphabet[int(b[i])%len(idAlphabet)]
-	}
-	return string(b)
-}
-
 func newToken() string {
 	b := make([]byte, 24)
 	if _, err := rand.Read(b); err != nil {

@@ -58,6 +58,9 @@ type snapshotRecord struct {
 	Layers          []string `json:"layers"` // snapshot IDs, top first
 	SizeBytes       int64    `json:"size_bytes"`
 	TookMS          int64    `json:"took_ms"`
+	// Template is the template whose start command the snapshot holds
+	// running (build.go); it goes once the template no longer names it.
+	Template string `json:"template,omitempty"`
 }
 
 // tokens are the credentials a restored agent's hello may carry.
@@ -104,10 +107,17 @@ func readOrigin(sandboxDir string) (origin, bool) {
 // writable layer takes to copy. name may be empty. The snapshot belongs to
 // p (who must be able to act on the sandbox).
 func (m *Manager) Snapshot(ctx context.Context, p tenant.Principal, id, name string) (SnapshotInfo, error) {
-	return m.snapshot(ctx, p, id, name, false)
+	t0 := time.Now()
+	info, err := m.snapshot(ctx, p, id, name, false, "")
+	if err == nil {
+		m.cfg.Metrics.Snapshot(info.TemplateID, time.Since(t0))
+	}
+	return info, err
 }
 
-func (m *Manager) snapshot(ctx context.Context, p tenant.Principal, id, name string, hidden bool) (SnapshotInfo, error) {
+// snapshot takes a snapshot of sandbox id for p; tmpl names the template
+// whose start command it captures (build.go), "" for others.
+func (m *Manager) snapshot(ctx context.Context, p tenant.Principal, id, name string, hidden bool, tmpl string) (SnapshotInfo, error) {
 	if name != "" && !templateNameRe.MatchString(name) {
 		return SnapshotInfo{}, errdefs.InvalidArgument("invalid snapshot name %q: use letters, digits, '.', '_' and '-'", name)
 	}
@@ -133,7 +143,7 @@ func (m *Manager) snapshot(ctx context.Context, p tenant.Principal, id, name str
 	parent, _ := readOrigin(sb.Dir)
 
 	start := time.Now()
-	snID := newID()
+	snID := store.NewID()
 	dir := m.snapshotDir(snID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", id, err)
@@ -197,6 +207,7 @@ func (m *Manager) snapshot(ctx context.Context, p tenant.Principal, id, name str
 		Options: sb.Options, Runtime: sb.Runtime, Memory: memory,
 		ChannelTokens: tokens, EnvdAccessToken: sb.EnvdAccessToken,
 		Layers: append([]string{snID}, parent.Layers...), SizeBytes: diskUsage(dir), TookMS: took.Milliseconds(),
+		Template: tmpl,
 	}
 	b, err := json.Marshal(rec)
 	if err != nil {

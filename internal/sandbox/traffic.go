@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"context"
+	"strconv"
+	"strings"
 
 	"github.com/cella-sandbox/cella/internal/edge"
 	"github.com/cella-sandbox/cella/internal/envd/process/processconnect"
@@ -52,14 +54,29 @@ func (r trafficRouter) Route(ctx context.Context, id string, admit func(edge.San
 	return sb.Traffic(), nil
 }
 
+// Signed finds the sandbox a signed file URL was made for, of any owner: the
+// signature, made with the sandbox's envd access token, is the credential.
+func (r trafficRouter) Signed(signs func(string) bool) (string, bool) {
+	for _, sb := range r.m.List(tenant.Traffic) {
+		if sb.EnvdAccessToken != "" && signs(sb.EnvdAccessToken) {
+			return sb.ID, true
+		}
+	}
+	return "", false
+}
+
 // Traffic is the sandbox as the traffic proxy and its shells see it.
 func (s *Sandbox) Traffic() edge.Sandbox { return traffic{s} }
 
 type traffic struct{ sb *Sandbox }
 
-func (t traffic) ID() string                  { return t.sb.ID }
-func (t traffic) EnvdAccessToken() string     { return t.sb.EnvdAccessToken }
-func (t traffic) TrafficAccessToken() string  { return t.sb.Options.TrafficAccessToken }
+func (t traffic) ID() string                 { return t.sb.ID }
+func (t traffic) EnvdAccessToken() string    { return t.sb.EnvdAccessToken }
+func (t traffic) TrafficAccessToken() string { return t.sb.Options.TrafficAccessToken }
+func (t traffic) EnvdTokenOptional() bool    { return t.sb.Options.Insecure }
+func (t traffic) RequestHost(port int) string {
+	return strings.ReplaceAll(t.sb.Options.MaskRequestHost, MaskPortPlaceholder, strconv.Itoa(port))
+}
 func (t traffic) BeginActivity() (end func()) { return t.sb.BeginActivity() }
 
 func (t traffic) Process(user string) processconnect.ProcessClient {

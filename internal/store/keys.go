@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/cella-sandbox/cella/internal/quota"
 )
 
 // encodeList is how a key's lists (egress ceiling, secrets) are stored:
@@ -32,6 +34,23 @@ func parseList(v string) []string {
 // AdminKeyID is the ID of the key made on first start.
 const AdminKeyID = "admin"
 
+// idAlphabet is what record IDs are made of: lowercase letters and
+// digits, so an ID is a valid DNS label (E2B's sandbox and template IDs).
+const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+// NewID returns a random 20-character [a-z0-9] ID, E2B's form of sandbox,
+// snapshot and template IDs.
+func NewID() string {
+	b := make([]byte, 20)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	for i := range b {
+		b[i] = idAlphabet[int(b[i])%len(idAlphabet)]
+	}
+	return string(b)
+}
+
 // NewKeySecret returns a new API key: "e2b_" and 32 hex digits (128
 // random bits), the form E2B's SDKs expect.
 func NewKeySecret() (string, error) {
@@ -53,6 +72,8 @@ type NewKey struct {
 	EgressAllow []string
 	// Secrets are the secrets the key may attach ("*": all).
 	Secrets []string
+	// Limits are the key's quota (zero fields: unlimited).
+	Limits quota.Limits
 }
 
 // CreateAPIKey makes a new key (and its team when it has none yet) and
@@ -90,7 +111,7 @@ func (s *Store) CreateAPIKey(ctx context.Context, nk NewKey) (APIKey, string, er
 		}
 	}
 	k := APIKey{ID: "k" + hex.EncodeToString(idb), Name: nk.Name, TeamID: team.ID, TeamName: team.Name,
-		MCPMaxCalls: nk.MCPMaxCalls, EgressAllow: nk.EgressAllow, Secrets: nk.Secrets}
+		MCPMaxCalls: nk.MCPMaxCalls, EgressAllow: nk.EgressAllow, Secrets: nk.Secrets, Limits: nk.Limits}
 	if k, err = insertAPIKey(ctx, tx, k, key); err != nil {
 		return APIKey{}, "", err
 	}
@@ -104,8 +125,11 @@ func (s *Store) CreateAPIKey(ctx context.Context, nk NewKey) (APIKey, string, er
 // returns k with its CreatedAt set.
 func insertAPIKey(ctx context.Context, db execQuerier, k APIKey, key string) (APIKey, error) {
 	k.CreatedAt = time.Now().Truncate(time.Second)
-	_, err := db.ExecContext(ctx, `INSERT INTO api_keys(id,name,hash,created_at,mcp_max_calls,egress_allow,team_id,secrets) VALUES(?,?,?,?,?,?,?,?)`,
-		k.ID, k.Name, HashKey(key), k.CreatedAt.Unix(), k.MCPMaxCalls, encodeList(k.EgressAllow), k.TeamID, encodeList(k.Secrets))
+	l := k.Limits
+	_, err := db.ExecContext(ctx, `INSERT INTO api_keys(id,name,hash,created_at,mcp_max_calls,egress_allow,team_id,secrets,
+		max_sandboxes,max_vcpus,max_memory_mb,create_rate,request_rate) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		k.ID, k.Name, HashKey(key), k.CreatedAt.Unix(), k.MCPMaxCalls, encodeList(k.EgressAllow), k.TeamID, encodeList(k.Secrets),
+		l.MaxSandboxes, l.MaxVCPUs, l.MaxMemoryMB, l.CreateRate.String(), l.RequestRate.String())
 	if err != nil {
 		return APIKey{}, fmt.Errorf("store api key %s: %w", k.Name, err)
 	}
@@ -113,14 +137,23 @@ func insertAPIKey(ctx context.Context, db execQuerier, k APIKey, key string) (AP
 }
 
 // keyCols are the columns scanKey reads.
-const keyCols = `k.id,k.name,k.created_at,k.mcp_max_calls,k.egress_allow,k.team_id,COALESCE(t.name,''),k.secrets`
+const keyCols = `k.id,k.name,k.created_at,k.mcp_max_calls,k.egress_allow,k.team_id,COALESCE(t.name,''),k.secrets,` +
+	`k.max_sandboxes,k.max_vcpus,k.max_memory_mb,k.create_rate,k.request_rate`
 
 func scanKey(r scanner) (APIKey, error) {
 	var k APIKey
 	var created int64
-	var egressAllow, secrets string
-	if err := r.Scan(&k.ID, &k.Name, &created, &k.MCPMaxCalls, &egressAllow, &k.TeamID, &k.TeamName, &secrets); err != nil {
+	var egressAllow, secrets, createRate, requestRate string
+	if err := r.Scan(&k.ID, &k.Name, &created, &k.MCPMaxCalls, &egressAllow, &k.TeamID, &k.TeamName, &secrets,
+		&k.Limits.MaxSandboxes, &k.Limits.MaxVCPUs, &k.Limits.MaxMemoryMB, &createRate, &requestRate); err != nil {
 		return k, err
+	}
+	var err error
+	if k.Limits.CreateRate, err = quota.ParseRate(createRate); err != nil {
+		return k, fmt.Errorf("api key %s: createRate: %w", k.ID, err)
+	}
+	if k.Limits.RequestRate, err = quota.ParseRate(requestRate); err != nil {
+		return k, fmt.Errorf("api key %s: requestRate: %w", k.ID, err)
 	}
 	k.EgressAllow = parseList(egressAllow)
 	k.Secrets = parseList(secrets)

@@ -70,6 +70,32 @@ CREATE TABLE IF NOT EXISTS volumes (
 );`)},
 	{"secrets", migrateSecrets}, // secrets.go
 	{"teams", migrateTeams},
+	{"key quotas", addColumns("api_keys", // quotas.go
+		column{"max_sandboxes", "INTEGER NOT NULL DEFAULT 0"},
+		column{"max_vcpus", "INTEGER NOT NULL DEFAULT 0"},
+		column{"max_memory_mb", "INTEGER NOT NULL DEFAULT 0"},
+		column{"create_rate", "TEXT NOT NULL DEFAULT ''"},
+		column{"request_rate", "TEXT NOT NULL DEFAULT ''"})},
+	{"volume tokens", addColumns("volumes", column{"token", "TEXT NOT NULL DEFAULT ''"})},
+	{"webhooks", execSQL(`
+CREATE TABLE webhooks (
+	id         TEXT PRIMARY KEY,
+	team_id    TEXT NOT NULL,
+	record     TEXT NOT NULL,
+	created_at INTEGER NOT NULL
+);
+CREATE INDEX webhooks_team ON webhooks(team_id);
+CREATE TABLE sandbox_events (
+	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+	id         TEXT NOT NULL UNIQUE,
+	sandbox_id TEXT NOT NULL,
+	team_id    TEXT NOT NULL,
+	at         INTEGER NOT NULL,
+	record     TEXT NOT NULL
+);
+CREATE INDEX sandbox_events_sandbox ON sandbox_events(sandbox_id, seq);
+CREATE INDEX sandbox_events_at ON sandbox_events(at);`)}, // webhooks.go
+	{"template builds", migrateTemplateBuilds}, // templatebuilds.go
 }
 
 // execSQL is a migration that runs statements.

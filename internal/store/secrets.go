@@ -151,15 +151,7 @@ const secretColumns = `id,name,ciphertext,version,metadata,created_at,updated_at
 
 // GetSecret returns one secret record by name, or ErrNotFound.
 func (s *Store) GetSecret(ctx context.Context, name string) (Secret, error) {
-	row := s.db.QueryRowContext(ctx, `SELECT `+secretColumns+` FROM secrets WHERE name=?`, name)
-	sec, err := scanSecret(row)
-	if errors.Is(err, sql.ErrNoRows) {
-		return sec, ErrNotFound
-	}
-	if err != nil {
-		return sec, fmt.Errorf("look up secret %s: %w", name, err)
-	}
-	return sec, nil
+	return getOne(s.db.QueryRowContext(ctx, `SELECT `+secretColumns+` FROM secrets WHERE name=?`, name), scanSecret, "look up secret "+name)
 }
 
 // ListSecrets returns every secret record, by name.

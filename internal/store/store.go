@@ -14,6 +14,8 @@ import (
 	"time"
 
 	_ "modernc.org/sqlite"
+
+	"github.com/cella-sandbox/cella/internal/quota"
 )
 
 // ErrNotFound is returned when a record does not exist.
@@ -67,6 +69,9 @@ type APIKey struct {
 	// Secrets are the names of the secrets the key may attach to requests
 	// or environments ("*": all); the admin key may use all.
 	Secrets []string
+	// Limits are the key's quota (zero fields: unlimited; the admin key is
+	// always unlimited).
+	Limits quota.Limits
 }
 
 // AddAPIKey stores the hash of key under name, in the admin team (the
@@ -85,14 +90,7 @@ func (s *Store) CountAPIKeys(ctx context.Context) (int, error) {
 
 // LookupAPIKey finds the key whose hash matches key.
 func (s *Store) LookupAPIKey(ctx context.Context, key string) (APIKey, error) {
-	k, err := scanKey(s.db.QueryRowContext(ctx, `SELECT `+keyCols+` FROM api_keys k LEFT JOIN teams t ON t.id=k.team_id WHERE k.hash=?`, HashKey(key)))
-	if errors.Is(err, sql.ErrNoRows) {
-		return k, ErrNotFound
-	}
-	if err != nil {
-		return k, fmt.Errorf("look up api key: %w", err)
-	}
-	return k, nil
+	return getOne(s.db.QueryRowContext(ctx, `SELECT `+keyCols+` FROM api_keys k LEFT JOIN teams t ON t.id=k.team_id WHERE k.hash=?`, HashKey(key)), scanKey, "look up api key")
 }
 
 // Sandbox is the durable record of one sandbox. Fields the daemon needs to
@@ -160,6 +158,20 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 }
 
 type scanner interface{ Scan(...any) error }
+
+// getOne scans the one row a query answered with scan: ErrNotFound when
+// it answered none, any other error wrapped with what (e.g. "look up
+// volume v1").
+func getOne[T any](row *sql.Row, scan func(scanner) (T, error), what string) (T, error) {
+	v, err := scan(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return v, ErrNotFound
+	}
+	if err != nil {
+		return v, fmt.Errorf("%s: %w", what, err)
+	}
+	return v, nil
+}
 
 func scanSandbox(r scanner) (Sandbox, error) {
 	var sb Sandbox

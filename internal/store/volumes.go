@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -18,18 +17,23 @@ type Volume struct {
 	KeyID     string
 	SizeBytes int64
 	CreatedAt time.Time
+	// Token is the volume's content token (E2B's VolumeAndToken.token, the
+	// bearer of /volumecontent/{id}/*) as the volume manager seals it.
+	// Empty for a volume made before tokens, until EnsureVolumeToken gives
+	// it one.
+	Token string
 }
 
 // ErrExists is returned when a record with the same unique key exists.
 var ErrExists = errors.New("already exists")
 
-const volumeCols = `id,name,team_id,key_id,size_bytes,created_at`
+const volumeCols = `id,name,team_id,key_id,size_bytes,created_at,token`
 
 // PutVolume inserts a volume record; a name the team uses already is
 // ErrExists.
 func (s *Store) PutVolume(ctx context.Context, v Volume) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO volumes(`+volumeCols+`) VALUES(?,?,?,?,?,?)`,
-		v.ID, v.Name, v.TeamID, v.KeyID, v.SizeBytes, v.CreatedAt.UnixMilli())
+	_, err := s.db.ExecContext(ctx, `INSERT INTO volumes(`+volumeCols+`) VALUES(?,?,?,?,?,?,?)`,
+		v.ID, v.Name, v.TeamID, v.KeyID, v.SizeBytes, v.CreatedAt.UnixMilli(), v.Token)
 	if err != nil && strings.Contains(err.Error(), "UNIQUE") {
 		return fmt.Errorf("store volume %s: %w", v.Name, ErrExists)
 	}
@@ -42,7 +46,7 @@ func (s *Store) PutVolume(ctx context.Context, v Volume) error {
 func scanVolume(r scanner) (Volume, error) {
 	var v Volume
 	var created int64
-	if err := r.Scan(&v.ID, &v.Name, &v.TeamID, &v.KeyID, &v.SizeBytes, &created); err != nil {
+	if err := r.Scan(&v.ID, &v.Name, &v.TeamID, &v.KeyID, &v.SizeBytes, &created, &v.Token); err != nil {
 		return v, err
 	}
 	v.CreatedAt = time.UnixMilli(created)
@@ -51,26 +55,12 @@ func scanVolume(r scanner) (Volume, error) {
 
 // GetVolume returns the team's volume called name, or ErrNotFound.
 func (s *Store) GetVolume(ctx context.Context, team, name string) (Volume, error) {
-	v, err := scanVolume(s.db.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE team_id=? AND name=?`, team, name))
-	if errors.Is(err, sql.ErrNoRows) {
-		return v, ErrNotFound
-	}
-	if err != nil {
-		return v, fmt.Errorf("look up volume %s: %w", name, err)
-	}
-	return v, nil
+	return getOne(s.db.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE team_id=? AND name=?`, team, name), scanVolume, "look up volume "+name)
 }
 
 // GetVolumeByID returns a volume by its ID, or ErrNotFound.
 func (s *Store) GetVolumeByID(ctx context.Context, id string) (Volume, error) {
-	v, err := scanVolume(s.db.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE id=?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return v, ErrNotFound
-	}
-	if err != nil {
-		return v, fmt.Errorf("look up volume %s: %w", id, err)
-	}
-	return v, nil
+	return getOne(s.db.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE id=?`, id), scanVolume, "look up volume "+id)
 }
 
 // ListVolumes returns the team's volume records by name ("": every team's,
@@ -98,4 +88,18 @@ func (s *Store) DeleteVolume(ctx context.Context, id string) error {
 		return fmt.Errorf("delete volume %s: %w", id, err)
 	}
 	return nil
+}
+
+// EnsureVolumeToken gives the volume with this ID the token if it has none
+// yet, and returns the token it has (the one given, or an older one a
+// concurrent call stored first).
+func (s *Store) EnsureVolumeToken(ctx context.Context, id, token string) (string, error) {
+	if _, err := s.db.ExecContext(ctx, `UPDATE volumes SET token=? WHERE id=? AND token=''`, token, id); err != nil {
+		return "", fmt.Errorf("set token of volume %s: %w", id, err)
+	}
+	v, err := s.GetVolumeByID(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	return v.Token, nil
 }

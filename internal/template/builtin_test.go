@@ -3,6 +3,9 @@ package template
 import (
 	"context"
 	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 )
@@ -60,5 +63,36 @@ func TestBuiltinServices(t *testing.T) {
 	}
 	if o, _ := s.Get("other"); !slices.Equal(o.Services, []string{"x"}) {
 		t.Fatalf("recorded services = %v", o.Services)
+	}
+}
+
+// The builtin templates give user passwordless sudo, as E2B's do, when the
+// image has sudo (its sudoers.d), and write nothing when it has not.
+func TestGrantSudo(t *testing.T) {
+	for _, p := range []string{"sudo", "python-is-python3", "git", "curl"} {
+		if !slices.Contains(BaseRecipe.Packages, p) {
+			t.Errorf("base recipe lacks %s", p)
+		}
+	}
+	root := t.TempDir()
+	if err := grantSudo(root); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, sudoersFile)); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("sudoers written without sudo: %v", err)
+	}
+	if err := os.MkdirAll(filepath.Join(root, "etc/sudoers.d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := grantSudo(root); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(filepath.Join(root, sudoersFile))
+	if err != nil || st.Mode().Perm() != 0o440 {
+		t.Fatalf("sudoers file: %v %v (sudoers files are 0440)", st, err)
+	}
+	b, _ := os.ReadFile(filepath.Join(root, sudoersFile))
+	if string(b) != "user ALL=(ALL:ALL) NOPASSWD: ALL\n" {
+		t.Fatalf("sudoers = %q", b)
 	}
 }

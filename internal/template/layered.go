@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
@@ -35,6 +36,10 @@ type PullOptions struct {
 	Platform v1.Platform
 	// Progress receives the pull's events (ProgressPrinter prints them).
 	Progress func(PullEvent)
+	// LeaseTo, when set, leaves the image unnamed and leased to this
+	// directory instead (Acquire): what a build pulls its base into. The
+	// name is then only used in messages.
+	LeaseTo string
 }
 
 // PullEvent is one step of a pull: a message, or a layer's progress.
@@ -60,7 +65,7 @@ type PullEvent struct {
 // WorkingDir and User become the template's defaults; its Entrypoint and
 // Cmd are recorded, not run.
 func (s *Store) Pull(ctx context.Context, name, src string, o PullOptions) (*Template, error) {
-	if !nameRE.MatchString(name) {
+	if !nameRE.MatchString(name) && o.LeaseTo == "" {
 		return nil, fmt.Errorf("invalid template name %q", name)
 	}
 	emit := o.Progress
@@ -141,10 +146,7 @@ func (s *Store) pull(ctx context.Context, name, src string, o PullOptions, emit 
 	key := imageKey(cfgName.String())
 	if _, err := s.readImage(key); err == nil {
 		emit(PullEvent{Message: "image " + key + " is cached"})
-		if err := s.install(name, key, ""); err != nil {
-			return nil, err
-		}
-		return s.Get(name)
+		return s.installPulled(name, key, "", o.LeaseTo)
 	}
 	tmp, err := s.tempImageDir(".pull-" + key)
 	if err != nil {
@@ -184,10 +186,35 @@ func (s *Store) pull(ctx context.Context, name, src string, o PullOptions, emit 
 	if err := writeImageMeta(tmp, meta); err != nil {
 		return nil, err
 	}
-	if err := s.install(name, key, tmp); err != nil {
+	return s.installPulled(name, key, tmp, o.LeaseTo)
+}
+
+// installPulled names the pulled image, or leases it to leaseTo.
+func (s *Store) installPulled(name, key, tmp, leaseTo string) (*Template, error) {
+	if leaseTo == "" {
+		if err := s.install(name, key, tmp); err != nil {
+			return nil, err
+		}
+		return s.Get(name)
+	}
+	unlock, err := s.lock()
+	if err != nil {
 		return nil, err
 	}
-	return s.Get(name)
+	defer unlock()
+	if _, err := os.Stat(s.imageDir(key)); tmp != "" && errors.Is(err, fs.ErrNotExist) {
+		if err := os.Rename(tmp, s.imageDir(key)); err != nil {
+			return nil, fmt.Errorf("install image %s: %w", key, err)
+		}
+	}
+	t, err := s.readImage(key)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.acquireLocked(leaseTo, t); err != nil {
+		return nil, err
+	}
+	return t, nil
 }
 
 // maxImageLayers leaves room in overlayfs's 500 for snapshot layers.

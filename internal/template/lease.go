@@ -61,6 +61,16 @@ func (s *Store) leasePath(holder string) string {
 // checked to be present. Until holder is removed, the image and its layers
 // stay, whatever happens to t's name.
 func (s *Store) Acquire(holder string, t *Template) ([]string, error) {
+	unlock, err := s.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	return s.acquireLocked(holder, t)
+}
+
+// acquireLocked is Acquire with the cache lock held.
+func (s *Store) acquireLocked(holder string, t *Template) ([]string, error) {
 	holder, err := filepath.Abs(holder)
 	if err != nil {
 		return nil, err
@@ -68,11 +78,6 @@ func (s *Store) Acquire(holder string, t *Template) ([]string, error) {
 	if st, err := os.Stat(holder); err != nil || !st.IsDir() {
 		return nil, fmt.Errorf("lease template %s: holder %s is not a directory: %v", t.Name, holder, err)
 	}
-	unlock, err := s.lock()
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
 	// Under the lock: the image may have been collected since t was read.
 	cur, err := s.readImage(t.Image)
 	if err != nil {
@@ -228,6 +233,20 @@ func (s *Store) GC() (GCResult, error) {
 			}
 		}
 	}
+	// A kept built image keeps the images it stacks on.
+	for key := range keep {
+		for depth := 0; key != "" && depth < maxBaseDepth; depth++ {
+			var t Template
+			b, rerr := os.ReadFile(filepath.Join(s.imageDir(key), "image.json"))
+			if rerr != nil || json.Unmarshal(b, &t) != nil {
+				break
+			}
+			if t.Base != "" {
+				keep[t.Base] = true
+			}
+			key = t.Base
+		}
+	}
 	var trash []string
 	if err == nil {
 		var imgs []os.DirEntry
@@ -260,14 +279,15 @@ func (s *Store) GC() (GCResult, error) {
 		res.LayersSkipped = true
 	} else {
 		defer release()
-		used := map[string]bool{}
+		used := s.cachedLayers() // derive.go
 		imgs, _ := os.ReadDir(s.imagesDir())
 		for _, e := range imgs {
 			if strings.HasPrefix(e.Name(), ".") {
 				continue
 			}
-			if t, err := s.readImage(e.Name()); err == nil {
-				for _, id := range t.Layers {
+			var t Template
+			if b, err := os.ReadFile(filepath.Join(s.imageDir(e.Name()), "image.json")); err == nil && json.Unmarshal(b, &t) == nil {
+				for _, id := range append(t.Layers, t.BuildLayers...) {
 					used[id] = true
 				}
 			}

@@ -87,12 +87,14 @@ var DefaultEnv = []string{
 	"LANG=C.UTF-8",
 }
 
-// BaseRecipe is the recipe of the "base" template.
+// BaseRecipe is the recipe of the "base" template: what E2B's base image
+// has and the SDKs' own tests use (`python` as a command, passwordless
+// `sudo` for the user, git, curl).
 var BaseRecipe = Recipe{
 	Suite: "bookworm",
 	Packages: []string{
-		"bash", "coreutils", "procps", "python3", "nodejs", "npm",
-		"git", "curl", "ca-certificates", "python3-pip", "python3-venv",
+		"bash", "ca-certificates", "coreutils", "curl", "git", "nodejs", "npm",
+		"procps", "python-is-python3", "python3", "python3-pip", "python3-venv", "sudo",
 	},
 }
 
@@ -104,12 +106,17 @@ const CodeInterpreterName = "code-interpreter-v1"
 // agent's contract names it.
 const ServiceCodeInterpreter = agentapi.ServiceCodeInterpreter
 
-// CodeInterpreterRecipe is base plus Debian's scientific Python stack, so
-// that pandas DataFrames and matplotlib figures work out of the box.
+// CodeInterpreterRecipe is base plus what the code interpreter's contexts
+// run on: IPython (the Python context is IPython's shell), Debian's
+// scientific Python stack (pandas DataFrames and matplotlib figures work
+// out of the box), R with the packages IRkernel evaluates and displays with
+// (the r context), and esbuild (the typescript context strips types with
+// it before the Node driver runs the cell).
 var CodeInterpreterRecipe = Recipe{
 	Suite: BaseRecipe.Suite,
 	Packages: append(slices.Clone(BaseRecipe.Packages),
-		"python3-numpy", "python3-pandas", "python3-matplotlib", "python3-scipy"),
+		"esbuild", "python3-ipython", "python3-matplotlib", "python3-numpy", "python3-pandas",
+		"python3-scipy", "r-base-core", "r-cran-irkernel"),
 }
 
 // Builtin is a template cella knows how to build on first use.
@@ -222,6 +229,19 @@ type Template struct {
 	// Size is the bytes its layers hold on disk (0: not recorded).
 	Size int64 `json:"size,omitempty"`
 
+	// An image made by a build (derive.go): Base is the image key it
+	// stacks on (whatever its kind), BuildLayers the layers the build's
+	// steps added, bottom first, in the layer store. StartCmd and ReadyCmd
+	// are the build's start and ready commands.
+	Base        string   `json:"base,omitempty"`
+	BuildLayers []string `json:"buildLayers,omitempty"`
+	StartCmd    string   `json:"startCmd,omitempty"`
+	ReadyCmd    string   `json:"readyCmd,omitempty"`
+	// Snapshot (of the name, not the image) is the memory snapshot, in the
+	// building daemon's data dir, that sandboxes of the template start
+	// from: its start command already running.
+	Snapshot string `json:"snapshot,omitempty"`
+
 	lowers []string
 }
 
@@ -233,6 +253,10 @@ func (t *Template) Lowers() []string { return slices.Clone(t.lowers) }
 // Describe says where the template came from, for listings.
 func (t *Template) Describe() string {
 	switch {
+	case t.Base != "" && t.Ref != "":
+		return fmt.Sprintf("build on %s +%d layers", t.Ref, len(t.BuildLayers))
+	case t.Base != "":
+		return fmt.Sprintf("build +%d layers", len(t.BuildLayers))
 	case t.Ref != "":
 		return t.Ref
 	case t.Recipe != nil:
@@ -296,6 +320,7 @@ func (s *Store) imageDir(key string) string {
 type nameRecord struct {
 	Image    string   `json:"image"`
 	Services []string `json:"services,omitempty"`
+	Snapshot string   `json:"snapshot,omitempty"`
 }
 
 // Get returns the template called name, or an error wrapping ErrNotFound.
@@ -320,6 +345,7 @@ func (s *Store) Get(name string) (*Template, error) {
 	}
 	t.Name = name
 	t.Services = rec.Services
+	t.Snapshot = rec.Snapshot
 	if t.Services == nil {
 		// A builtin name built by hand (cella template build
 		// code-interpreter-v1 ...) still gets its services.
@@ -343,6 +369,9 @@ func (s *Store) readImage(key string) (*Template, error) {
 	}
 	// The cache dir may have moved since the image was written.
 	t.Image = key
+	if t.Base != "" {
+		return s.derivedLowers(&t)
+	}
 	if len(t.Layers) > 0 {
 		t.RootFS = ""
 		if t.Finalize {
@@ -667,6 +696,9 @@ func (s *Store) buildImage(ctx context.Context, name, key string, r Recipe, prog
 	if err := EnsureUser(root); err != nil {
 		return "", err
 	}
+	if err := grantSudo(root); err != nil {
+		return "", err
+	}
 	step("clean apt caches")
 	if err := runInChroot(ctx, root, progress, "apt-get", "clean"); err != nil {
 		return "", fmt.Errorf("apt-get clean: %w", err)
@@ -873,6 +905,25 @@ func EnsureUser(root string) error {
 		}
 		return os.Lchown(p, DefaultUID, DefaultGID)
 	})
+}
+
+// sudoersFile gives the user passwordless sudo, as in E2B's images.
+const sudoersFile = "etc/sudoers.d/user"
+
+// grantSudo writes sudoersFile when the image has sudo. sudo elevates only
+// inside the sandbox, and not at all under the namespaces runtime, whose
+// Landlock sets no_new_privs.
+func grantSudo(root string) error {
+	if _, err := os.Stat(filepath.Join(root, "etc/sudoers.d")); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("grant sudo: %w", err)
+	}
+	line := DefaultUser + " ALL=(ALL:ALL) NOPASSWD: ALL\n"
+	if err := os.WriteFile(filepath.Join(root, sudoersFile), []byte(line), 0o440); err != nil {
+		return fmt.Errorf("grant sudo: %w", err)
+	}
+	return nil
 }
 
 // ensureLine appends line to the colon-separated database file unless an

@@ -52,6 +52,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/diskimage"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/rootfs"
+	"github.com/cella-sandbox/cella/internal/secrets"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/tenant"
 )
@@ -88,13 +89,17 @@ type Volume struct {
 	CreatedAt time.Time
 	UsedBytes int64 // bytes used in its filesystem, when mounted
 	Mounted   bool
+	// Token opens its files to the standalone file API (content.go).
+	Token string
 }
 
 // Config configures a Manager.
 type Config struct {
 	DataDir string
 	Store   *store.Store
-	Log     *slog.Logger
+	// Box seals the volumes' content tokens in the store.
+	Box *secrets.Box
+	Log *slog.Logger
 }
 
 // Manager creates, mounts and deletes the volumes of one daemon.
@@ -113,6 +118,9 @@ type Manager struct {
 func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
+	}
+	if cfg.Box == nil {
+		return nil, errors.New("volume: no box to seal content tokens")
 	}
 	m := &Manager{cfg: cfg, log: cfg.Log, held: map[string]int{}}
 	if err := os.MkdirAll(m.root(), 0o700); err != nil {
@@ -204,7 +212,11 @@ func (m *Manager) Create(ctx context.Context, owner tenant.Owner, name string, s
 	if err := os.Chown(data, ownerUID, ownerGID); err != nil {
 		return Volume{}, fmt.Errorf("create volume %s: %w", name, err)
 	}
-	rec := store.Volume{ID: id, Name: name, TeamID: owner.Team, KeyID: owner.Key, SizeBytes: sizeBytes, CreatedAt: time.Now().UTC()}
+	token, sealed, err := m.newToken(id)
+	if err != nil {
+		return Volume{}, err
+	}
+	rec := store.Volume{ID: id, Name: name, TeamID: owner.Team, KeyID: owner.Key, SizeBytes: sizeBytes, CreatedAt: time.Now().UTC(), Token: sealed}
 	if err := m.cfg.Store.PutVolume(ctx, rec); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			return Volume{}, errdefs.Conflict("volume %q already exists", name)
@@ -213,7 +225,9 @@ func (m *Manager) Create(ctx context.Context, owner tenant.Owner, name string, s
 	}
 	ok = true
 	m.log.Info("volume created", "volume", name, "id", id, "team", owner.Team, "size_mib", sizeBytes>>20)
-	return m.info(rec), nil
+	v := m.info(rec)
+	v.Token = token
+	return v, nil
 }
 
 func (m *Manager) info(rec store.Volume) Volume {
@@ -255,7 +269,11 @@ func (m *Manager) Get(ctx context.Context, p tenant.Principal, ref string) (Volu
 	if err != nil {
 		return Volume{}, err
 	}
-	return m.info(rec), nil
+	v := m.info(rec)
+	if v.Token, err = m.token(ctx, rec); err != nil {
+		return Volume{}, err
+	}
+	return v, nil
 }
 
 // List returns the volumes p may see, by name (the admin's: every team's).

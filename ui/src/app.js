@@ -7,10 +7,13 @@ import { Terminal } from '@xterm/xterm';
 import { FitAddon } from '@xterm/addon-fit';
 import '@xterm/xterm/css/xterm.css';
 import './style.css';
+import { lineChart, chartSVG } from './charts.js';
+import { templatesView, snapshotsView, volumesView, poolsView, keysView, secretsView, hostView } from './pages.js';
+import { buildView } from './build.js';
 
 const KEY_STORAGE = 'cella.apiKey';
 const ENVD_PORT = '49983';
-const REFRESH_MS = 3000;
+export const REFRESH_MS = 3000;
 // The daemon serves the console at <base>/ui/; the API is at <base>/.
 const BASE = location.pathname.replace(/\/ui(\/.*)?$/, '');
 
@@ -20,7 +23,7 @@ let leaveView = []; // cleanups of the current view
 // ---------- helpers ----------
 
 // h builds an element; children are nodes or strings (set as text, never HTML).
-function h(tag, attrs, ...children) {
+export function h(tag, attrs, ...children) {
   const el = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
     if (v === undefined || v === null || v === false) continue;
@@ -40,7 +43,7 @@ function key() {
   return sessionStorage.getItem(KEY_STORAGE) || '';
 }
 
-function fmtAge(ms) {
+export function fmtAge(ms) {
   const s = Math.max(0, Math.floor(ms / 1000));
   if (s < 60) return `${s}s`;
   const m = Math.floor(s / 60);
@@ -50,12 +53,12 @@ function fmtAge(ms) {
   return `${Math.floor(hr / 24)}d ${hr % 24}h`;
 }
 
-function fmtTime(t) {
+export function fmtTime(t) {
   if (!t || t.startsWith('0001-')) return '—';
   return new Date(t).toLocaleString();
 }
 
-function fmtBytes(n) {
+export function fmtBytes(n) {
   n = Number(n || 0);
   if (n < 1024) return `${n} B`;
   const u = ['KiB', 'MiB', 'GiB', 'TiB'];
@@ -102,7 +105,7 @@ async function errorOf(r, what) {
 }
 
 // api calls the control-plane REST API with the key.
-async function api(method, path, body) {
+export async function api(method, path, body) {
   const headers = { 'X-API-Key': key() };
   const init = { method, headers };
   if (body !== undefined) {
@@ -141,7 +144,7 @@ async function rpc(sb, method, body) {
 }
 
 let flashMsg = null;
-function flash(text, kind = 'info') {
+export function flash(text, kind = 'info') {
   flashMsg = { text, kind };
   const el = document.getElementById('flash');
   if (el) showFlash(el);
@@ -159,7 +162,7 @@ function logout(message) {
   else render();
 }
 
-function every(ms, fn) {
+export function every(ms, fn) {
   let stopped = false;
   let timer;
   const tick = async () => {
@@ -170,11 +173,29 @@ function every(ms, fn) {
   leaveView.push(() => { stopped = true; clearTimeout(timer); });
 }
 
+// The console's pages, in the order of the navigation bar.
+const PAGES = [
+  ['', 'Sandboxes'], ['templates', 'Templates'], ['snapshots', 'Snapshots'], ['volumes', 'Volumes'],
+  ['pools', 'Pools'], ['keys', 'API keys'], ['secrets', 'Secrets'], ['host', 'Host'],
+];
+
 function header() {
+  const here = (location.hash || '#/').slice(2).split('/')[0];
+  const cur = here === 'sandbox' ? '' : here === 'build' ? 'templates' : here;
   return h('header', { class: 'top' },
     h('a', { href: '#/', class: 'brand' }, 'cella'), h('span', { class: 'sub' }, 'console'),
+    h('nav', { class: 'nav' }, PAGES.map(([p, label]) => h('a', { href: `#/${p}`, id: `nav-${p || 'sandboxes'}`, class: p === cur ? 'current' : undefined }, label))),
     h('span', { class: 'grow' }),
     h('button', { id: 'logout-btn', class: 'ghost', onclick: () => logout() }, 'Log out'));
+}
+
+// page draws a page of the console: the header, the flash, a title and
+// the content.
+export function page(title, ...content) {
+  const fl = h('div', { id: 'flash' });
+  showFlash(fl);
+  flashMsg = null;
+  app.replaceChildren(header(), h('main', {}, fl, h('h2', {}, title), ...content));
 }
 
 // A state badge shows text (the state, unless told) in the state's colours;
@@ -287,8 +308,8 @@ function listView() {
     h('thead', {}, h('tr', {}, ['Sandbox', 'State', 'Template', 'Age', 'CPU', 'Memory', ''].map((t) => h('th', {}, t)))),
     tbody);
   const empty = h('p', { id: 'no-sandboxes', class: 'muted', hidden: true }, 'No sandboxes. Create one above.');
-  const templates = h('datalist', { id: 'template-list' });
-  const tpl = h('input', { id: 'template', value: 'base', list: 'template-list', required: true });
+  // The picker: the machine's templates, then the caller's snapshots.
+  const tpl = h('select', { id: 'template', required: true }, h('option', { value: '', disabled: true }, 'loading…'));
   const cpus = h('input', { id: 'cpus', type: 'number', min: '0.1', step: '0.1', placeholder: 'default' });
   const mem = h('input', { id: 'memory', type: 'number', min: '16', step: '16', placeholder: 'default' });
   const timeout = h('input', { id: 'timeout', type: 'number', min: '1', value: '15' });
@@ -300,7 +321,7 @@ function listView() {
       createBtn.disabled = true;
       createBtn.textContent = 'Creating…';
       try {
-        const body = { templateID: tpl.value.trim(), timeout: Math.round(Number(timeout.value) * 60) };
+        const body = { templateID: tpl.value, timeout: Math.round(Number(timeout.value) * 60) };
         if (cpus.value) body.cpuCount = Number(cpus.value);
         if (mem.value) body.memoryMB = Number(mem.value);
         const sb = await api('POST', '/v2/sandboxes', body);
@@ -314,7 +335,7 @@ function listView() {
       }
     },
   },
-  h('label', {}, 'Template ', tpl), templates,
+  h('label', {}, 'Template ', tpl),
   h('label', {}, 'CPUs ', cpus),
   h('label', {}, 'Memory (MiB) ', mem),
   h('label', {}, 'Timeout (min) ', timeout),
@@ -342,7 +363,14 @@ function listView() {
     h('h2', {}, 'New sandbox'), form,
     h('h2', {}, 'Sandboxes'), table, empty));
   flashMsg = null;
-  api('GET', '/templates').then((ts) => templates.replaceChildren(...ts.map((t) => h('option', { value: t.templateID })))).catch(() => {});
+  Promise.all([api('GET', '/templates'), api('GET', '/snapshots?limit=100').catch(() => [])]).then(([ts, sns]) => {
+    const want = new URLSearchParams(location.hash.split('?')[1] || '').get('template') || 'base';
+    tpl.replaceChildren(
+      h('optgroup', { label: 'Templates' }, ts.map((t) => h('option', { value: t.templateID }, t.templateID))),
+      sns.length ? h('optgroup', { label: 'Snapshots' }, sns.map((sn) => h('option', { value: sn.snapshotID }, `${(sn.names || [])[0] || sn.snapshotID} (of ${sn.sandboxID})`))) : null);
+    tpl.value = [...tpl.options].some((o) => o.value === want) ? want : (ts[0] ? ts[0].templateID : '');
+    tpl.dataset.loaded = String(ts.length);
+  }).catch((e) => flash(`Templates: ${e.message}`, 'error'));
   every(REFRESH_MS, refresh);
 }
 
@@ -355,16 +383,17 @@ function sandboxView(id) {
   const pauseBtn = h('button', { id: 'pause-btn', disabled: true }, 'Pause');
   const resumeBtn = h('button', { id: 'resume-btn', disabled: true }, 'Resume');
   const killBtn = h('button', { id: 'kill-btn', class: 'danger', disabled: true }, 'Kill');
+  const snapBtn = h('button', { id: 'snapshot-btn', disabled: true }, 'Snapshot');
   const termEl = h('div', { id: 'terminal' });
   const termStatus = h('span', { id: 'term-status', class: 'muted' }, 'not connected');
   const newShellBtn = h('button', { id: 'new-shell-btn', class: 'small', hidden: true }, 'New shell');
 
   const actions = async (label, fn) => {
-    for (const b of [pauseBtn, resumeBtn, killBtn]) b.disabled = true;
+    for (const b of [pauseBtn, resumeBtn, killBtn, snapBtn]) b.disabled = true;
     flash(`${label}…`);
     try {
-      await fn();
-      flash(`${label}: done.`);
+      const msg = await fn();
+      flash(msg || `${label}: done.`);
     } catch (e) {
       flash(`${label}: ${e.message}`, 'error');
     }
@@ -372,13 +401,23 @@ function sandboxView(id) {
   };
   pauseBtn.onclick = () => actions('Pause', () => api('POST', `/sandboxes/${id}/pause`, {}));
   resumeBtn.onclick = () => actions('Resume', () => api('POST', `/v2/sandboxes/${id}/connect`, {}));
+  snapBtn.onclick = () => actions('Snapshot', async () => {
+    const sn = await api('POST', `/sandboxes/${id}/snapshots`, {});
+    return `Snapshot ${sn.snapshotID} taken (${fmtBytes(sn.sizeBytes)}); start sandboxes from it on the Snapshots page.`;
+  });
+  // killed stops the page's polling once a kill is asked for: the sandbox
+  // is about to be gone, and its routes would answer 404 until the page is
+  // left.
+  let killed = false;
   killBtn.onclick = async () => {
     if (!confirm(`Kill sandbox ${id}? Its processes and files are gone for good.`)) return;
+    killed = true;
     try {
       await api('DELETE', `/sandboxes/${id}`);
       flash(`Killed sandbox ${id}.`);
       location.hash = '#/';
     } catch (e) {
+      killed = false;
       flash(`Kill: ${e.message}`, 'error');
     }
   };
@@ -532,6 +571,7 @@ function sandboxView(id) {
   let auditReq = 0;
 
   async function loadAudit() {
+    if (killed) return;
     const req = ++auditReq;
     const filter = AUDIT_FILTERS[auditFilter.value] || AUDIT_FILTERS.all;
     const q = new URLSearchParams({ limit: String(AUDIT_LIMIT), ...filter.q });
@@ -663,9 +703,38 @@ function sandboxView(id) {
     };
   }
 
+  // ----- resources -----
+  // GET /sandboxes/{id}/metrics: the daemon's samples of the last hour (and
+  // one of the present, taken when the newest is over a second old).
+  const cpuChart = chartSVG('chart-cpu', 'CPU use, percent of the sandbox\'s CPUs');
+  const memChart = chartSVG('chart-memory', 'memory used and its ceiling');
+  const diskChart = chartSVG('chart-disk', 'disk used and the writable layer\'s size');
+  const resStatus = h('span', { id: 'resources-status', class: 'muted' });
+  const mib = (n) => fmtBytes(n);
+  async function loadResources() {
+    if (killed) return;
+    if (!sb) return;
+    const start = Math.floor(Date.now() / 1000) - 3600;
+    const ms = await api('GET', `/sandboxes/${encodeURIComponent(id)}/metrics?start=${start}`);
+    const pts = (f) => ms.map((m) => [m.timestampUnix, f(m)]);
+    // The x axis covers the samples (at least 30 s, at most the hour).
+    const span = ms.length ? Math.min(3600, Math.max(30, ms[ms.length - 1].timestampUnix - ms[0].timestampUnix)) : 3600;
+    lineChart(cpuChart, [{ name: 'cpu', cls: 'cpu', points: pts((m) => m.cpuUsedPct) }], { max: 100, fmt: (v) => `${Math.round(v)}%`, span });
+    const memMax = Math.max(...ms.map((m) => m.memTotal), 1);
+    lineChart(memChart, [{ name: 'used', cls: 'used', points: pts((m) => m.memUsed) }, { name: 'cache', cls: 'cache', points: pts((m) => m.memCache) }],
+      { max: memMax, fmt: mib, span });
+    const diskMax = Math.max(...ms.map((m) => m.diskTotal), 1);
+    lineChart(diskChart, [{ name: 'used', cls: 'used', points: pts((m) => m.diskUsed) }], { max: diskMax, fmt: mib, span });
+    const last = ms[ms.length - 1];
+    resStatus.textContent = last
+      ? `${ms.length} samples; now ${last.cpuUsedPct.toFixed(1)}% CPU, ${fmtBytes(last.memUsed)} of ${fmtBytes(last.memTotal)} memory, ${fmtBytes(last.diskUsed)} of ${fmtBytes(last.diskTotal)} disk`
+      : 'no samples yet';
+  }
+
   // ----- the sandbox record -----
   let lastState = null;
   async function load() {
+    if (killed) return;
     try {
       sb = await api('GET', `/sandboxes/${id}`);
     } catch (e) {
@@ -673,13 +742,14 @@ function sandboxView(id) {
         sb = null;
         setStateBadge(stateEl, 'dead', 'gone');
         flash(`Sandbox ${id} does not exist (any more).`, 'error');
-        for (const b of [pauseBtn, resumeBtn, killBtn]) b.disabled = true;
+        for (const b of [pauseBtn, resumeBtn, killBtn, snapBtn]) b.disabled = true;
         return;
       }
       throw e;
     }
     setStateBadge(stateEl, sb.state);
     pauseBtn.disabled = sb.state !== 'running';
+    snapBtn.disabled = sb.state !== 'running';
     resumeBtn.disabled = sb.state !== 'paused';
     killBtn.disabled = false;
     const f = [
@@ -710,8 +780,14 @@ function sandboxView(id) {
     h('div', { class: 'title' },
       h('a', { href: '#/', class: 'muted' }, '← Sandboxes'),
       h('h2', {}, h('span', { class: 'mono', id: 'sandbox-id' }, id), ' ', stateEl),
-      h('span', { class: 'grow' }), pauseBtn, resumeBtn, killBtn),
+      h('span', { class: 'grow' }), snapBtn, pauseBtn, resumeBtn, killBtn),
     facts,
+    h('section', { class: 'card', id: 'resources' },
+      h('div', { class: 'section-head' }, h('h3', {}, 'Resources (last hour)'), resStatus),
+      h('div', { class: 'charts' },
+        h('figure', {}, h('figcaption', {}, 'CPU'), cpuChart),
+        h('figure', {}, h('figcaption', {}, 'Memory'), memChart),
+        h('figure', {}, h('figcaption', {}, 'Disk'), diskChart))),
     h('section', { class: 'card' },
       h('div', { class: 'section-head' }, h('h3', {}, 'Terminal'), termStatus, h('span', { class: 'grow' }), newShellBtn),
       termEl),
@@ -743,9 +819,15 @@ function sandboxView(id) {
   leaveView.push(() => { if (term) term.dispose(); });
   every(REFRESH_MS, load);
   every(REFRESH_MS, loadAudit);
+  every(REFRESH_MS, loadResources);
 }
 
 // ---------- routing ----------
+
+const PAGE_VIEWS = {
+  templates: templatesView, snapshots: snapshotsView, volumes: volumesView, pools: poolsView,
+  keys: keysView, secrets: secretsView, host: hostView,
+};
 
 function render() {
   for (const f of leaveView.splice(0)) f();
@@ -756,7 +838,11 @@ function render() {
     return;
   }
   const m = hash.match(/^#\/sandbox\/([a-z0-9]+)$/);
+  const view = PAGE_VIEWS[hash.slice(2).split('?')[0]];
+  const b = hash.match(/^#\/build\/([^/]+)\/([^/]+)$/);
   if (m) sandboxView(m[1]);
+  else if (b) buildView(decodeURIComponent(b[1]), decodeURIComponent(b[2]));
+  else if (view) view();
   else if (hash === '#/login') { location.hash = '#/'; }
   else listView();
 }

@@ -26,6 +26,9 @@ process.env.E2B_API_URL = proxy.url
 // exchanges then fail.
 process.env.E2B_SANDBOX_URL = process.env.CELLA_E2B_SANDBOX_DIRECT === '1' ? DAEMON_URL : proxy.url
 process.env.E2B_API_KEY = ADMIN_KEY
+// The Volume class reaches the standalone file API (/volumecontent) here
+// (without it: https://api.<domain>); cella serves it on the API listener.
+process.env.E2B_VOLUME_API_URL = proxy.url
 delete process.env.E2B_DEBUG
 delete process.env.E2B_DOMAIN
 delete process.env.E2B_ACCESS_TOKEN
@@ -176,3 +179,14 @@ export function sandboxJanitor (Sandbox) {
 }
 
 export { before, after }
+
+// A key of a team of its own (the admin makes it): another tenant.
+export async function teamKey (name, team) {
+  const res = await fetch(`${DAEMON_URL}/keys`, {
+    method: 'POST',
+    headers: { 'X-API-Key': ADMIN_KEY, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ name, team }),
+  })
+  if (res.status !== 201) throw new Error(`POST /keys: ${res.status} ${await res.text()}`)
+  return (await res.json()).key
+}

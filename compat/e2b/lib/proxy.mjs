@@ -14,7 +14,7 @@ const REQ_HEADERS = [
   'accept-encoding', 'connect-protocol-version', 'connect-timeout-ms', 'keepalive-ping-interval',
   'e2b-sandbox-id', 'e2b-sandbox-port', 'authorization', 'x-access-token', 'x-api-key',
 ]
-const RES_HEADERS = ['content-type', 'content-encoding', 'content-length', 'transfer-encoding', 'x-next-token']
+const RES_HEADERS = ['content-type', 'content-encoding', 'content-length', 'transfer-encoding', 'x-next-token', 'retry-after']
 const SECRET = new Set(['x-access-token', 'x-api-key'])
 
 function pick (headers, names) {

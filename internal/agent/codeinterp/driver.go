@@ -10,8 +10,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,11 +24,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+//go:embed drivers/charts.py
+var chartsDriver string
+
 //go:embed drivers/python.py
 var pythonDriver string
 
 //go:embed drivers/node.js
 var nodeDriver string
+
+//go:embed drivers/bash.sh
+var bashDriver string
+
+//go:embed drivers/r.R
+var rDriver string
 
 // language is how to start the interpreter of one language. The driver's
 // source is passed on the command line (-c / -e), so nothing is written
@@ -34,22 +46,55 @@ type language struct {
 	name string
 	exes []string // looked up on the interpreter's PATH, first found wins
 	argv func(exe string) []string
+	env  []string // added to the interpreter's environment
+	// needs are other executables the driver runs (looked up like exes).
+	needs []string
+	// nulFramed: cells go to fd 3 as NUL-terminated scripts rather than
+	// JSON lines (the bash driver cannot parse JSON).
+	nulFramed bool
+	// interruptGroup sends the interrupt to the driver's whole process
+	// group: bash leaves its foreground command to the signal.
+	interruptGroup bool
 	// what to install when the interpreter is missing, for the error
 	missing string
 }
 
 var languages = map[string]*language{
 	"python": {
-		name:    "python",
-		exes:    []string{"python3", "python"},
-		argv:    func(exe string) []string { return []string{exe, "-c", pythonDriver} },
-		missing: "python3 is not installed in this sandbox's template",
+		name: "python",
+		exes: []string{"python3", "python"},
+		// charts.py first: the driver's e2b/chart formatter calls it.
+		argv:    func(exe string) []string { return []string{exe, "-c", chartsDriver + "\n" + pythonDriver} },
+		missing: "python3 with IPython (Debian: python3-ipython) is not installed in this sandbox's template",
 	},
 	"javascript": {
 		name:    "javascript",
 		exes:    []string{"node", "nodejs"},
 		argv:    func(exe string) []string { return []string{exe, "-e", nodeDriver} },
 		missing: "node is not installed in this sandbox's template",
+	},
+	"typescript": {
+		name: "typescript",
+		exes: []string{"node", "nodejs"},
+		// The Node driver strips the cell's types with esbuild first.
+		argv:    func(exe string) []string { return []string{exe, "-e", nodeDriver} },
+		env:     []string{"CELLA_CI_TYPESCRIPT=1"},
+		needs:   []string{"esbuild"},
+		missing: "node and esbuild (Debian: nodejs, esbuild) are not installed in this sandbox's template",
+	},
+	"r": {
+		name:    "r",
+		exes:    []string{"Rscript"},
+		argv:    func(exe string) []string { return []string{exe, "--no-save", "--no-restore", "-e", rDriver} },
+		missing: "R with the evaluate, repr and jsonlite packages (Debian: r-base-core, r-cran-irkernel) is not installed in this sandbox's template",
+	},
+	"bash": {
+		name:           "bash",
+		exes:           []string{"bash"},
+		argv:           func(exe string) []string { return []string{exe, "--noprofile", "--norc", "-c", bashDriver, "bash"} },
+		nulFramed:      true,
+		interruptGroup: true,
+		missing:        "bash is not installed in this sandbox's template",
 	},
 }
 
@@ -61,6 +106,8 @@ var aliases = map[string]string{
 	"js":      "javascript",
 	"node":    "javascript",
 	"nodejs":  "javascript",
+	"ts":      "typescript",
+	"sh":      "bash",
 }
 
 func lookupLanguage(name string) (*language, bool) {
@@ -87,13 +134,16 @@ type Proc struct {
 type Spawner func(p Proc) (pid int, wait <-chan unix.WaitStatus, err error)
 
 // LocalSpawner forks p as the current user and waits for it by pid.
-func LocalSpawner(p Proc) (int, <-chan unix.WaitStatus, error) {
+func LocalSpawner(p Proc) (int, <-chan unix.WaitStatus, error) { return localSpawn(p, nil) }
+
+// localSpawn forks p, as cred's user if cred is set, and waits for it.
+func localSpawn(p Proc, cred *syscall.Credential) (int, <-chan unix.WaitStatus, error) {
 	fds := make([]uintptr, len(p.Files))
 	for i, f := range p.Files {
 		fds[i] = f.Fd()
 	}
 	pid, err := syscall.ForkExec(p.Argv[0], p.Argv, &syscall.ProcAttr{
-		Dir: p.Dir, Env: p.Env, Files: fds, Sys: &syscall.SysProcAttr{Setsid: true},
+		Dir: p.Dir, Env: p.Env, Files: fds, Sys: &syscall.SysProcAttr{Setsid: true, Credential: cred},
 	})
 	if err != nil {
 		return 0, nil, err
@@ -147,7 +197,13 @@ type sink struct {
 
 // driver is one running interpreter process.
 type driver struct {
-	pid    int
+	lang *language
+	pid  int
+	// env is the environment it started with; its first cell brings it
+	// up to date (a driver started at boot predates the sandbox's env
+	// vars, as E2B's kernels do, which load them on the first execution).
+	env    []string
+	synced bool // under the kernel's sem
 	cmdW   *os.File
 	events chan event    // closed when fd 4 reaches EOF (the driver exited)
 	exited chan struct{} // closed once the wait status is in status
@@ -167,6 +223,12 @@ func startDriver(lang *language, env []string, dir string, spawn Spawner, readyT
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", lang.missing, err)
 	}
+	for _, n := range lang.needs {
+		if _, err := findExe([]string{n}, env); err != nil {
+			return nil, fmt.Errorf("%s: %w", lang.missing, err)
+		}
+	}
+	env = append(slices.Clone(env), lang.env...)
 	// The marker has NULs so that no text output contains it by chance; the
 	// environment cannot carry NULs, so the driver gets only its nonce.
 	nonce := randomHex(8)
@@ -210,11 +272,20 @@ func startDriver(lang *language, env []string, dir string, spawn Spawner, readyT
 	files := []*os.File{devnull, pipes[0][1], pipes[1][1], pipes[2][0], pipes[3][1]}
 	pid, wait, err := spawn(Proc{Argv: lang.argv(exe), Env: env, Dir: dir, Files: files})
 	closeAll(child)
+	if errors.Is(err, unix.EACCES) {
+		// The interpreter is executable (findExe checked), so it is the
+		// sandbox user who may not enter dir: the child chdirs after
+		// dropping to the user's uid.
+		closeAll(parent)
+		return nil, fmt.Errorf("cwd %s: %w (%w)", dir, errCwdDenied, err)
+	}
 	if err != nil {
 		closeAll(parent)
 		return nil, fmt.Errorf("start the %s interpreter %s: %w", lang.name, exe, err)
 	}
 	d := &driver{
+		lang:   lang,
+		env:    env,
 		pid:    pid,
 		cmdW:   pipes[2][1],
 		events: make(chan event, 16),
@@ -389,14 +460,93 @@ func (d *driver) readEvents(f *os.File) {
 	}
 }
 
-// send writes one command line to the driver.
-func (d *driver) send(v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
+// cell is one execution request for a driver.
+type cell struct {
+	Type    string            `json:"type"`
+	Code    string            `json:"code"`
+	EnvVars map[string]string `json:"env_vars,omitempty"`
+	// EnvBase are variables set for good before the cell: what changed
+	// in the sandbox's environment since the driver started.
+	EnvBase map[string]string `json:"env_base,omitempty"`
+}
+
+// envUpdate is what env has that the driver's start environment has not.
+func (d *driver) envUpdate(env []string) map[string]string {
+	had := map[string]bool{}
+	for _, kv := range d.env {
+		had[kv] = true
 	}
-	_, err = d.cmdW.Write(append(b, '\n'))
+	var up map[string]string
+	for _, kv := range env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || had[kv] {
+			continue
+		}
+		if up == nil {
+			up = map[string]string{}
+		}
+		up[k] = v
+	}
+	return up
+}
+
+// send hands one cell to the driver: a JSON line, or for the bash driver
+// three NUL-terminated scripts (set the env vars, the cell, restore them).
+func (d *driver) send(c cell) error {
+	var b []byte
+	if d.lang.nulFramed {
+		if strings.ContainsRune(c.Code, 0) {
+			return errNULInCell
+		}
+		set, restore := shellEnvScripts(c.EnvVars)
+		b = []byte(set + "\x00" + c.Code + "\x00" + restore + "\x00")
+	} else {
+		var err error
+		if b, err = json.Marshal(c); err != nil {
+			return err
+		}
+		b = append(b, '\n')
+	}
+	_, err := d.cmdW.Write(b)
 	return err
+}
+
+// errCwdDenied is a context's cwd the sandbox user cannot enter.
+var errCwdDenied = errors.New("the sandbox user may not enter this directory")
+
+var errNULInCell = errors.New("a bash cell cannot contain NUL bytes")
+
+var shellNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// shellEnvScripts are the bash lines that export env (names that are not
+// shell identifiers cannot be exported by bash and are skipped) and put
+// back what they replaced, as E2B sets a cell's env vars and resets them
+// after it.
+func shellEnvScripts(env map[string]string) (set, restore string) {
+	var sb, rb strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		if !shellNameRE.MatchString(k) || strings.ContainsRune(env[k], 0) {
+			continue
+		}
+		old := "__cella_old_" + k
+		fmt.Fprintf(&sb, "if [ \"${%s+x}\" ]; then %s=\"$%s\"; else unset %s; fi; export %s=%s\n", k, old, k, old, k, shellQuote(env[k]))
+		fmt.Fprintf(&rb, "if [ \"${%s+x}\" ]; then export %s=\"$%s\"; else unset %s; fi; unset %s\n", old, k, old, k, old)
+	}
+	return sb.String(), rb.String()
+}
+
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// interrupt is Jupyter's interrupt button: SIGINT to the interpreter (to
+// its process group for bash, which leaves the signal to its foreground
+// command).
+func (d *driver) interrupt() {
+	if d.lang.interruptGroup {
+		_ = unix.Kill(-d.pid, unix.SIGINT)
+	}
+	_ = unix.Kill(d.pid, unix.SIGINT)
 }
 
 func describeStatus(ws unix.WaitStatus) string {

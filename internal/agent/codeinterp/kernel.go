@@ -3,15 +3,13 @@ package codeinterp
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // kernel is a context: one language, one working directory, and the driver
@@ -184,7 +182,16 @@ func (k *kernel) execute(w http.ResponseWriter, r *http.Request, code string, en
 		d.setSink(nil)
 		close(sk.done)
 	}()
-	if err := d.send(map[string]any{"type": "execute", "code": code, "env_vars": envVars}); err != nil {
+	c := cell{Type: "execute", Code: code, EnvVars: envVars}
+	if !d.synced {
+		c.EnvBase = d.envUpdate(k.s.cfg.Env())
+		d.synced = true
+	}
+	if err := d.send(c); errors.Is(err, errNULInCell) {
+		out.write(map[string]any{"type": "error", "name": "ValueError", "value": err.Error(), "traceback": ""})
+		out.write(map[string]any{"type": "end_of_execution"})
+		return
+	} else if err != nil {
 		// The driver died between cells; the next cell restarts it.
 		d.kill()
 		k.reportDeath(out, d)
@@ -256,7 +263,7 @@ func (k *kernel) execute(w http.ResponseWriter, r *http.Request, code string, en
 			interrupted = true
 			out.broken = true
 			slog.Info("code interpreter: client went away mid-cell; interrupting", "context", k.id, "pid", d.pid, "after", time.Since(started).Round(time.Millisecond), "cause", context.Cause(ctx))
-			_ = unix.Kill(d.pid, unix.SIGINT)
+			d.interrupt()
 			graceTimer = time.After(k.s.cfg.InterruptGrace)
 		case <-graceTimer:
 			// Stuck in C code or ignoring SIGINT: the state is lost, but the
@@ -325,8 +332,8 @@ func resultLine(ev event) map[string]any {
 		if key == "text" {
 			var s string
 			if json.Unmarshal(v, &s) == nil {
-				// Upstream strips the quotes of a string's repr.
-				if len(s) >= 2 && strings.HasPrefix(s, "'") && strings.HasSuffix(s, "'") {
+				// Upstream strips the quotes of a string's repr, ' or ".
+				if len(s) >= 2 && (s[0] == '\'' || s[0] == '"') && s[len(s)-1] == s[0] {
 					s = s[1 : len(s)-1]
 				}
 				line[key] = s

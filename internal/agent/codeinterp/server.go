@@ -95,7 +95,37 @@ func New(cfg Config) *Server {
 	if cfg.MarkTimeout <= 0 {
 		cfg.MarkTimeout = 2 * time.Second
 	}
-	return &Server{cfg: cfg, contexts: map[string]*kernel{}, defaults: map[string]*kernel{}}
+	s := &Server{cfg: cfg, contexts: map[string]*kernel{}, defaults: map[string]*kernel{}}
+	// E2B's server creates the python and javascript contexts at start-up,
+	// so GET /contexts lists them before any cell ran. Their interpreters
+	// start on their first cell: the sandbox's env vars may still change
+	// until then (the daemon configures the agent after boot).
+	for _, name := range defaultLanguages {
+		_ = s.add(newKernel(s, languages[name], cfg.Workdir), true)
+	}
+	return s
+}
+
+// defaultLanguages have a context from the start, as in E2B.
+var defaultLanguages = []string{"python", "javascript"}
+
+// Warm starts the default python context's interpreter in the background,
+// as E2B starts its kernels at boot: IPython takes a second or two to
+// start, which the first runCode would otherwise wait for. The first cell
+// brings its environment up to date (Config.Env may still change until
+// then).
+func (s *Server) Warm(ctx context.Context) {
+	s.mu.Lock()
+	k := s.defaults["python"]
+	s.mu.Unlock()
+	if k == nil {
+		return
+	}
+	go func() {
+		if err := k.ensure(ctx); err != nil {
+			slog.Warn("code interpreter: warming the python context", "err", err)
+		}
+	}()
 }
 
 // Close kills every interpreter; later requests fail.
@@ -174,7 +204,10 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 	k := newKernel(s, lang, cwd)
 	// Start the interpreter now, as upstream starts a kernel: a context that
 	// cannot run fails here, not on its first cell.
-	if err := k.ensure(r.Context()); err != nil {
+	if err := k.ensure(r.Context()); errors.Is(err, errCwdDenied) {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	} else if err != nil {
 		writeError(w, http.StatusInternalServerError, err)
 		return
 	}

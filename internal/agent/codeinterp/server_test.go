@@ -9,20 +9,23 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 )
 
-// These tests run the real drivers with the host's python3 and node.
+// These tests run the real drivers with the host's Debian python3 (with
+// python3-ipython), node, esbuild and bash, found on the PATH a template
+// has (not the test's own PATH, which may lead to a python without
+// Debian's packages).
+const testPATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 func newTestServer(t *testing.T, mod func(*Config)) (*Server, string) {
 	t.Helper()
 	cfg := Config{
 		Env: func() []string {
-			return []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(), "LANG=C.UTF-8", "SANDBOX_VAR=from-sandbox"}
+			return []string{"PATH=" + testPATH, "HOME=" + t.TempDir(), "LANG=C.UTF-8", "SANDBOX_VAR=from-sandbox"}
 		},
 		Workdir:           t.TempDir(),
 		KeepaliveInterval: 300 * time.Millisecond,
@@ -39,8 +42,8 @@ func newTestServer(t *testing.T, mod func(*Config)) (*Server, string) {
 
 func needInterpreter(t *testing.T, name string) {
 	t.Helper()
-	if _, err := exec.LookPath(name); err != nil {
-		t.Skipf("%s is not installed on this host", name)
+	if _, err := findExe([]string{name}, []string{"PATH=" + testPATH}); err != nil {
+		t.Skipf("%s is not installed on this host: %v", name, err)
 	}
 }
 
@@ -377,7 +380,13 @@ func TestContexts(t *testing.T) {
 
 	var list []contextInfo
 	doJSON(t, "GET", url+"/contexts", nil, &list)
-	if len(list) != 3 { // a, b and the default python context
+	langs := map[string]int{}
+	for _, c := range list {
+		langs[c.Language]++
+	}
+	// a, b and the default python context; the default javascript context
+	// exists from the start too, as in E2B.
+	if len(list) != 4 || langs["python"] != 3 || langs["javascript"] != 1 {
 		t.Fatalf("list = %+v", list)
 	}
 
@@ -481,7 +490,8 @@ func TestJavaScript(t *testing.T) {
 func needPythonModule(t *testing.T, mod string) {
 	t.Helper()
 	needInterpreter(t, "python3")
-	if err := exec.Command("python3", "-c", "import "+mod).Run(); err != nil {
+	exe, _ := findExe([]string{"python3"}, []string{"PATH=" + testPATH})
+	if err := exec.Command(exe, "-c", "import "+mod).Run(); err != nil {
 		t.Skipf("python3 on this host has no %s module (the code-interpreter-v1 template has it; the sandbox suite covers this case)", mod)
 	}
 }

@@ -396,6 +396,16 @@ func testDiskBeyondMemory(t *testing.T, env *daemontest.Env, bystander *client.S
 	mustOK(t, sb, "rm -f /home/user/more")
 	alive(t, "a write past the disk limit")
 
+	// /tmp is the sandbox's disk too, not its memory (runsc would put a
+	// tmpfs there): the same write there is refused the same way, and the
+	// sandbox lives.
+	res = run(t, sb, `dd if=/dev/zero of=/tmp/more bs=1M count=600`, client.ExecOptions{Timeout: 90 * time.Second})
+	if !strings.Contains(res.Stderr, "No space left on device") {
+		t.Fatalf("writing past the disk limit in /tmp: stderr %q does not say ENOSPC (exit %d, error %q)", tailStr(res.Stderr, 300), res.ExitCode, res.Error)
+	}
+	mustOK(t, sb, "rm -f /tmp/more")
+	alive(t, "a write past the disk limit in /tmp")
+
 	// An upload past the disk, through the daemon's API: 507 in E2B's shape.
 	err := sb.WriteFile(ctxT(t, 3*time.Minute), "/home/user/upload", "", io.LimitReader(zeros{}, 500<<20))
 	var ae *client.APIError

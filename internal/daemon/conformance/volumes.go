@@ -141,7 +141,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 func testLifecyclePolicies(t *testing.T, env *daemontest.Env) {
 	t.Run("AutoStopAndResume", func(t *testing.T) {
 		yes := true
-		sb := create(t, env, client.CreateRequest{Lifecycle: &client.Lifecycle{AutoStopSeconds: client.Seconds(2 * time.Second), AutoResume: &yes}})
+		sb := create(t, env, client.CreateRequest{Lifecycle: client.Lifecycle{AutoStopSeconds: client.Seconds(2 * time.Second), AutoResume: &yes}})
 		mustOK(t, sb, "echo before > /home/user/f")
 		v, err := lifecycleOf(t, env, sb.ID)
 		if err != nil {
@@ -170,7 +170,7 @@ func testLifecyclePolicies(t *testing.T, env *daemontest.Env) {
 	})
 
 	t.Run("AutoArchive", func(t *testing.T) {
-		sb := create(t, env, client.CreateRequest{Lifecycle: &client.Lifecycle{AutoArchiveSeconds: client.Seconds(time.Second)}})
+		sb := create(t, env, client.CreateRequest{Lifecycle: client.Lifecycle{AutoArchiveSeconds: client.Seconds(time.Second)}})
 		mustOK(t, sb, "echo archived-file > /home/user/a && mkdir -p /home/user/d && ln -s a /home/user/link")
 		// A deleted template file is an overlay whiteout in the archive.
 		if res := run(t, sb, "rm -f /etc/motd", client.ExecOptions{User: "root"}); res.ExitCode != 0 {
@@ -240,7 +240,7 @@ func testLifecyclePolicies(t *testing.T, env *daemontest.Env) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { env.Client.DeleteSnapshot(context.Background(), name) })
-		sb := create(t, env, client.CreateRequest{TemplateID: name, Lifecycle: &client.Lifecycle{AutoArchiveSeconds: client.Seconds(time.Second)}})
+		sb := create(t, env, client.CreateRequest{TemplateID: name, Lifecycle: client.Lifecycle{AutoArchiveSeconds: client.Seconds(time.Second)}})
 		mustOK(t, sb, "echo own > /home/user/own")
 		if err := env.Client.Pause(ctx, sb.ID, true); err != nil {
 			t.Fatal(err)
@@ -259,7 +259,7 @@ func testLifecyclePolicies(t *testing.T, env *daemontest.Env) {
 
 	t.Run("AutoDelete", func(t *testing.T) {
 		ctx := ctxT(t, 3*time.Minute)
-		sb := create(t, env, client.CreateRequest{Lifecycle: &client.Lifecycle{AutoDeleteSeconds: client.Seconds(time.Second)}})
+		sb := create(t, env, client.CreateRequest{Lifecycle: client.Lifecycle{AutoDeleteSeconds: client.Seconds(time.Second)}})
 		if err := env.Client.Pause(ctx, sb.ID, true); err != nil {
 			t.Fatal(err)
 		}
@@ -277,7 +277,7 @@ func testLifecyclePolicies(t *testing.T, env *daemontest.Env) {
 	t.Run("ArchiveWithVolumeSurvivesDaemonRestart", func(t *testing.T) { testArchiveRestart(t, env) })
 
 	t.Run("DetailShowsTTL", func(t *testing.T) {
-		sb := create(t, env, client.CreateRequest{Timeout: 120})
+		sb := create(t, env, client.CreateRequest{Timeout: new(int64(120))})
 		v, err := lifecycleOf(t, env, sb.ID)
 		if err != nil {
 			t.Fatal(err)
@@ -306,7 +306,7 @@ func testArchiveRestart(t *testing.T, env *daemontest.Env) {
 	}
 	sb := create(t, env1, client.CreateRequest{
 		VolumeMounts: []client.VolumeMount{{Name: "keep", Path: "/mnt/keep"}},
-		Lifecycle:    &client.Lifecycle{AutoArchiveSeconds: client.Seconds(500 * time.Millisecond)},
+		Lifecycle:    client.Lifecycle{AutoArchiveSeconds: client.Seconds(500 * time.Millisecond)},
 	})
 	id := sb.ID
 	mustOK(t, sb, "echo layer > /home/user/l && echo vol > /mnt/keep/v")

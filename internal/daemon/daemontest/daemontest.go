@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/build"
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/rootfs"
@@ -112,6 +113,12 @@ type Options struct {
 	MetricsInterval time.Duration
 	// Maxima bound sandboxes' limits (zero fields: the host's).
 	Maxima sandbox.Maxima
+	// Build configures template builds (zero: the defaults).
+	Build daemon.BuildConfig
+	// AccessLog is the daemon's access log (daemon.Config.AccessLog).
+	AccessLog string
+	// Builder replaces the daemon's build engine (nil: the daemon's own).
+	Builder build.Builder
 }
 
 // Start runs a daemon with the given runtime until the test ends.
@@ -146,6 +153,7 @@ func Start(t testing.TB, runtimeName string, o Options) *Env {
 	d, err := daemon.New(context.Background(), daemon.Config{
 		DataDir: dataDir, CacheDir: CacheDir(), Runtime: runtimeName, Domain: "cella.test",
 		RunscPath: runsc, AgentBinary: cella, Log: log, Network: o.Network, MetricsInterval: o.MetricsInterval, Maxima: o.Maxima,
+		Build: o.Build, Builder: o.Builder, AccessLog: o.AccessLog,
 	})
 	if err != nil {
 		t.Fatalf("start daemon: %v", err)

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -82,12 +83,29 @@ func Run(dir, user, password string) (*Registry, error) {
 		cmd.Stdout, cmd.Stderr = logf, logf
 		// It dies with whoever started it, even one killed before Stop.
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
+		done := make(chan struct{})
+		started := make(chan error, 1)
+		go func() {
+			// The parent death signal follows the thread that forked, not
+			// the process: a thread that ends (the Go runtime ends those a
+			// goroutine left locked, as rootfs's throwaway threads are)
+			// would kill the registry mid-test. This thread lives until it
+			// exits.
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			if err := cmd.Start(); err != nil {
+				logf.Close()
+				started <- err
+				return
+			}
+			started <- nil
+			_ = cmd.Wait()
 			logf.Close()
+			close(done)
+		}()
+		if err := <-started; err != nil {
 			return nil, err
 		}
-		done := make(chan struct{})
-		go func() { cmd.Wait(); logf.Close(); close(done) }()
 		stop := func() {
 			cmd.Process.Kill()
 			<-done

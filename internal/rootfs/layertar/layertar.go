@@ -51,6 +51,9 @@ type Options struct {
 	OCI bool
 	// Xattr says which extended attributes travel; nil: all of them.
 	Xattr func(name string) bool
+	// Skip leaves out the entry at rel (a path below dir, slash-separated)
+	// and, for a directory, everything below it; nil: nothing is left out.
+	Skip func(rel string) bool
 }
 
 // Write appends dir's tree to tw (which the caller closes).
@@ -74,6 +77,12 @@ func Write(tw *tar.Writer, dir string, o Options) error {
 			return err
 		}
 		if rel == "." && o.Prefix == "" {
+			return nil
+		}
+		if o.Skip != nil && rel != "." && o.Skip(filepath.ToSlash(rel)) {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
 			return nil
 		}
 		var st unix.Stat_t

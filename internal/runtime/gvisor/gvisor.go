@@ -166,6 +166,10 @@ func globalFlags(cfg *Config) []string {
 		"--oci-seccomp",
 		"--overlay2=none",
 		"--ignore-cgroups=false",
+		// setuid binaries (sudo, as in E2B's images) elevate, inside the
+		// sentry only: to the sandbox's own root, which commands can run
+		// as anyway (the bundle leaves no_new_privs off for it).
+		"--allow-suid",
 	}
 	if cfg.DebugLogDir != "" {
 		// A trailing slash makes runsc name one file per command.
@@ -177,7 +181,7 @@ func globalFlags(cfg *Config) []string {
 // Start implements runtime.Runtime: it writes the bundle and runs
 // `runsc run --detach`, which returns once PID 1 runs.
 func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) error {
-	return r.boot(ctx, &spec, "start", true, "run")
+	return r.boot(ctx, &spec, "start", bootMounts{guestCgroup: true, tmpOnDisk: true}, "run")
 }
 
 // guestCgroup mounts the sentry's own cgroup v2 hierarchy in the guest at
@@ -213,28 +217,70 @@ func (r *Runtime) checkpoint(ctx context.Context, id, imageDir string, args ...s
 	if _, err := r.cli.Run(ctx, args...); err != nil {
 		return err
 	}
-	if !slices.ContainsFunc(sp.Mounts, func(m specs.Mount) bool {
-		return m.Type == guestCgroup.Type && m.Destination == guestCgroup.Destination
-	}) {
-		return nil
-	}
-	if err := os.WriteFile(filepath.Join(imageDir, guestCgroupMarker), nil, 0o600); err != nil {
-		return fmt.Errorf("mark the checkpoint image: %w", err)
+	for _, mark := range []struct {
+		typ, dest, marker string
+	}{
+		{guestCgroup.Type, guestCgroup.Destination, guestCgroupMarker},
+		{"bind", "/tmp", tmpOnDiskMarker},
+	} {
+		if !slices.ContainsFunc(sp.Mounts, func(m specs.Mount) bool { return m.Type == mark.typ && m.Destination == mark.dest }) {
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(imageDir, mark.marker), nil, 0o600); err != nil {
+			return fmt.Errorf("mark the checkpoint image: %w", err)
+		}
 	}
 	return nil
 }
 
-func hasGuestCgroup(imageDir string) bool {
-	_, err := os.Stat(filepath.Join(imageDir, guestCgroupMarker))
-	return err == nil
+// tmpOnDiskMarker, in a checkpoint image, says that its sandbox ran with
+// /tmp on its root (tmpOnDisk); older images had runsc's tmpfs there.
+const tmpOnDiskMarker = "cella-tmp-on-disk"
+
+// bootMounts are the mounts a boot adds to the standard ones: all of them
+// for a new sandbox, those its checkpoint image is marked with for a
+// restore.
+type bootMounts struct{ guestCgroup, tmpOnDisk bool }
+
+func savedMounts(imageDir string) bootMounts {
+	has := func(marker string) bool {
+		_, err := os.Stat(filepath.Join(imageDir, marker))
+		return err == nil
+	}
+	return bootMounts{guestCgroup: has(guestCgroupMarker), tmpOnDisk: has(tmpOnDiskMarker)}
+}
+
+// tmpOnDisk is a mount of the root's own /tmp at /tmp. runsc mounts a
+// tmpfs of the sandbox's memory over an empty /tmp unless the spec mounts
+// something there, so files in /tmp would count as memory, not disk, and be
+// lost wherever only the writable layer travels: a template build's step,
+// an archive, a cold boot (E2B's /tmp is on the sandbox's disk). The source
+// must be a real directory, not a link: a link the image or an earlier
+// boot left there would be followed on the host. Nothing in the sandbox
+// runs while it boots, so the check holds until runsc binds it.
+func tmpOnDisk(rootFS string) (specs.Mount, bool) {
+	dir := filepath.Join(rootFS, "tmp")
+	if err := os.Mkdir(dir, 0o777); err == nil {
+		_ = os.Chmod(dir, os.ModeSticky|0o777) // as /tmp is; the umask took group and other write
+	}
+	st, err := os.Lstat(dir)
+	if err != nil || !st.IsDir() {
+		return specs.Mount{}, false
+	}
+	return specs.Mount{Destination: "/tmp", Type: "bind", Source: dir, Options: []string{"rbind", "rw", "nosuid", "nodev"}}, true
 }
 
 // boot writes spec's bundle and runs `runsc <verb> --detach` (run, or a
-// restore with its flags); withCgroup gives the guest its cgroup hierarchy.
-func (r *Runtime) boot(ctx context.Context, spec *runtime.Spec, what string, withCgroup bool, verb ...string) error {
-	var o oci.Options
-	if withCgroup {
-		o.ExtraMounts = []specs.Mount{guestCgroup}
+// restore with its flags), with the mounts bm names.
+func (r *Runtime) boot(ctx context.Context, spec *runtime.Spec, what string, bm bootMounts, verb ...string) error {
+	o := oci.Options{SetuidElevates: true} // sudo works inside, as in E2B
+	if bm.tmpOnDisk {
+		if m, ok := tmpOnDisk(spec.RootFS); ok {
+			o.ExtraMounts = append(o.ExtraMounts, m)
+		}
+	}
+	if bm.guestCgroup {
+		o.ExtraMounts = append(o.ExtraMounts, guestCgroup)
 		verb = append([]string{"--in-sandbox-cgroup=v2"}, verb...)
 	}
 	sp, err := oci.Build(spec, o)
@@ -313,7 +359,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string) error {
 // sandbox from imageDir with spec's bundle (rewritten, identical to the one
 // it was started with: the mounts must match) and its stdio on the log file.
 func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir string) error {
-	return r.boot(ctx, &spec, "restore", hasGuestCgroup(imageDir), "restore", "--image-path="+imageDir)
+	return r.boot(ctx, &spec, "restore", savedMounts(imageDir), "restore", "--image-path="+imageDir)
 }
 
 // State implements runtime.Runtime.

@@ -69,6 +69,12 @@ type Options struct {
 	// slot), and crun then falls back to binding the host's whole /sys:
 	// the host's interfaces, cgroup hierarchies, read-write.
 	SysfsSource string
+	// SetuidElevates leaves no_new_privs off, so that setuid binaries
+	// (sudo, as in E2B's images) elevate. Only for gVisor: its sentry
+	// implements setuid itself, so a process elevates to the sandbox's own
+	// root, which the API's commands can run as anyway, and never reaches
+	// the host kernel.
+	SetuidElevates bool
 	// OCIVersion overrides the spec's ociVersion: crun 1.8 rejects
 	// anything but 1.0.x ("unknown version specified"), though it
 	// implements every field used here.
@@ -217,7 +223,7 @@ func Build(s *runtime.Spec, o Options) (*specs.Spec, error) {
 				Effective: caps,
 				Permitted: caps,
 			},
-			NoNewPrivileges: true,
+			NoNewPrivileges: !o.SetuidElevates,
 		},
 		Mounts: baseMounts(s, o),
 		Linux: &specs.Linux{

@@ -12,6 +12,10 @@ const { createRequire } = require('module')
 
 const MARK = `\x00cella-cell-end-${process.env.CELLA_CI_MARK || ''}\x00`
 delete process.env.CELLA_CI_MARK
+// The typescript context: each cell's types are stripped by esbuild (no
+// type checking, as in E2B's TypeScript kernel), then it runs as JavaScript.
+const typescript = process.env.CELLA_CI_TYPESCRIPT === '1'
+delete process.env.CELLA_CI_TYPESCRIPT
 const emit = (obj) => fs.writeSync(4, JSON.stringify(obj) + '\n')
 
 // A SIGINT outside a synchronous run (vm's breakOnSigint handles those)
@@ -51,7 +55,18 @@ function errorEvent (e) {
   return { type: 'error', name: 'Error', value: util.inspect(e), traceback: 'Uncaught ' + util.inspect(e) }
 }
 
+function stripTypes (code) {
+  const r = require('child_process').spawnSync('esbuild', ['--loader=ts', '--log-level=error', '--color=false'], { input: code, encoding: 'utf8' })
+  if (r.error) throw r.error
+  if (r.status !== 0) {
+    const msg = String(r.stderr).replace(/^\s*(✘ )?\[ERROR\] /, '').trim()
+    throw Object.assign(new SyntaxError(msg.split('\n')[0]), { stack: 'SyntaxError: ' + msg })
+  }
+  return r.stdout
+}
+
 function compile (code, filename) {
+  if (typescript) code = stripTypes(code)
   try {
     return new vm.Script(code, { filename })
   } catch (e) {
@@ -73,6 +88,7 @@ function compile (code, filename) {
 async function execute (cmd) {
   count++
   const filename = `<cell-${count}>`
+  Object.assign(process.env, cmd.env_base || {}) // the sandbox's env vars, for good
   const saved = {}
   for (const [k, v] of Object.entries(cmd.env_vars || {})) {
     saved[k] = process.env[k]
