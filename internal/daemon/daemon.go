@@ -241,17 +241,17 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	if err := mgr.StartPools(ctx, c.Pools); err != nil { // after Reconcile: pooled sandboxes have no record
 		return nil, fmt.Errorf("warm pools: %w", err)
 	}
+	if c.Cluster.Kubeconfig != "" { // after Reconcile: the first beat counts the adopted sandboxes
+		if err := d.joinCluster(ctx, c.Cluster, mgr, tpls); err != nil {
+			return nil, err
+		}
+	}
 	if d.BuildEngine, err = build.New(build.Config{Sandboxes: mgr, Templates: tpls, Egress: c.buildEgress(d.Ceiling),
 		Timeout: c.Build.Timeout, ReadyTimeout: c.Build.ReadyTimeout, Log: log}); err != nil {
 		return nil, err
 	}
 	d.Builder = ObservedBuilder(d.BuildEngine, d.Metrics)
 
-	if c.Cluster.Kubeconfig != "" { // after Reconcile: the first beat counts the adopted sandboxes
-		if err := d.joinCluster(ctx, c.Cluster, mgr, tpls); err != nil {
-			return nil, err
-		}
-	}
 	stopPrune := pruneAuditLogs(al, mgr, c.AuditRetention, log) // audit.go
 	d.add("audit pruning", func() error { stopPrune(); return nil })
 	accessLog, closeAccessLog, err := openAccessLog(c.AccessLog) // observe.go
