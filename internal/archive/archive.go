@@ -53,8 +53,15 @@ type Manifest struct {
 	Agent string `json:"agent"`
 	// State is the digest of the state object's plaintext.
 	State Digest `json:"state"`
-	// Record is the node's own record of the sandbox (options, tokens).
-	Record json.RawMessage `json:"record"`
+	// Record is the node's own record of the sandbox (options, tokens),
+	// StartedAt and EndAt its columns; AgentConfig the agent's config
+	// for a cold boot and Origin what a sandbox made from a snapshot
+	// stacks on (the sandbox package's files, as they are).
+	Record      json.RawMessage `json:"record"`
+	StartedAt   time.Time       `json:"startedAt"`
+	EndAt       time.Time       `json:"endAt"`
+	AgentConfig []byte          `json:"agentConfig,omitempty"`
+	Origin      []byte          `json:"origin,omitempty"`
 	// Node archived it, at ArchivedAt.
 	Node       string    `json:"node,omitempty"`
 	ArchivedAt time.Time `json:"archivedAt"`

@@ -20,33 +20,44 @@ const AdminKeySecret = "cella-admin-key"
 // node has yet (create is atomic: of nodes starting together, one makes
 // it and the others read it).
 func AdminKey(ctx context.Context, c client.Client, ns string, newKey func() (string, error)) (string, error) {
-	key := types.NamespacedName{Namespace: ns, Name: AdminKeySecret}
+	k, err := sharedSecret(ctx, c, ns, AdminKeySecret, "admin-key", func() ([]byte, error) {
+		k, err := newKey()
+		return []byte(k), err
+	})
+	return string(k), err
+}
+
+// sharedSecret returns data key "key" of Secret name, making it with
+// newValue if no node has yet (create is atomic: of nodes starting
+// together, one makes it and the others read it).
+func sharedSecret(ctx context.Context, c client.Client, ns, name, role string, newValue func() ([]byte, error)) ([]byte, error) {
+	key := types.NamespacedName{Namespace: ns, Name: name}
 	for attempt := 0; attempt < 3; attempt++ {
 		s := &corev1.Secret{}
 		err := c.Get(ctx, key, s)
 		if err == nil {
-			if k := string(s.Data["key"]); k != "" {
+			if k := s.Data["key"]; len(k) > 0 {
 				return k, nil
 			}
-			return "", errdefs.InvalidArgument("secret %s/%s has no data key \"key\"", ns, AdminKeySecret)
+			return nil, errdefs.InvalidArgument("secret %s/%s has no data key \"key\"", ns, name)
 		}
 		if !errdefs.Is(kindOf(err, ""), errdefs.KindNotFound) {
-			return "", kindOf(err, "read secret %s/%s", ns, AdminKeySecret)
+			return nil, kindOf(err, "read secret %s/%s", ns, name)
 		}
-		k, err := newKey()
+		k, err := newValue()
 		if err != nil {
-			return "", err
+			return nil, err
 		}
-		s = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: AdminKeySecret, Labels: map[string]string{LabelRole: "admin-key"}},
-			Type: corev1.SecretTypeOpaque, Data: map[string][]byte{"key": []byte(k)}}
+		s = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{LabelRole: role}},
+			Type: corev1.SecretTypeOpaque, Data: map[string][]byte{"key": k}}
 		err = c.Create(ctx, s)
 		if err == nil {
 			return k, nil
 		}
 		if !errdefs.Is(kindOf(err, ""), errdefs.KindConflict) {
-			return "", kindOf(err, "create secret %s/%s", ns, AdminKeySecret)
+			return nil, kindOf(err, "create secret %s/%s", ns, name)
 		}
 		// Another node made it first: read theirs.
 	}
-	return "", errdefs.Unavailable("secret %s/%s: could not read or create it", ns, AdminKeySecret)
+	return nil, errdefs.Unavailable("secret %s/%s: could not read or create it", ns, name)
 }

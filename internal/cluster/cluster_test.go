@@ -84,7 +84,7 @@ func sandbox(id, node string) *v1alpha1.Sandbox {
 			Team: "team-a", KeyID: "key-1", Template: "base", Node: node,
 			Lifecycle: v1alpha1.SandboxLifecycle{EndAt: &end, AutoPause: true, AutoStop: "15m", AutoArchive: "1h", AutoDelete: "7d"},
 		},
-		Status: v1alpha1.SandboxStatus{Phase: v1alpha1.SandboxRunning, Message: "started", StartedAt: &start},
+		Status: v1alpha1.SandboxStatus{Phase: v1alpha1.SandboxRunning, Message: "started", StartedAt: &start, Archived: true},
 	}
 }
 
@@ -113,7 +113,7 @@ func TestCRDRoundTrip(t *testing.T) {
 	if !reflect.DeepEqual(gotSpec, wantSpec) {
 		t.Errorf("spec came back as\n%+v\nwant\n%+v", gotSpec, wantSpec)
 	}
-	if got.Status.Phase != want.Status.Phase || got.Status.Message != want.Status.Message || !got.Status.StartedAt.Equal(want.Status.StartedAt) {
+	if got.Status.Phase != want.Status.Phase || got.Status.Message != want.Status.Message || got.Status.Archived != want.Status.Archived || !got.Status.StartedAt.Equal(want.Status.StartedAt) {
 		t.Errorf("status came back as %+v, want %+v", got.Status, want.Status)
 	}
 	if got.Labels[cluster.LabelNode] != "node-a" {

@@ -215,11 +215,16 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	d.add("events", evs.Close) // closed after the sandboxes: a shutdown's kills are still queued, not blocked
 
 	d.Metrics = newMetrics(rt.Name(), tpls) // observe.go
+	arch, err := d.openArchive(ctx, c)      // archive.go
+	if err != nil {
+		return nil, err
+	}
 	mgr, err := sandbox.NewManager(sandbox.Config{
 		DataDir: c.DataDir, Runtime: rt, Templates: tpls, Store: st, AgentBinary: c.AgentBinary, Log: log,
 		BuildProgress: c.BuildProgress, Volumes: vols, Lifecycle: c.Lifecycle,
 		AgentAudit: agentAudit{al}, Events: evs, Network: sbNet, SecretValue: sm.Get, MetricsInterval: c.MetricsInterval, Maxima: c.Maxima,
 		Metrics: d.Metrics, KeyLimits: keyLimits(st),
+		Archive: arch, Claim: d.claim(c.Cluster), NodeName: c.Cluster.NodeName,
 	})
 	if err != nil {
 		return nil, err

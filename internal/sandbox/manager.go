@@ -64,6 +64,14 @@ type Config struct {
 	// KeyLimits returns the quota of an API key (quota.go); nil: no key
 	// has one.
 	KeyLimits func(ctx context.Context, keyID string) (KeyQuota, error)
+	// Archive, when set, is where paused sandboxes go so that they outlive
+	// this node (cella serve --archive; remote.go). Claim, when set, takes
+	// a sandbox for this node before its archive is restored or deleted
+	// (a cluster's record moves here; ErrMoved: another node holds it);
+	// NodeName names this node in manifests.
+	Archive  Archive
+	Claim    func(ctx context.Context, id string) error
+	NodeName string
 }
 
 // Validate checks the config.
@@ -129,6 +137,10 @@ type Manager struct {
 	pendingSnaps map[string]bool
 
 	layers *rootfs.Layers // makes the writable layers (blank images in <data>/layers)
+
+	agentSumOnce sync.Once // the agent binary's digest (remote.go)
+	agentSum     string
+	agentSumErr  error
 }
 
 // NewManager makes a manager; call Reconcile before serving.
@@ -186,6 +198,9 @@ type record struct {
 	// Lifecycle state (lifecycle.go): when it was paused, whether archived.
 	PausedAt time.Time `json:"paused_at,omitempty"`
 	Archived bool      `json:"archived,omitempty"`
+	// Remote: objects of the sandbox may be in the archive store
+	// (remote.go), which its kill deletes.
+	Remote bool `json:"remote,omitempty"`
 	// NetSlot is the network slot its container runs in (network.go), so
 	// that a daemon restarting after a crash can adopt it with the sandbox.
 	NetSlot string `json:"net_slot,omitempty"`
@@ -491,9 +506,18 @@ func (m *Manager) persist(ctx context.Context, sb *Sandbox) error {
 	if sb.recordGone {
 		return nil // killed meanwhile: a late write must not bring it back
 	}
+	row, err := m.rowOf(sb)
+	if err != nil {
+		return err
+	}
+	return m.cfg.Store.PutSandbox(ctx, row)
+}
+
+// rowOf is the store's row of sb as it is now, its record included.
+func (m *Manager) rowOf(sb *Sandbox) (store.Sandbox, error) {
 	sb.mu.Lock()
 	rec := record{Options: sb.Options, EnvdAccessToken: sb.EnvdAccessToken,
-		Error: sb.err, PauseMode: sb.pauseMode, PausedAt: sb.lc.pausedAt, Archived: sb.lc.archived}
+		Error: sb.err, PauseMode: sb.pauseMode, PausedAt: sb.lc.pausedAt, Archived: sb.lc.archived, Remote: sb.lc.remote}
 	if t := sb.channelTokens; len(t) > 0 {
 		rec.ChannelToken = t[0]
 		if len(t) > 1 {
@@ -508,10 +532,10 @@ func (m *Manager) persist(ctx context.Context, sb *Sandbox) error {
 	sb.mu.Unlock()
 	b, err := json.Marshal(rec)
 	if err != nil {
-		return err
+		return row, err
 	}
 	row.Record = b
-	return m.cfg.Store.PutSandbox(ctx, row)
+	return row, nil
 }
 
 // persistNew stores the record of a sandbox that has just been made, and
@@ -850,7 +874,8 @@ func (m *Manager) releaseHost(ctx context.Context, sb *Sandbox) {
 		}
 		m.releaseTemplate(sb.Dir)
 	}
-	m.removeArchive(sb) // lifecycle.go
+	m.removeArchive(sb)     // lifecycle.go
+	m.deleteRemote(ctx, sb) // remote.go
 }
 
 // Shutdown stops every running sandbox (SIGTERM of the daemon) and removes

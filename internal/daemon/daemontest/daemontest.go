@@ -119,6 +119,8 @@ type Options struct {
 	AccessLog string
 	// Builder replaces the daemon's build engine (nil: the daemon's own).
 	Builder build.Builder
+	// Archive keeps paused sandboxes in an object store (--archive).
+	Archive daemon.ArchiveConfig
 }
 
 // Start runs a daemon with the given runtime until the test ends.
@@ -139,7 +141,7 @@ func Start(t testing.TB, runtimeName string, o Options) *Env {
 		t.Cleanup(func() {
 			// Runs after the daemon stopped (cleanups run last-in first-out):
 			// whatever is still mounted under its data dir leaked.
-			if left := mountsUnder(dataDir); len(left) > 0 {
+			if left := MountsUnder(dataDir); len(left) > 0 {
 				t.Errorf("the daemon left mounts behind: %v", left)
 			}
 			os.RemoveAll(dataDir)
@@ -153,7 +155,7 @@ func Start(t testing.TB, runtimeName string, o Options) *Env {
 	d, err := daemon.New(context.Background(), daemon.Config{
 		DataDir: dataDir, CacheDir: CacheDir(), Runtime: runtimeName, Domain: "cella.test",
 		RunscPath: runsc, AgentBinary: cella, Log: log, Network: o.Network, MetricsInterval: o.MetricsInterval, Maxima: o.Maxima,
-		Build: o.Build, Builder: o.Builder, AccessLog: o.AccessLog,
+		Build: o.Build, Builder: o.Builder, AccessLog: o.AccessLog, Archive: o.Archive,
 	})
 	if err != nil {
 		t.Fatalf("start daemon: %v", err)
@@ -197,8 +199,8 @@ func (l *testLog) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// mountsUnder lists the mount points at or below dir.
-func mountsUnder(dir string) []string {
+// MountsUnder lists the mount points at or below dir.
+func MountsUnder(dir string) []string {
 	out, _ := rootfs.FindMounts(dir)
 	return out
 }

@@ -1,0 +1,318 @@
+package sandbox
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/archive"
+	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/template"
+	"github.com/cella-sandbox/cella/internal/tenant"
+)
+
+// Sandboxes that outlive their node (cella serve --archive). With an
+// Archive configured, a pause (the API's, auto-pause's, lifecycle's) that
+// leaves no frozen container ends by archiving the sandbox there instead
+// of under <data>/archive: its writable layer and memory checkpoint go up
+// as one sealed stream, then a manifest with everything another node needs
+// to resume it (the record, the agent's config, the template's image, the
+// agent binary's digest), and the local layer and checkpoint are dropped.
+// A resume on this node pulls it back; a resume on a node that never had
+// the sandbox imports it: reads the manifest, checks the caller owns it
+// and that this node can restore it identically (runtime, agent binary,
+// template image), claims it (Config.Claim: the cluster's record moves
+// here) and then resumes as from a local archive. After a resume, and when
+// the sandbox is killed, its objects are deleted.
+
+// Archive is the object store paused sandboxes go to (internal/archive:
+// sealed objects in an S3-compatible bucket).
+type Archive interface {
+	PutState(ctx context.Context, id string, write func(io.Writer) error) (archive.Digest, error)
+	OpenState(ctx context.Context, id string, want archive.Digest, read func(io.Reader) error) error
+	PutManifest(ctx context.Context, m archive.Manifest) error
+	Manifest(ctx context.Context, id string) (archive.Manifest, error)
+	Delete(ctx context.Context, id string) error
+	String() string
+}
+
+// ErrMoved is what Config.Claim returns (wrapped) when another node holds
+// the sandbox now: this node's copy of it is stale and is forgotten.
+var ErrMoved = errors.New("the sandbox has moved to another node")
+
+// agentDigest is the sha256 of the agent binary this daemon runs (what a
+// restored sandbox's memory holds the text of).
+func (m *Manager) agentDigest() (string, error) {
+	m.agentSumOnce.Do(func() {
+		f, err := os.Open(m.cfg.AgentBinary)
+		if err != nil {
+			m.agentSumErr = err
+			return
+		}
+		defer f.Close()
+		h := sha256.New()
+		if _, err := io.Copy(h, f); err != nil {
+			m.agentSumErr = err
+			return
+		}
+		m.agentSum = hex.EncodeToString(h.Sum(nil))
+	})
+	return m.agentSum, m.agentSumErr
+}
+
+// templateImage names the image a template's name stands for: its manifest
+// digest when pulled, else its cache key.
+func templateImage(t *template.Template) string { return cmp.Or(t.Digest, t.Image) }
+
+// archiveRemote uploads a paused sandbox's state and manifest; sb.opMu is
+// held and nothing runs on its layer.
+func (m *Manager) archiveRemote(ctx context.Context, sb *Sandbox, dirs [][2]string, mode string) error {
+	agent, err := m.agentDigest()
+	if err != nil {
+		return fmt.Errorf("digest of the agent binary: %w", err)
+	}
+	tpl, err := m.templateOf(ctx, sb.Dir, sb.TemplateID)
+	if err != nil {
+		return err
+	}
+	sb.mu.Lock()
+	sb.lc.remote = true // from the first byte up, a kill deletes what there is
+	sb.mu.Unlock()
+	if err := m.persist(ctx, sb); err != nil {
+		return err
+	}
+	d, err := m.cfg.Archive.PutState(ctx, sb.ID, func(w io.Writer) error { return writeArchive(w, dirs) })
+	if err != nil {
+		return err
+	}
+	row, err := m.rowOf(sb)
+	if err != nil {
+		return err
+	}
+	man := archive.Manifest{SandboxID: sb.ID, Team: sb.Options.TeamID, KeyID: sb.Options.APIKeyID,
+		Template: sb.TemplateID, TemplateDigest: templateImage(tpl), Runtime: sb.Runtime, PauseMode: mode,
+		Agent: agent, State: d, Record: row.Record, StartedAt: row.StartedAt, EndAt: row.EndAt,
+		Node: m.cfg.NodeName, ArchivedAt: time.Now().UTC()}
+	if man.AgentConfig, err = os.ReadFile(filepath.Join(sb.Dir, savedConfigName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if man.Origin, err = os.ReadFile(filepath.Join(sb.Dir, originFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return m.cfg.Archive.PutManifest(ctx, man)
+}
+
+// checkManifest refuses to restore what this node would not restore
+// identically: another runtime, another agent binary (its text is in the
+// checkpoint's memory, and gVisor checks the mounted file against what it
+// saved), another image under the template's name.
+func (m *Manager) checkManifest(ctx context.Context, man archive.Manifest) (*template.Template, error) {
+	if man.Runtime != m.cfg.Runtime.Name() {
+		return nil, errdefs.FailedPrecondition("sandbox %s was paused by runtime %s; this node runs %s", man.SandboxID, man.Runtime, m.cfg.Runtime.Name())
+	}
+	agent, err := m.agentDigest()
+	if err != nil {
+		return nil, fmt.Errorf("digest of the agent binary: %w", err)
+	}
+	if man.PauseMode == PauseCheckpoint && man.Agent != agent {
+		return nil, errdefs.FailedPrecondition("sandbox %s's memory holds agent binary sha256:%s; this node runs sha256:%s (run the same cella on every node)", man.SandboxID, man.Agent, agent)
+	}
+	tpl, err := m.template(ctx, man.Template)
+	if err != nil {
+		return nil, err
+	}
+	if got := templateImage(tpl); got != man.TemplateDigest {
+		return nil, errdefs.FailedPrecondition("sandbox %s runs on template %s image %s; this node's %s is image %s", man.SandboxID, man.Template, man.TemplateDigest, man.Template, got)
+	}
+	return tpl, nil
+}
+
+// claim takes the sandbox for this node (the cluster's record), if the
+// daemon is in one.
+func (m *Manager) claim(ctx context.Context, id string) error {
+	if m.cfg.Claim == nil {
+		return nil
+	}
+	return m.cfg.Claim(ctx, id)
+}
+
+// unarchiveRemote pulls an archived sandbox's layer and checkpoint back
+// from the store into layer.Upper and ckpt; sb.opMu is held.
+func (m *Manager) unarchiveRemote(ctx context.Context, sb *Sandbox, dests map[string]string) error {
+	man, err := m.cfg.Archive.Manifest(ctx, sb.ID)
+	if err != nil {
+		return err
+	}
+	if man.Team != sb.Options.TeamID {
+		return fmt.Errorf("%w: the manifest of %s names team %s, the sandbox is team %s's", archive.ErrCorrupt, sb.ID, man.Team, sb.Options.TeamID)
+	}
+	if _, err := m.checkManifest(ctx, man); err != nil {
+		return err
+	}
+	return m.cfg.Archive.OpenState(ctx, sb.ID, man.State, func(r io.Reader) error { return extractArchive(r, dests) })
+}
+
+// deleteRemote removes a sandbox's objects from the store, if it may have
+// some. A kill of a sandbox that moved (its claim says so) leaves them to
+// the node that holds it now.
+func (m *Manager) deleteRemote(ctx context.Context, sb *Sandbox) {
+	sb.mu.Lock()
+	remote := sb.lc.remote
+	sb.mu.Unlock()
+	if !remote || m.cfg.Archive == nil {
+		return
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := m.claim(dctx, sb.ID); err != nil {
+		m.log.Warn("archived objects left to the node that holds the sandbox now", "id", sb.ID, "err", err)
+		return
+	}
+	if err := m.cfg.Archive.Delete(dctx, sb.ID); err != nil {
+		m.log.Error("delete archived objects", "id", sb.ID, "archive", m.cfg.Archive.String(), "err", err)
+		return
+	}
+	sb.mu.Lock()
+	sb.lc.remote = false
+	sb.mu.Unlock()
+}
+
+// importArchived makes a sandbox this node never had (or forgot) from its
+// archive, paused and archived, for a resume: p must own it (anything else
+// is the not-found of an unknown sandbox), this node must be able to
+// restore it, and it must be this node's to take (claim).
+func (m *Manager) importArchived(ctx context.Context, p tenant.Principal, id string) (*Sandbox, error) {
+	man, err := m.cfg.Archive.Manifest(ctx, id)
+	if err != nil {
+		if !errdefs.Is(err, errdefs.KindNotFound) {
+			m.log.Warn("archived sandbox refused", "id", id, "err", err)
+		}
+		return nil, notFound(id)
+	}
+	var rec record
+	if err := json.Unmarshal(man.Record, &rec); err != nil {
+		m.log.Warn("archived sandbox refused: unreadable record", "id", id, "err", err)
+		return nil, notFound(id)
+	}
+	owner := tenant.Owner{Team: man.Team, Key: man.KeyID}
+	if rec.Options.TeamID != man.Team || rec.Options.APIKeyID != man.KeyID {
+		m.log.Warn("archived sandbox refused: its record and manifest name different owners", "id", id)
+		return nil, notFound(id)
+	}
+	if !p.Can(owner) {
+		return nil, notFound(id)
+	}
+	if len(rec.Options.Volumes) > 0 {
+		return nil, errdefs.FailedPrecondition("sandbox %s mounts volumes, which stay on node %s: it resumes only there", id, man.Node)
+	}
+	tpl, err := m.checkManifest(ctx, man)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.claim(ctx, id); err != nil {
+		return nil, fmt.Errorf("take sandbox %s for this node: %w", id, err)
+	}
+	dir := filepath.Join(sandboxesDir(m.cfg.DataDir), id)
+	sb := &Sandbox{
+		ID: id, TemplateID: man.Template, Runtime: man.Runtime, Options: rec.Options,
+		StartedAt: man.StartedAt.UTC(), EnvdAccessToken: rec.EnvdAccessToken, channelTokens: rec.tokens(),
+		Dir: dir, state: StatePaused, endAt: man.EndAt.UTC(), pauseMode: man.PauseMode,
+	}
+	rec.Archived, rec.Remote = true, true
+	sb.restoreLifecycle(rec) // lifecycle.go
+	sb.lc.archivePath = m.cfg.Archive.String() + "/sandboxes/" + id
+	m.mu.Lock()
+	if have, ok := m.sandboxes[id]; ok { // a concurrent import won
+		m.mu.Unlock()
+		return have, nil
+	}
+	m.sandboxes[id] = sb
+	m.mu.Unlock()
+	fail := func(err error) (*Sandbox, error) {
+		m.mu.Lock()
+		delete(m.sandboxes, id)
+		m.mu.Unlock()
+		_ = os.RemoveAll(dir)
+		m.releaseTemplate(dir)
+		return nil, fmt.Errorf("import sandbox %s: %w", id, err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return fail(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "bundle"), 0o700); err != nil {
+		return fail(err)
+	}
+	if _, err := m.cfg.Templates.Acquire(dir, tpl); err != nil {
+		return fail(err)
+	}
+	for name, b := range map[string][]byte{savedConfigName: man.AgentConfig, originFile: man.Origin} {
+		if len(b) == 0 {
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			return fail(err)
+		}
+	}
+	if err := m.persistNew(ctx, sb); err != nil {
+		return fail(err)
+	}
+	m.log.Info("sandbox imported from the archive", "id", id, "from_node", man.Node, "archived_at", man.ArchivedAt)
+	return sb, nil
+}
+
+// Forget drops this node's copy of a paused, archived sandbox that another
+// node holds now (ErrMoved): its record, directory and lease go; its
+// archived objects are the other node's and stay.
+func (m *Manager) Forget(ctx context.Context, id string) error {
+	sb, err := m.get(id)
+	if err != nil {
+		return err
+	}
+	sb.opMu.Lock()
+	defer sb.opMu.Unlock()
+	if !m.isTracked(sb) {
+		return nil
+	}
+	sb.mu.Lock()
+	state, archived := sb.state, sb.lc.archived
+	sb.mu.Unlock()
+	if state != StatePaused || !archived {
+		return errdefs.Conflict("sandbox %s is %s (archived: %v): only an archived paused sandbox can be forgotten", id, state, archived)
+	}
+	m.forgetLocked(ctx, sb)
+	return nil
+}
+
+// forgetLocked is Forget's work; sb.opMu is held.
+func (m *Manager) forgetLocked(ctx context.Context, sb *Sandbox) {
+	m.mu.Lock()
+	delete(m.sandboxes, sb.ID)
+	m.mu.Unlock()
+	sb.mu.Lock()
+	sb.lc.remote = false // the objects are the new holder's
+	sb.mu.Unlock()
+	m.cleanup(ctx, sb)
+	m.log.Info("sandbox forgotten: another node holds it now", "id", sb.ID)
+}
+
+// Archived lists the IDs of this node's paused sandboxes whose state is in
+// the archive store (what another node may have taken).
+func (m *Manager) Archived() []string {
+	var ids []string
+	for _, sb := range m.List(tenant.System) {
+		sb.mu.Lock()
+		if sb.state == StatePaused && sb.lc.archived && sb.lc.remote {
+			ids = append(ids, sb.ID)
+		}
+		sb.mu.Unlock()
+	}
+	return ids
+}
