@@ -138,11 +138,49 @@ func sandboxPath(p string) (string, bool) {
 // toSandbox forwards r to the node of sandbox id.
 func (g *Gateway) toSandbox(w http.ResponseWriter, r *http.Request, id string) {
 	node, err := g.nodeOf(r.Context(), id)
+	if errdefs.Is(err, errdefs.KindUnavailable) && isResume(r) {
+		// An archived sandbox outlives its node: any live node resumes it
+		// from the archive (internal/sandbox/remote.go), and its record
+		// moves there.
+		if n, ok := g.resumeElsewhere(r.Context(), id); ok {
+			node, err = n, nil
+		}
+	}
 	if err != nil {
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return
 	}
 	g.forward(w, r, node)
+}
+
+// isResume is E2B's connect or resume of a paused sandbox.
+func isResume(r *http.Request) bool {
+	p := strings.TrimPrefix(r.URL.Path, "/v2")
+	return r.Method == http.MethodPost && (strings.HasSuffix(p, "/connect") || strings.HasSuffix(p, "/resume")) &&
+		strings.Count(p, "/") == 3
+}
+
+// resumeElsewhere picks a live node to resume sandbox id on when its own
+// node is gone and its record says it is archived.
+func (g *Gateway) resumeElsewhere(ctx context.Context, id string) (*url.URL, bool) {
+	sb, err := g.records.Sandbox(ctx, id)
+	if err != nil || !sb.Status.Archived {
+		return nil, false
+	}
+	nodes, err := cluster.Nodes(ctx, g.cfg.Client, g.cfg.Namespace)
+	if err != nil {
+		return nil, false
+	}
+	n, ok := g.pick(nodes)
+	if !ok {
+		return nil, false
+	}
+	u, err := url.Parse(n.Endpoint)
+	if err != nil {
+		return nil, false
+	}
+	g.cfg.Log.Info("gateway: resuming an archived sandbox on another node", "sandbox", id, "from", sb.Spec.Node, "to", n.Name)
+	return u, true
 }
 
 // nodeOf finds the live node holding sandbox id and its endpoint.
