@@ -32,21 +32,21 @@ func ArchiveKey(ctx context.Context, c client.Client, ns string) ([]byte, error)
 	return k, err
 }
 
-// HeldError is a Claim refused because another live node runs the
+// HeldError is a Claim refused because another live node holds the
 // sandbox.
 type HeldError struct{ ID, Node string }
 
 func (e *HeldError) Error() string {
-	return fmt.Sprintf("sandbox %s runs on node %s", e.ID, e.Node)
+	return fmt.Sprintf("sandbox %s is held by node %s, which is live", e.ID, e.Node)
 }
 
 // Claim makes node the holder of sandbox id's record before it restores
 // the sandbox from the archive: spec.node (and its label) move with a
-// resourceVersion-checked update, so of two nodes resuming one archive
-// only one wins; the other reads the record again and finds it held. A
-// sandbox running on a live node is that node's (HeldError); a paused or
-// lost one, or one whose node's Lease lapsed, moves. No record (not
-// synced yet) is nothing to move.
+// resourceVersion-checked update. A sandbox whose holder's Lease is live
+// stays that node's (HeldError), whatever its phase: the holder resumes
+// its own archive, and of two nodes resuming one archive after its holder
+// died, the first update wins and the second then finds a live holder.
+// No record (not synced yet) is nothing to move.
 func (r *Records) Claim(ctx context.Context, id, node string) error {
 	for attempt := 0; ; attempt++ {
 		sb, err := r.Sandbox(ctx, id)
@@ -60,14 +60,12 @@ func (r *Records) Claim(ctx context.Context, id, node string) error {
 		if from == node {
 			return nil
 		}
-		if sb.Status.Phase == v1alpha1.SandboxRunning {
-			live, err := r.nodeLive(ctx, from)
-			if err != nil {
-				return err
-			}
-			if live {
-				return &HeldError{ID: id, Node: from}
-			}
+		live, err := r.nodeLive(ctx, from)
+		if err != nil {
+			return err
+		}
+		if live {
+			return &HeldError{ID: id, Node: from}
 		}
 		sb.Spec.Node = node
 		if sb.Labels == nil {
