@@ -15,6 +15,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/cluster/clustertest"
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
 	"github.com/cella-sandbox/cella/internal/daemon/conformance"
+	"github.com/cella-sandbox/cella/internal/errdefs"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -26,8 +27,9 @@ import (
 // connect through the gateway resumes it on node B — the gateway picks B
 // because A's Lease lapsed, B imports it from the archive and its record's
 // node moves to B — and the counter goes on from where it was, the file
-// is there, every later request goes to B, and a kill leaves the bucket
-// empty.
+// is there, every later request goes to B. Paused again and B killed
+// too, a kill through the gateway goes to a third node, which empties the
+// bucket; the record goes.
 func TestCrossNodeResume(t *testing.T) {
 	cp := clustertest.Start(t)
 	srv := s3test.Start(t)
@@ -143,22 +145,40 @@ func TestCrossNodeResume(t *testing.T) {
 		return rec.Spec.Node == "node-b" && rec.Status.Phase == v1alpha1.SandboxRunning && !rec.Status.Archived, fmt.Sprintf("%+v %+v", rec.Spec, rec.Status)
 	})
 
-	// Paused and killed on node-b: the archive is emptied, the record goes.
+	// Paused on node-b, node-b killed too: a kill through the gateway goes
+	// to node-c, which deletes the archive; the record goes with node-c's
+	// next sync.
 	if err := c.Pause(ctx, id, true); err != nil {
 		t.Fatal(err)
 	}
 	if keys := srv.Keys(t); len(keys) != 2 {
 		t.Fatalf("objects after the second pause: %v", keys)
 	}
+	clustertest.Poll(t, time.Minute, "the record says archived on node-b", func(ctx context.Context) (bool, string) {
+		rec, err := records.Sandbox(ctx, id)
+		if err != nil {
+			return false, err.Error()
+		}
+		return rec.Spec.Node == "node-b" && rec.Status.Archived, fmt.Sprintf("%+v %+v", rec.Spec, rec.Status)
+	})
+	optsC := archived
+	optsC.Name = "node-c"
+	cp.StartNode(t, optsC)
+	nodeB.Kill()
+	waitLive(t, cl, ns, 1)
 	if err := c.Kill(ctx, id); err != nil {
-		t.Fatal(err)
+		t.Fatalf("kill through the gateway of an archived sandbox whose node is dead: %v", err)
 	}
 	if keys := srv.Keys(t); len(keys) != 0 {
 		t.Fatalf("objects left after the kill: %v", keys)
 	}
-	if _, err := os.Stat(filepath.Join(nodeB.DataDir, "sandboxes", id)); !os.IsNotExist(err) {
-		t.Fatalf("node-b kept the killed sandbox's dir: %v", err)
-	}
+	clustertest.Poll(t, time.Minute, "the killed sandbox's record goes", func(ctx context.Context) (bool, string) {
+		rec, err := records.Sandbox(ctx, id)
+		if errdefs.Is(err, errdefs.KindNotFound) {
+			return true, ""
+		}
+		return false, fmt.Sprintf("%+v %+v %v", rec, err, err)
+	})
 }
 
 func waitLive(t *testing.T, c crclient.Client, ns string, want int) {

@@ -138,11 +138,11 @@ func sandboxPath(p string) (string, bool) {
 // toSandbox forwards r to the node of sandbox id.
 func (g *Gateway) toSandbox(w http.ResponseWriter, r *http.Request, id string) {
 	node, err := g.nodeOf(r.Context(), id)
-	if errdefs.Is(err, errdefs.KindUnavailable) && isResume(r) {
+	if errdefs.Is(err, errdefs.KindUnavailable) && (isResume(r) || isKill(r)) {
 		// An archived sandbox outlives its node: any live node resumes it
-		// from the archive (internal/sandbox/remote.go), and its record
-		// moves there.
-		if n, ok := g.resumeElsewhere(r.Context(), id); ok {
+		// from the archive (internal/sandbox/remote.go), or deletes the
+		// archive with a kill, and its record moves there.
+		if n, ok := g.elsewhere(r.Context(), id); ok {
 			node, err = n, nil
 		}
 	}
@@ -160,9 +160,15 @@ func isResume(r *http.Request) bool {
 		strings.Count(p, "/") == 3
 }
 
-// resumeElsewhere picks a live node to resume sandbox id on when its own
+// isKill is DELETE /sandboxes/{id}.
+func isKill(r *http.Request) bool {
+	p := strings.TrimPrefix(r.URL.Path, "/v2")
+	return r.Method == http.MethodDelete && strings.Count(strings.TrimSuffix(p, "/"), "/") == 2
+}
+
+// elsewhere picks a live node to resume or kill sandbox id on when its own
 // node is gone and its record says it is archived.
-func (g *Gateway) resumeElsewhere(ctx context.Context, id string) (*url.URL, bool) {
+func (g *Gateway) elsewhere(ctx context.Context, id string) (*url.URL, bool) {
 	sb, err := g.records.Sandbox(ctx, id)
 	if err != nil || !sb.Status.Archived {
 		return nil, false
@@ -179,7 +185,7 @@ func (g *Gateway) resumeElsewhere(ctx context.Context, id string) (*url.URL, boo
 	if err != nil {
 		return nil, false
 	}
-	g.cfg.Log.Info("gateway: resuming an archived sandbox on another node", "sandbox", id, "from", sb.Spec.Node, "to", n.Name)
+	g.cfg.Log.Info("gateway: an archived sandbox of a gone node goes to another", "sandbox", id, "from", sb.Spec.Node, "to", n.Name)
 	return u, true
 }
 

@@ -745,7 +745,12 @@ func (m *Manager) List(p tenant.Principal) []*Sandbox {
 
 // Kill destroys a sandbox and forgets it.
 func (m *Manager) Kill(ctx context.Context, p tenant.Principal, id string) error {
-	return m.kill(ctx, p, id, metrics.DeathKilled)
+	err := m.kill(ctx, p, id, metrics.DeathKilled)
+	if errdefs.Is(err, errdefs.KindNotFound) && m.cfg.Archive != nil {
+		// Archived by a node that is gone: its objects go (remote.go).
+		return m.killArchived(ctx, p, id)
+	}
+	return err
 }
 
 // kill is Kill counting the end of a running or paused sandbox as cause (a

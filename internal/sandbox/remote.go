@@ -268,6 +268,32 @@ func (m *Manager) importArchived(ctx context.Context, p tenant.Principal, id str
 	return sb, nil
 }
 
+// killArchived kills a sandbox this node does not have but the archive
+// does (its node is gone): the caller's team's only, taken for this node
+// (so a node that comes back forgets it, and the record goes with this
+// node's next sync), its objects deleted.
+func (m *Manager) killArchived(ctx context.Context, p tenant.Principal, id string) error {
+	man, err := m.cfg.Archive.Manifest(ctx, id)
+	if err != nil {
+		if !errdefs.Is(err, errdefs.KindNotFound) {
+			m.log.Warn("archived sandbox refused", "id", id, "err", err)
+		}
+		return notFound(id)
+	}
+	if !p.Can(tenant.Owner{Team: man.Team, Key: man.KeyID}) {
+		return notFound(id)
+	}
+	if err := m.claim(ctx, id); err != nil {
+		return fmt.Errorf("take sandbox %s for this node: %w", id, err)
+	}
+	if err := m.cfg.Archive.Delete(ctx, id); err != nil {
+		return fmt.Errorf("kill archived sandbox %s: %w", id, err)
+	}
+	m.log.Info("archived sandbox killed", "id", id, "from_node", man.Node)
+	m.lifecycleEvent(id, "killed (archived on node %s)", man.Node)
+	return nil
+}
+
 // Forget drops this node's copy of a paused, archived sandbox that another
 // node holds now (ErrMoved): its record, directory and lease go; its
 // archived objects are the other node's and stay.
