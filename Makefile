@@ -97,7 +97,7 @@ cluster-deps:
 # control plane, and the CPU is shared.
 test-cluster: cluster-deps build
 	CELLA_TEST_CLUSTER=1 CELLA_TEST_BIN=$$PWD/$(BIN)/cella CELLA_TEST_RUNSC=$$PWD/$(BIN)/runsc \
-	  $(GO) test -p 1 -count=1 -timeout 20m ./internal/cluster/... ./internal/gateway/... ./internal/archive/...
+	  $(GO) test -p 1 -count=1 -timeout 20m ./internal/cluster/... ./internal/gateway/... ./internal/drain/... ./internal/archive/...
 	CELLA_TEST_CLUSTER=1 CELLA_TEST_BIN=$$PWD/$(BIN)/cella CELLA_TEST_RUNSC=$$PWD/$(BIN)/runsc \
 	  $(GO) test -count=1 -timeout 20m -run TestArchiveS3 ./internal/daemon/conformance/
 

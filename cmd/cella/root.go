@@ -16,6 +16,7 @@ func newRootCmd() *cobra.Command {
 	root.AddCommand(
 		newServeCmd(),
 		newGatewayCmd(), // gateway.go
+		newNodeCmd(),    // node.go
 		newCreateCmd(),
 		newExecCmd(),
 		newRunCmd(),

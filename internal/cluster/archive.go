@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"fmt"
 	"time"
 
@@ -12,7 +13,7 @@ import (
 )
 
 // ArchiveKeySecret is the Secret holding the cluster's archive key (data
-// key "key", 32 random bytes): every node seals and opens the archive
+// key "key", 32 random bytes in base64): every node seals and opens the archive
 // store's objects with it (internal/archive), so a sandbox paused on one
 // node resumes on any other, and the store never sees a memory image in
 // clear.
@@ -21,15 +22,21 @@ const ArchiveKeySecret = "cella-archive-key"
 // ArchiveKey returns the cluster's archive key, making it if no node has
 // yet.
 func ArchiveKey(ctx context.Context, c client.Client, ns string) ([]byte, error) {
-	k, err := sharedSecret(ctx, c, ns, ArchiveKeySecret, "archive-key", func() ([]byte, error) {
+	s, err := sharedSecret(ctx, c, ns, ArchiveKeySecret, "archive-key", func() (string, error) {
 		k := make([]byte, 32)
-		_, err := rand.Read(k)
-		return k, err
+		if _, err := rand.Read(k); err != nil {
+			return "", err
+		}
+		return base64.StdEncoding.EncodeToString(k), nil
 	})
-	if err == nil && len(k) != 32 {
-		return nil, errdefs.InvalidArgument("secret %s/%s: the archive key is %d bytes, want 32", ns, ArchiveKeySecret, len(k))
+	if err != nil {
+		return nil, err
 	}
-	return k, err
+	k, err := base64.StdEncoding.DecodeString(s)
+	if err != nil || len(k) != 32 {
+		return nil, errdefs.InvalidArgument("secret %s/%s: the archive key is not 32 bytes in base64", ns, ArchiveKeySecret)
+	}
+	return k, nil
 }
 
 // HeldError is a Claim refused because another live node holds the
@@ -43,7 +50,8 @@ func (e *HeldError) Error() string {
 // Claim makes node the holder of sandbox id's record before it restores
 // the sandbox from the archive: spec.node (and its label) move with a
 // resourceVersion-checked update. A sandbox whose holder's Lease is live
-// stays that node's (HeldError), whatever its phase: the holder resumes
+// and which is not drained stays that node's (HeldError), whatever its
+// phase: the holder resumes
 // its own archive, and of two nodes resuming one archive after its holder
 // died, the first update wins and the second then finds a live holder.
 // No record (not synced yet) is nothing to move.
@@ -58,6 +66,12 @@ func (r *Records) Claim(ctx context.Context, id, node string) error {
 		}
 		from := sb.Spec.Node
 		if from == node {
+			// A drained node starts nothing, its own archive included: the
+			// sandbox resumes elsewhere (two nodes resuming it would both
+			// run it).
+			if drained, err := r.nodeDrained(ctx, node); err != nil || drained {
+				return cmpErr(err, errdefs.Unavailable("node %s is drained: sandbox %s resumes on another node", node, id))
+			}
 			return nil
 		}
 		live, err := r.nodeLive(ctx, from)
@@ -100,15 +114,36 @@ func (r *Records) Holder(ctx context.Context, id string) (string, error) {
 	return sb.Spec.Node, nil
 }
 
+// nodeLive: name's Lease is live and the node is not drained (a drained
+// node's archived sandboxes resume elsewhere).
 func (r *Records) nodeLive(ctx context.Context, name string) (bool, error) {
+	n, ok, err := r.node(ctx, name)
+	return ok && n.Live && !n.Drained(), err
+}
+
+// nodeDrained: name is marked drained.
+func (r *Records) nodeDrained(ctx context.Context, name string) (bool, error) {
+	n, ok, err := r.node(ctx, name)
+	return ok && n.Drained(), err
+}
+
+func (r *Records) node(ctx context.Context, name string) (NodeInfo, bool, error) {
 	nodes, err := Nodes(ctx, r.c, r.ns)
 	if err != nil {
-		return false, err
+		return NodeInfo{}, false, err
 	}
 	for _, n := range nodes {
 		if n.Name == name {
-			return n.Live, nil
+			return n, true, nil
 		}
 	}
-	return false, nil
+	return NodeInfo{}, false, nil
+}
+
+// cmpErr is err if set, else fallback.
+func cmpErr(err, fallback error) error {
+	if err != nil {
+		return err
+	}
+	return fallback
 }

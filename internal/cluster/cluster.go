@@ -39,8 +39,9 @@ func Scheme() (*runtime.Scheme, error) {
 	return s, nil
 }
 
-// RESTConfig reads where the API server is: a kubeconfig file, or
-// InCluster for the pod's service account.
+// RESTConfig reads where the API server is: a kubeconfig file, InCluster
+// for the pod's service account, or "" for kubectl's default ($KUBECONFIG,
+// then ~/.kube/config).
 func RESTConfig(kubeconfig string) (*rest.Config, error) {
 	if kubeconfig == InCluster {
 		c, err := rest.InClusterConfig()
@@ -49,8 +50,9 @@ func RESTConfig(kubeconfig string) (*rest.Config, error) {
 		}
 		return c, nil
 	}
-	c, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
-		&clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig}, nil).ClientConfig()
+	rules := clientcmd.NewDefaultClientConfigLoadingRules() // "": $KUBECONFIG, then ~/.kube/config
+	rules.ExplicitPath = kubeconfig
+	c, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
 	}

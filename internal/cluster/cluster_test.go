@@ -400,4 +400,19 @@ func TestClaim(t *testing.T) {
 	if list, err := r.Sandboxes(ctx, got.Spec.Node); err != nil || len(list) != 1 {
 		t.Fatalf("the new holder's label-selected list: %v, %v", list, err)
 	}
+	// The holder drained (cella node drain): it no longer resumes it
+	// itself, and another live node takes it.
+	winner, other := got.Spec.Node, map[string]string{"node-b": "node-c", "node-c": "node-b"}[got.Spec.Node]
+	if err := cluster.SetDrain(ctx, c, ns, winner, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Claim(ctx, "moving1", winner); !errdefs.Is(err, errdefs.KindUnavailable) {
+		t.Fatalf("a drained holder's own claim: %v, want unavailable", err)
+	}
+	if err := r.Claim(ctx, "moving1", other); err != nil {
+		t.Fatalf("claim from a drained holder: %v", err)
+	}
+	if got, err := r.Sandbox(ctx, "moving1"); err != nil || got.Spec.Node != other {
+		t.Fatalf("after the claim from a drained holder: %+v, %v", got, err)
+	}
 }

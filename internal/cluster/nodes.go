@@ -23,6 +23,9 @@ type NodeInfo struct {
 	RenewedAt time.Time
 	Duration  time.Duration
 	Live      bool
+	// DrainedAt is when `cella node drain` marked the node (zero: not
+	// drained); a drained node gets no new sandboxes.
+	DrainedAt time.Time
 	Capacity  Capacity
 	// CapacityErr is set when the capacity annotation did not parse.
 	CapacityErr string
@@ -57,10 +60,31 @@ func nodeInfo(l *coordinationv1.Lease, now time.Time) NodeInfo {
 	if l.Spec.LeaseDurationSeconds != nil {
 		n.Duration = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
 	}
+	if v, ok := l.Annotations[AnnotationDrain]; ok {
+		n.DrainedAt, _ = time.Parse(time.RFC3339, v)
+		if n.DrainedAt.IsZero() { // marked by hand with another value: drained all the same
+			n.DrainedAt = time.Unix(0, 0)
+		}
+	}
 	if err := json.Unmarshal([]byte(l.Annotations[AnnotationCapacity]), &n.Capacity); err != nil {
 		n.CapacityErr = err.Error()
 	}
 	return n
+}
+
+// Drained reports whether the node is marked drained.
+func (n NodeInfo) Drained() bool { return !n.DrainedAt.IsZero() }
+
+// State is the node's state in a word: live, drained (live, placing
+// nothing), or lapsed (its Lease was not renewed in time).
+func (n NodeInfo) State() string {
+	switch {
+	case !n.Live:
+		return "lapsed"
+	case n.Drained():
+		return "drained"
+	}
+	return "live"
 }
 
 // leaseLive reports whether l was renewed within its duration of now.

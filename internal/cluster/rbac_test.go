@@ -12,6 +12,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/store"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -75,6 +76,14 @@ func TestRBAC(t *testing.T) {
 	if key, err = cluster.AdminKey(ctx, node, ns, func() (string, error) { return "k-2", nil }); err != nil || key != "k-1" {
 		t.Fatalf("admin key again: %q %v (want the first node's k-1)", key, err)
 	}
+	gwKey, err := cluster.GatewayKey(ctx, node, ns, true)
+	if err != nil || len(gwKey) < 32 {
+		t.Fatalf("gateway key as cella-node: %q %v", gwKey, err)
+	}
+	alice, aliceKey, err := cluster.NewKeys(node, ns).CreateAPIKey(ctx, store.NewKey{Name: "alice", Team: "alpha"})
+	if err != nil {
+		t.Fatalf("create an API key as cella-node: %v", err)
+	}
 	recs := cluster.NewRecords(node, ns)
 	obs := []cluster.Observed{{ID: "rbac1", Team: "t", Template: "base", Phase: v1alpha1.SandboxRunning}}
 	if err := recs.SyncNode(ctx, "rbac-node", obs); err != nil {
@@ -94,6 +103,15 @@ func TestRBAC(t *testing.T) {
 	}
 	if err := cluster.NewRecords(gw, ns).CreateSandbox(ctx, &v1alpha1.Sandbox{}); !errdefs.Is(err, errdefs.KindForbidden) {
 		t.Errorf("cella-gateway created a sandbox record: %v", err)
+	}
+	if k, err := cluster.NewKeys(gw, ns).LookupAPIKey(ctx, aliceKey); err != nil || k.ID != alice.ID || k.TeamID != "alpha" {
+		t.Errorf("authenticate a key as cella-gateway: %+v %v", k, err)
+	}
+	if k, err := cluster.GatewayKey(ctx, gw, ns, false); err != nil || string(k) != string(gwKey) {
+		t.Errorf("gateway key as cella-gateway: %v", err)
+	}
+	if _, _, err := cluster.NewKeys(gw, ns).CreateAPIKey(ctx, store.NewKey{Name: "mallory"}); !errdefs.Is(err, errdefs.KindForbidden) {
+		t.Errorf("cella-gateway created an API key: %v", err)
 	}
 	for _, name := range []string{cluster.AdminKeySecret, "unrelated"} {
 		if err := gw.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &corev1.Secret{}); !errdefs.Is(cluster.KindOf(err), errdefs.KindForbidden) {

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/api"
 	"github.com/cella-sandbox/cella/internal/cluster"
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
 	"github.com/cella-sandbox/cella/internal/errdefs"
@@ -77,15 +78,36 @@ func clusterClient(c ClusterConfig) (client.Client, error) {
 	return cl, nil
 }
 
-// clusterAdminKey is the admin key every node of the cluster shares.
-func clusterAdminKey(ctx context.Context, cl client.Client, c ClusterConfig) (string, error) {
+// apiKeys are the keys the API serves: the node's store, or on a cluster
+// node the cluster's.
+type apiKeys = api.Keys
+
+// clusterKeys are a cluster node's keys: the cluster's, in a Kubernetes
+// Secret, with the owners of gone sandboxes from the node's own store.
+type clusterKeys struct {
+	*cluster.Keys
+	st *store.Store
+}
+
+func (k clusterKeys) SandboxOwner(ctx context.Context, id string) (team, key string, err error) {
+	return k.st.SandboxOwner(ctx, id)
+}
+
+// clusterAuth is what a node authenticates with: the admin key every node
+// of the cluster shares, the cluster's keys, and the key of the gateways'
+// assertions (each made by the first node to join).
+func clusterAuth(ctx context.Context, cl client.Client, c ClusterConfig, st *store.Store) (string, apiKeys, []byte, error) {
 	kctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	k, err := cluster.AdminKey(kctx, cl, c.Namespace, store.NewKeySecret)
+	admin, err := cluster.AdminKey(kctx, cl, c.Namespace, store.NewKeySecret)
 	if err != nil {
-		return "", fmt.Errorf("the cluster's admin key: %w", err)
+		return "", nil, nil, fmt.Errorf("the cluster's admin key: %w", err)
 	}
-	return k, nil
+	gw, err := cluster.GatewayKey(kctx, cl, c.Namespace, true)
+	if err != nil {
+		return "", nil, nil, fmt.Errorf("the cluster's gateway key: %w", err)
+	}
+	return admin, clusterKeys{cluster.NewKeys(cl, c.Namespace), st}, gw, nil
 }
 
 // joinCluster takes the node's Lease and keeps renewing it, with the

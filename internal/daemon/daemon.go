@@ -118,11 +118,13 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	d.Store = st
 	d.add("store", st.Close)
 	var clusterKey string
+	var keys apiKeys = st // a cluster node's keys are the cluster's (cluster.go)
+	var gatewayKey []byte
 	if c.Cluster.Kubeconfig != "" {
 		if d.cluster, err = clusterClient(c.Cluster); err != nil {
 			return nil, err
 		}
-		if clusterKey, err = clusterAdminKey(ctx, d.cluster, c.Cluster); err != nil {
+		if clusterKey, keys, gatewayKey, err = clusterAuth(ctx, d.cluster, c.Cluster, st); err != nil {
 			return nil, err
 		}
 	}
@@ -223,7 +225,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		DataDir: c.DataDir, Runtime: rt, Templates: tpls, Store: st, AgentBinary: c.AgentBinary, Log: log,
 		BuildProgress: c.BuildProgress, Volumes: vols, Lifecycle: c.Lifecycle,
 		AgentAudit: agentAudit{al}, Events: evs, Network: sbNet, SecretValue: sm.Get, MetricsInterval: c.MetricsInterval, Maxima: c.Maxima,
-		Metrics: d.Metrics, KeyLimits: keyLimits(st),
+		Metrics: d.Metrics, KeyLimits: keyLimits(keys),
 		Archive: arch, Claim: d.claim(c.Cluster), NodeName: c.Cluster.NodeName,
 	})
 	if err != nil {
@@ -274,7 +276,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	}
 	d.Builds = bsvc
 	d.add("template builds", func() error { bsvc.Close(); return nil })
-	srv := api.New(api.Config{Manager: mgr, Pools: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
+	srv := api.New(api.Config{Manager: mgr, Pools: mgr, Store: keys, GatewayKey: gatewayKey, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
 		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts,
 		Metrics: d.Metrics, AccessLog: accessLog, Builds: bsvc, Events: evs})
 	d.Handler = srv

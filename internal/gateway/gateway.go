@@ -31,6 +31,8 @@ import (
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
 	"github.com/cella-sandbox/cella/internal/edge"
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/gatewayauth"
+	"github.com/cella-sandbox/cella/internal/tenant"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -47,7 +49,11 @@ type Config struct {
 type Gateway struct {
 	cfg     Config
 	records *cluster.Records
+	keys    *cluster.Keys
+	akey    assertionKey
 	proxy   *httputil.ReverseProxy
+	// client asks the nodes for their part of a list (list.go).
+	client *http.Client
 
 	mu sync.Mutex
 	// placed are the creates this gateway forwarded, by sandbox ID, until
@@ -60,8 +66,9 @@ type Gateway struct {
 }
 
 type placement struct {
-	node string
-	at   time.Time
+	node  string
+	owner tenant.Owner
+	at    time.Time
 }
 
 type pendingCount struct {
@@ -74,8 +81,9 @@ func New(cfg Config) *Gateway {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	g := &Gateway{cfg: cfg, records: cluster.NewRecords(cfg.Client, cfg.Namespace),
-		placed: map[string]placement{}, pending: map[string]pendingCount{}}
+	g := &Gateway{cfg: cfg, records: cluster.NewRecords(cfg.Client, cfg.Namespace), keys: cluster.NewKeys(cfg.Client, cfg.Namespace),
+		placed: map[string]placement{}, pending: map[string]pendingCount{},
+		client: &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			node := pr.In.Context().Value(nodeKey{}).(*url.URL)
@@ -84,6 +92,7 @@ func New(cfg Config) *Gateway {
 			// the client sent it.
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
+			g.sign(pr.In, pr.Out) // auth.go
 		},
 		FlushInterval: -1, // streams (envd's Connect streams, logs) flow as they come
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -98,6 +107,7 @@ type nodeKey struct{}
 
 // ServeHTTP routes one request.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	gatewayauth.Strip(r.Header) // only this gateway asserts who asks
 	if t, ok, err := edge.TargetOf(r, g.cfg.Domain); ok {
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest) // as the node's edge answers
@@ -106,11 +116,24 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.toSandbox(w, r, t.ID)
 		return
 	}
-	switch {
-	case r.URL.Path == "/health":
+	if r.URL.Path == "/health" {
 		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	p, err := g.authenticate(r) // auth.go
+	if err != nil {
+		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
+		return
+	}
+	r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
+	switch {
 	case r.Method == http.MethodPost && (r.URL.Path == "/sandboxes" || r.URL.Path == "/v2/sandboxes"):
 		g.create(w, r)
+	case r.Method == http.MethodGet && (r.URL.Path == "/sandboxes" || r.URL.Path == "/v2/sandboxes"):
+		g.list(w, r) // list.go
+	case r.URL.Path == "/keys" || strings.HasPrefix(r.URL.Path, "/keys/"):
+		// The cluster's keys are in the Kubernetes API: any node serves them.
+		g.toAnyNode(w, r)
 	default:
 		if id, ok := sandboxPath(r.URL.Path); ok {
 			g.toSandbox(w, r, id)
@@ -135,13 +158,35 @@ func sandboxPath(p string) (string, bool) {
 	return id, true
 }
 
+// visible says whether what the gateway knows of a sandbox owned by o may
+// be told to the caller (sandbox traffic, which carries no key, is
+// answered by the node's edge, which checks the sandbox's own tokens).
+func visible(ctx context.Context, o tenant.Owner) bool {
+	p, ok := caller(ctx)
+	return !ok || p.Can(o)
+}
+
+// toAnyNode forwards r to a live node (for what every node serves alike).
+func (g *Gateway) toAnyNode(w http.ResponseWriter, r *http.Request) {
+	nodes, err := cluster.Nodes(r.Context(), g.cfg.Client, g.cfg.Namespace)
+	if err != nil {
+		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
+		return
+	}
+	for _, n := range nodes {
+		if u, err := url.Parse(n.Endpoint); err == nil && n.Live && n.Endpoint != "" {
+			g.forward(w, r, u)
+			return
+		}
+	}
+	writeError(w, http.StatusServiceUnavailable, "no live node (%d nodes known, none renewing its lease)", len(nodes))
+}
+
 // toSandbox forwards r to the node of sandbox id.
 func (g *Gateway) toSandbox(w http.ResponseWriter, r *http.Request, id string) {
 	node, err := g.nodeOf(r.Context(), id)
-	if errdefs.Is(err, errdefs.KindUnavailable) && (isResume(r) || isKill(r)) {
-		// An archived sandbox outlives its node: any live node resumes it
-		// from the archive (internal/sandbox/remote.go), or deletes the
-		// archive with a kill, and its record moves there.
+	if (err == nil || errdefs.Is(err, errdefs.KindUnavailable)) && (isResume(r) || isKill(r)) {
+		// An archived sandbox outlives its node (archive.go).
 		if n, ok := g.elsewhere(r.Context(), id); ok {
 			node, err = n, nil
 		}
@@ -153,48 +198,15 @@ func (g *Gateway) toSandbox(w http.ResponseWriter, r *http.Request, id string) {
 	g.forward(w, r, node)
 }
 
-// isResume is E2B's connect or resume of a paused sandbox.
-func isResume(r *http.Request) bool {
-	p := strings.TrimPrefix(r.URL.Path, "/v2")
-	return r.Method == http.MethodPost && (strings.HasSuffix(p, "/connect") || strings.HasSuffix(p, "/resume")) &&
-		strings.Count(p, "/") == 3
-}
-
-// isKill is DELETE /sandboxes/{id}.
-func isKill(r *http.Request) bool {
-	p := strings.TrimPrefix(r.URL.Path, "/v2")
-	return r.Method == http.MethodDelete && strings.Count(strings.TrimSuffix(p, "/"), "/") == 2
-}
-
-// elsewhere picks a live node to resume or kill sandbox id on when its own
-// node is gone and its record says it is archived.
-func (g *Gateway) elsewhere(ctx context.Context, id string) (*url.URL, bool) {
-	sb, err := g.records.Sandbox(ctx, id)
-	if err != nil || !sb.Status.Archived {
-		return nil, false
-	}
-	nodes, err := cluster.Nodes(ctx, g.cfg.Client, g.cfg.Namespace)
-	if err != nil {
-		return nil, false
-	}
-	n, ok := g.pick(nodes)
-	if !ok {
-		return nil, false
-	}
-	u, err := url.Parse(n.Endpoint)
-	if err != nil {
-		return nil, false
-	}
-	g.cfg.Log.Info("gateway: an archived sandbox of a gone node goes to another", "sandbox", id, "from", sb.Spec.Node, "to", n.Name)
-	return u, true
-}
-
 // nodeOf finds the live node holding sandbox id and its endpoint.
 func (g *Gateway) nodeOf(ctx context.Context, id string) (*url.URL, error) {
 	name := ""
 	sb, err := g.records.Sandbox(ctx, id)
 	switch {
 	case err == nil:
+		if !visible(ctx, tenant.Owner{Team: sb.Spec.Team}) {
+			return nil, errdefs.NotFound("sandbox %q not found", id)
+		}
 		if sb.Status.Phase == v1alpha1.SandboxLost {
 			return nil, errdefs.Unavailable("sandbox %s is lost: %s", id, sb.Status.Message)
 		}
@@ -203,8 +215,8 @@ func (g *Gateway) nodeOf(ctx context.Context, id string) (*url.URL, error) {
 		g.mu.Lock()
 		p, ok := g.placed[id]
 		g.mu.Unlock()
-		if !ok {
-			return nil, errdefs.NotFound("sandbox %s not found", id)
+		if !ok || !visible(ctx, p.owner) {
+			return nil, errdefs.NotFound("sandbox %q not found", id)
 		}
 		name = p.node
 	default:
@@ -219,7 +231,7 @@ func (g *Gateway) nodeOf(ctx context.Context, id string) (*url.URL, error) {
 			continue
 		}
 		if !n.Live {
-			reason := fmt.Sprintf("node %s stopped renewing its lease at %s", name, n.RenewedAt.UTC().Format(time.RFC3339))
+			reason := deadReason(n)
 			// Every sandbox of the node is reported lost, not only this one
 			// (resourceVersion-checked: a node that comes back records its
 			// sandboxes' real phases again).
@@ -243,7 +255,7 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	}
 	n, ok := g.pick(nodes)
 	if !ok {
-		writeError(w, http.StatusServiceUnavailable, "no live node to place the sandbox on (%d nodes known, none renewing its lease)", len(nodes))
+		writeError(w, http.StatusServiceUnavailable, "no live node to place the sandbox on (%d nodes known, none renewing its lease and not drained)", len(nodes))
 		return
 	}
 	u, err := url.Parse(n.Endpoint)
@@ -264,7 +276,8 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g.mu.Lock()
-	g.placed[created.SandboxID] = placement{node: n.Name, at: time.Now()}
+	p, _ := caller(r.Context())
+	g.placed[created.SandboxID] = placement{node: n.Name, owner: p.Owner(), at: time.Now()}
 	g.prunePlacedLocked()
 	g.mu.Unlock()
 	g.cfg.Log.Info("gateway: placed", "sandbox", created.SandboxID, "node", n.Name)
@@ -290,7 +303,7 @@ func (g *Gateway) pick(nodes []cluster.NodeInfo) (cluster.NodeInfo, bool) {
 	defer g.mu.Unlock()
 	var live []cluster.NodeInfo
 	for _, n := range nodes {
-		if n.Live && n.Endpoint != "" && n.CapacityErr == "" && n.Capacity.MemoryTotalBytes > 0 {
+		if n.Live && !n.Drained() && n.Endpoint != "" && n.CapacityErr == "" && n.Capacity.MemoryTotalBytes > 0 {
 			live = append(live, n)
 		}
 	}

@@ -132,6 +132,12 @@ func TestGateway(t *testing.T) {
 		code, body := get(t, gw.URL+"/sandboxes/"+sb2.SandboxID, key)
 		return code == http.StatusServiceUnavailable && strings.Contains(body, victim.Name), fmt.Sprintf("%d %s", code, body)
 	})
+	// What the gateway knows of a lost sandbox is its owner's: another
+	// team's key is told it does not exist.
+	stranger := newKey(t, gw.URL, key, "other", "other-team")
+	if code, body := get(t, gw.URL+"/sandboxes/"+sb2.SandboxID, stranger); code != http.StatusNotFound {
+		t.Errorf("another team reads the lost sandbox: %d %s, want 404", code, body)
+	}
 	clustertest.Poll(t, 2*time.Minute, "its record says Lost", func(ctx context.Context) (bool, string) {
 		r, err := records.Sandbox(ctx, sb2.SandboxID)
 		if err != nil {

@@ -274,7 +274,9 @@ func start(bins Binaries) (c *ControlPlane, err error) {
 		"--authorization-mode=RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--service-account-key-file="+pki("sa.pub"), "--service-account-signing-key-file="+pki("sa.key"),
-		"--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=false",
+		// privileged pods allowed, as kubeadm and managed clusters do: the
+		// node DaemonSet needs them (TestManifests).
+		"--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
 		// Without it the apiserver refuses a loopback advertise address.
 		"--endpoint-reconciler-type=none",
 		"--cert-dir="+filepath.Join(dir, "apiserver-certs"))
