@@ -15,6 +15,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/cluster/clustertest"
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
 	"github.com/cella-sandbox/cella/internal/daemon/conformance"
+	"github.com/cella-sandbox/cella/internal/drain"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -27,9 +28,11 @@ import (
 // connect through the gateway resumes it on node B — the gateway picks B
 // because A's Lease lapsed, B imports it from the archive and its record's
 // node moves to B — and the counter goes on from where it was, the file
-// is there, every later request goes to B. Paused again and B killed
-// too, a kill through the gateway goes to a third node, which empties the
-// bucket; the record goes.
+// is there, every later request goes to B. Node B drained (cella node
+// drain) pauses it into the archive and its next connect resumes it on
+// node C; B forgets its copy. Paused on C and C killed, a kill through the
+// gateway goes to B (undrained), which empties the bucket; the record
+// goes.
 func TestCrossNodeResume(t *testing.T) {
 	cp := clustertest.Start(t)
 	srv := s3test.Start(t)
@@ -145,14 +148,17 @@ func TestCrossNodeResume(t *testing.T) {
 		return rec.Spec.Node == "node-b" && rec.Status.Phase == v1alpha1.SandboxRunning && !rec.Status.Archived, fmt.Sprintf("%+v %+v", rec.Spec, rec.Status)
 	})
 
-	// Paused on node-b, node-b killed too: a kill through the gateway goes
-	// to node-c, which deletes the archive; the record goes with node-c's
-	// next sync.
-	if err := c.Pause(ctx, id, true); err != nil {
-		t.Fatal(err)
-	}
-	if keys := srv.Keys(t); len(keys) != 2 {
-		t.Fatalf("objects after the second pause: %v", keys)
+	// Node-b drained (cella node drain): its running sandbox is paused
+	// into the archive, and its next connect resumes it on node-c; node-b
+	// forgets its copy.
+	optsC := archived
+	optsC.Name = "node-c"
+	nodeC := cp.StartNode(t, optsC)
+	waitLive(t, cl, ns, 2)
+	n = conformance.WaitCountAbove(t, sb, n)
+	res, err := drain.Drain(ctx, drain.Config{Kube: cl, Namespace: ns, Node: "node-b"})
+	if err != nil || len(res) != 1 || res[0].Err != nil {
+		t.Fatalf("drain node-b: %+v %v", res, err)
 	}
 	clustertest.Poll(t, time.Minute, "the record says archived on node-b", func(ctx context.Context) (bool, string) {
 		rec, err := records.Sandbox(ctx, id)
@@ -161,11 +167,55 @@ func TestCrossNodeResume(t *testing.T) {
 		}
 		return rec.Spec.Node == "node-b" && rec.Status.Archived, fmt.Sprintf("%+v %+v", rec.Spec, rec.Status)
 	})
-	optsC := archived
-	optsC.Name = "node-c"
-	cp.StartNode(t, optsC)
-	nodeB.Kill()
-	waitLive(t, cl, ns, 1)
+	if _, err := c.Connect(ctx, id); err != nil {
+		t.Fatalf("connect through the gateway once node-b is drained: %v\nnode-c log:\n%s", err, tailOf(nodeC.Log, 3000))
+	}
+	sb, err = c.Sandbox(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conformance.WaitCountAbove(t, sb, n)
+	if rec, err := records.Sandbox(ctx, id); err != nil || rec.Spec.Node != "node-c" {
+		t.Fatalf("after the drain the record is %+v, %v; want it on node-c", rec, err)
+	}
+	clustertest.Poll(t, time.Minute, "node-b forgets its copy", func(ctx context.Context) (bool, string) {
+		_, err := os.Stat(filepath.Join(nodeB.DataDir, "sandboxes", id))
+		return os.IsNotExist(err), fmt.Sprint(err)
+	})
+
+	// Paused on node-c, node-c killed: a kill through the gateway goes to
+	// node-b once it is undrained, which deletes the archive; the record
+	// goes with node-b's next sync.
+	if err := c.Pause(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+	if keys := srv.Keys(t); len(keys) != 2 {
+		t.Fatalf("objects after the pause on node-c: %v", keys)
+	}
+	clustertest.Poll(t, time.Minute, "the record says archived on node-c", func(ctx context.Context) (bool, string) {
+		rec, err := records.Sandbox(ctx, id)
+		if err != nil {
+			return false, err.Error()
+		}
+		return rec.Spec.Node == "node-c" && rec.Status.Archived, fmt.Sprintf("%+v %+v", rec.Spec, rec.Status)
+	})
+	nodeC.Kill()
+	if err := drain.Undrain(ctx, cl, ns, "node-b"); err != nil {
+		t.Fatal(err)
+	}
+	clustertest.Poll(t, time.Minute, "node-c lapsed, node-b placing again", func(ctx context.Context) (bool, string) {
+		nodes, err := cluster.Nodes(ctx, cl, ns)
+		if err != nil {
+			return false, err.Error()
+		}
+		ok := 0
+		for _, n := range nodes {
+			if (n.Name == "node-c" && !n.Live) || (n.Name == "node-b" && n.Live && !n.Drained()) {
+				ok++
+			}
+		}
+		return ok == 2, fmt.Sprintf("%+v", nodes)
+	})
 	if err := c.Kill(ctx, id); err != nil {
 		t.Fatalf("kill through the gateway of an archived sandbox whose node is dead: %v", err)
 	}
@@ -177,7 +227,7 @@ func TestCrossNodeResume(t *testing.T) {
 		if errdefs.Is(err, errdefs.KindNotFound) {
 			return true, ""
 		}
-		return false, fmt.Sprintf("%+v %+v %v", rec, err, err)
+		return false, fmt.Sprintf("%+v %v", rec, err)
 	})
 }
 

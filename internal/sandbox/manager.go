@@ -851,14 +851,21 @@ func (m *Manager) releaseHost(ctx context.Context, sb *Sandbox) {
 	conn, ln := sb.conn, sb.listener
 	sb.setConnLocked(nil)
 	sb.listener = nil
+	archived := sb.lc.archived
 	sb.mu.Unlock()
 	if conn != nil {
 		conn.Close()
 	}
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	if err := retryShortOfFDs(func() error { return m.cfg.Runtime.Destroy(dctx, sb.ID) }); err != nil { // fdretry.go
-		m.log.Error("destroy container", "id", sb.ID, "err", err)
+	// An archived sandbox has no container (Archive drops a frozen one),
+	// and what its ID names on this host may be another daemon's: the
+	// daemon it moved to (remote.go), whose container has the same ID and
+	// so the same cgroups, which Destroy removes with what is in them.
+	if !archived {
+		if err := retryShortOfFDs(func() error { return m.cfg.Runtime.Destroy(dctx, sb.ID) }); err != nil { // fdretry.go
+			m.log.Error("destroy container", "id", sb.ID, "err", err)
+		}
 	}
 	if ln != nil {
 		ln.Close()
