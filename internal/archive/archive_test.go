@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/cella-sandbox/cella/internal/archive"
 	"github.com/cella-sandbox/cella/internal/archive/s3test"
 	"github.com/cella-sandbox/cella/internal/errdefs"
@@ -148,7 +147,7 @@ func TestS3Archive(t *testing.T) {
 			t.Fatalf("object %q outside the prefix", k)
 		}
 	}
-	raw := get(t, srv, "cluster-a/sandboxes/sbxa/state")
+	raw := srv.Object(t, "cluster-a/sandboxes/sbxa/state")
 	if bytes.Contains(raw, state[:64]) {
 		t.Fatal("the stored state holds plaintext")
 	}
@@ -176,12 +175,12 @@ func TestS3Archive(t *testing.T) {
 	if err := a.PutManifest(ctx, archive.Manifest{SandboxID: "sbxb", Team: "t2"}); err != nil {
 		t.Fatal(err)
 	}
-	put(t, srv, "cluster-a/sandboxes/sbxa/manifest", get(t, srv, "cluster-a/sandboxes/sbxb/manifest"))
+	srv.Put(t, "cluster-a/sandboxes/sbxa/manifest", srv.Object(t, "cluster-a/sandboxes/sbxb/manifest"))
 	if _, err := a.Manifest(ctx, "sbxa"); !errors.Is(err, archive.ErrCorrupt) {
 		t.Fatalf("a foreign manifest: %v, want ErrCorrupt", err)
 	}
 	// A state cut short.
-	put(t, srv, "cluster-a/sandboxes/sbxa/state", raw[:len(raw)-100])
+	srv.Put(t, "cluster-a/sandboxes/sbxa/state", raw[:len(raw)-100])
 	if err := a.OpenState(ctx, "sbxa", d, func(r io.Reader) error { _, err := io.Copy(io.Discard, r); return err }); !errors.Is(err, archive.ErrCorrupt) {
 		t.Fatalf("a cut state: %v, want ErrCorrupt", err)
 	}
@@ -200,26 +199,5 @@ func TestS3Archive(t *testing.T) {
 	}
 	if keys := srv.Keys(t); len(keys) != 0 {
 		t.Fatalf("objects left after Delete: %v", keys)
-	}
-}
-
-func get(t *testing.T, srv *s3test.Server, k string) []byte {
-	t.Helper()
-	out, err := srv.Client().GetObject(context.Background(), &s3.GetObjectInput{Bucket: &srv.Bucket, Key: &k})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Body.Close()
-	b, err := io.ReadAll(out.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-func put(t *testing.T, srv *s3test.Server, k string, b []byte) {
-	t.Helper()
-	if _, err := srv.Client().PutObject(context.Background(), &s3.PutObjectInput{Bucket: &srv.Bucket, Key: &k, Body: bytes.NewReader(b)}); err != nil {
-		t.Fatal(err)
 	}
 }

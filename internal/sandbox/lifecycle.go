@@ -234,16 +234,26 @@ func (m *Manager) archiveFile(sb *Sandbox) string {
 // resume boots it cold). Resume unpacks the archive again. Archiving a
 // running sandbox is a Conflict.
 func (m *Manager) Archive(ctx context.Context, id string) error {
-	sb, err := m.get(id)
+	sb, unlock, err := m.opLocked(id)
 	if err != nil {
 		return err
 	}
-	sb.opMu.Lock()
-	defer sb.opMu.Unlock()
-	if !m.isTracked(sb) {
-		return errdefs.NotFound("sandbox %q not found", id)
-	}
+	defer unlock()
 	return m.archiveLocked(ctx, sb)
+}
+
+// opLocked finds a tracked sandbox (whoever owns it) and takes its opMu,
+// which unlock releases; one killed meanwhile is not found.
+func (m *Manager) opLocked(id string) (sb *Sandbox, unlock func(), err error) {
+	if sb, err = m.get(id); err != nil {
+		return nil, nil, err
+	}
+	sb.opMu.Lock()
+	if !m.isTracked(sb) {
+		sb.opMu.Unlock()
+		return nil, nil, errdefs.NotFound("sandbox %q not found", id)
+	}
+	return sb, sb.opMu.Unlock, nil
 }
 
 // archiveLocked is Archive's work; sb.opMu is held.

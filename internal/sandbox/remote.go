@@ -190,24 +190,17 @@ func (m *Manager) deleteRemote(ctx context.Context, sb *Sandbox) {
 // is the not-found of an unknown sandbox), this node must be able to
 // restore it, and it must be this node's to take (claim).
 func (m *Manager) importArchived(ctx context.Context, p tenant.Principal, id string) (*Sandbox, error) {
-	man, err := m.cfg.Archive.Manifest(ctx, id)
+	man, err := m.archivedFor(ctx, p, id)
 	if err != nil {
-		if !errdefs.Is(err, errdefs.KindNotFound) {
-			m.log.Warn("archived sandbox refused", "id", id, "err", err)
-		}
-		return nil, notFound(id)
+		return nil, err
 	}
 	var rec record
 	if err := json.Unmarshal(man.Record, &rec); err != nil {
 		m.log.Warn("archived sandbox refused: unreadable record", "id", id, "err", err)
 		return nil, notFound(id)
 	}
-	owner := tenant.Owner{Team: man.Team, Key: man.KeyID}
 	if rec.Options.TeamID != man.Team || rec.Options.APIKeyID != man.KeyID {
 		m.log.Warn("archived sandbox refused: its record and manifest name different owners", "id", id)
-		return nil, notFound(id)
-	}
-	if !p.Can(owner) {
 		return nil, notFound(id)
 	}
 	if len(rec.Options.Volumes) > 0 {
@@ -268,20 +261,30 @@ func (m *Manager) importArchived(ctx context.Context, p tenant.Principal, id str
 	return sb, nil
 }
 
-// killArchived kills a sandbox this node does not have but the archive
-// does (its node is gone): the caller's team's only, taken for this node
-// (so a node that comes back forgets it, and the record goes with this
-// node's next sync), its objects deleted.
-func (m *Manager) killArchived(ctx context.Context, p tenant.Principal, id string) error {
+// archivedFor reads sandbox id's manifest for p: a missing, unreadable or
+// foreign one is the not-found of an unknown sandbox (the reason logged).
+func (m *Manager) archivedFor(ctx context.Context, p tenant.Principal, id string) (archive.Manifest, error) {
 	man, err := m.cfg.Archive.Manifest(ctx, id)
 	if err != nil {
 		if !errdefs.Is(err, errdefs.KindNotFound) {
 			m.log.Warn("archived sandbox refused", "id", id, "err", err)
 		}
-		return notFound(id)
+		return man, notFound(id)
 	}
 	if !p.Can(tenant.Owner{Team: man.Team, Key: man.KeyID}) {
-		return notFound(id)
+		return man, notFound(id)
+	}
+	return man, nil
+}
+
+// killArchived kills a sandbox this node does not have but the archive
+// does (its node is gone): the caller's team's only, taken for this node
+// (so a node that comes back forgets it, and the record goes with this
+// node's next sync), its objects deleted.
+func (m *Manager) killArchived(ctx context.Context, p tenant.Principal, id string) error {
+	man, err := m.archivedFor(ctx, p, id)
+	if err != nil {
+		return err
 	}
 	if err := m.claim(ctx, id); err != nil {
 		return fmt.Errorf("take sandbox %s for this node: %w", id, err)
@@ -298,15 +301,11 @@ func (m *Manager) killArchived(ctx context.Context, p tenant.Principal, id strin
 // node holds now (ErrMoved): its record, directory and lease go; its
 // archived objects are the other node's and stay.
 func (m *Manager) Forget(ctx context.Context, id string) error {
-	sb, err := m.get(id)
+	sb, unlock, err := m.opLocked(id)
 	if err != nil {
 		return err
 	}
-	sb.opMu.Lock()
-	defer sb.opMu.Unlock()
-	if !m.isTracked(sb) {
-		return nil
-	}
+	defer unlock()
 	sb.mu.Lock()
 	state, archived := sb.state, sb.lc.archived
 	sb.mu.Unlock()

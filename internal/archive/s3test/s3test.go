@@ -9,10 +9,12 @@
 package s3test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -173,6 +175,29 @@ func (s *Server) Keys(t testing.TB) []string {
 		}
 	}
 	return keys
+}
+
+// Object reads the object at key k, raw (as stored).
+func (s *Server) Object(t testing.TB, k string) []byte {
+	t.Helper()
+	out, err := s.Client().GetObject(context.Background(), &s3.GetObjectInput{Bucket: &s.Bucket, Key: &k})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Body.Close()
+	b, err := io.ReadAll(out.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Put stores b at key k, raw (what an attacker with the bucket could do).
+func (s *Server) Put(t testing.TB, k string, b []byte) {
+	t.Helper()
+	if _, err := s.Client().PutObject(context.Background(), &s3.PutObjectInput{Bucket: &s.Bucket, Key: &k, Body: bytes.NewReader(b)}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func token(n int) string {

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/cella-sandbox/cella/internal/archive"
 	"github.com/cella-sandbox/cella/internal/archive/s3test"
 	"github.com/cella-sandbox/cella/internal/client"
@@ -47,8 +46,8 @@ func TestArchiveS3(t *testing.T) {
 	n := waitCountAbove(t, sb, 3)
 
 	pauseArchived(t, a, srv, sb.ID)
-	state := object(t, srv, "nodes/sandboxes/"+sb.ID+"/state")
-	manifest := object(t, srv, "nodes/sandboxes/"+sb.ID+"/manifest")
+	state := srv.Object(t, "nodes/sandboxes/"+sb.ID+"/state")
+	manifest := srv.Object(t, "nodes/sandboxes/"+sb.ID+"/manifest")
 	if bytes.Contains(state, []byte(secret)) || bytes.Contains(manifest, []byte(secret)) {
 		t.Fatal("an archived object holds the sandbox's environment in clear")
 	}
@@ -66,9 +65,11 @@ func TestArchiveS3(t *testing.T) {
 	}
 
 	// Resume here: pulled back, the counter goes on.
+	start := time.Now()
 	if _, err := a.Client.Connect(ctx, sb.ID); err != nil {
 		t.Fatalf("resume from the archive: %v", err)
 	}
+	t.Logf("resume from the archive on the same daemon: %v", time.Since(start).Round(time.Millisecond))
 	n = waitCountAbove(t, sb, n)
 	if out := mustOK(t, sb, "cat /home/user/kept && sha256sum -c /home/user/big.sum"); out != "kept\n/home/user/big: OK\n" {
 		t.Fatalf("files after the resume: %q", out)
@@ -80,8 +81,8 @@ func TestArchiveS3(t *testing.T) {
 	// Another node: a daemon on a new data dir, the same archive key (a
 	// standalone daemon's is its master key's; a cluster's is a Secret).
 	pauseArchived(t, a, srv, sb.ID)
-	state = object(t, srv, "nodes/sandboxes/"+sb.ID+"/state")
-	manifest = object(t, srv, "nodes/sandboxes/"+sb.ID+"/manifest")
+	state = srv.Object(t, "nodes/sandboxes/"+sb.ID+"/state")
+	manifest = srv.Object(t, "nodes/sandboxes/"+sb.ID+"/manifest")
 	bdir := tempDataDir(t)
 	master, err := os.ReadFile(filepath.Join(a.DataDir, "master.key"))
 	if err != nil {
@@ -111,7 +112,7 @@ func TestArchiveS3(t *testing.T) {
 	}
 
 	// A flipped bit in the state: refused, the sandbox stays paused.
-	putObject(t, srv, "nodes/sandboxes/"+sb.ID+"/state", flipByte(state, len(state)/2))
+	srv.Put(t, "nodes/sandboxes/"+sb.ID+"/state", flipByte(state, len(state)/2))
 	if _, err := b.Client.Connect(ctx, sb.ID); err == nil {
 		t.Fatal("resumed from a tampered state")
 	}
@@ -140,11 +141,13 @@ func TestArchiveS3(t *testing.T) {
 	checkNoLayer(t, bsb)
 
 	// The real objects back: the second node resumes it, memory and files.
-	putObject(t, srv, "nodes/sandboxes/"+sb.ID+"/state", state)
-	putObject(t, srv, "nodes/sandboxes/"+sb.ID+"/manifest", manifest)
+	srv.Put(t, "nodes/sandboxes/"+sb.ID+"/state", state)
+	srv.Put(t, "nodes/sandboxes/"+sb.ID+"/manifest", manifest)
+	start = time.Now()
 	if _, err := b.Client.Connect(ctx, sb.ID); err != nil {
 		t.Fatalf("resume on the second node: %v", err)
 	}
+	t.Logf("resume from the archive on a daemon that never had it (import): %v", time.Since(start).Round(time.Millisecond))
 	bconn, err := b.Client.Sandbox(ctx, sb.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -206,27 +209,6 @@ func checkNoLayer(t *testing.T, dir string) {
 	}
 	if left := daemontest.MountsUnder(dir); len(left) > 0 {
 		t.Fatalf("mounts left under %s: %v", dir, left)
-	}
-}
-
-func object(t *testing.T, srv *s3test.Server, k string) []byte {
-	t.Helper()
-	out, err := srv.Client().GetObject(context.Background(), &s3.GetObjectInput{Bucket: &srv.Bucket, Key: &k})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Body.Close()
-	b, err := io.ReadAll(out.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-func putObject(t *testing.T, srv *s3test.Server, k string, b []byte) {
-	t.Helper()
-	if _, err := srv.Client().PutObject(context.Background(), &s3.PutObjectInput{Bucket: &srv.Bucket, Key: &k, Body: bytes.NewReader(b)}); err != nil {
-		t.Fatal(err)
 	}
 }
 
