@@ -39,6 +39,18 @@ func ArchiveKey(ctx context.Context, c client.Client, ns string) ([]byte, error)
 	return k, nil
 }
 
+// EgressCASecret holds the cluster's egress CA (data key "key": the
+// certificate's PEM, then its private key's): every node's proxy signs
+// with it, so a sandbox that moves between nodes (its trust store in its
+// writable layer) trusts the proxy of whichever node runs it.
+const EgressCASecret = "cella-egress-ca"
+
+// EgressCA returns the cluster's egress CA as PEM, made by gen (the first
+// node's own CA) if no node has yet.
+func EgressCA(ctx context.Context, c client.Client, ns string, gen func() (string, error)) (string, error) {
+	return sharedSecret(ctx, c, ns, EgressCASecret, "egress-ca", gen)
+}
+
 // HeldError is a Claim refused because another live node holds the
 // sandbox.
 type HeldError struct{ ID, Node string }

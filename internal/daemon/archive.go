@@ -1,20 +1,26 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"crypto/hkdf"
 	"crypto/sha256"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
+	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/archive"
 	"github.com/cella-sandbox/cella/internal/cluster"
+	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 	"github.com/cella-sandbox/cella/internal/secrets"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // ArchiveConfig keeps paused sandboxes in an S3-compatible object store
@@ -91,6 +97,72 @@ func StandaloneArchiveKey(dataDir string) ([]byte, error) {
 		return nil, err
 	}
 	return hkdf.Key(sha256.New, master, nil, "cella archive key", archive.KeySize)
+}
+
+// clusterEgressCA makes this node's egress CA (<data>/egress-ca, what
+// newNetwork loads) the cluster's: a sandbox's trust store is in its
+// writable layer, which moves with it, so every node's proxy must sign
+// with the CA the sandbox trusts. The first node shares its own.
+func clusterEgressCA(ctx context.Context, cl client.Client, c Config, log *slog.Logger) error {
+	dir := filepath.Join(c.DataDir, "egress-ca")
+	certPath, keyPath := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca-key.pem")
+	local := func() (string, error) {
+		if _, err := egress.LoadOrCreateCA(dir); err != nil {
+			return "", err
+		}
+		cert, err := os.ReadFile(certPath)
+		if err != nil {
+			return "", err
+		}
+		key, err := os.ReadFile(keyPath)
+		return string(cert) + string(key), err
+	}
+	kctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	shared, err := cluster.EgressCA(kctx, cl, c.Cluster.Namespace, local)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("the cluster's egress CA: %w", err)
+	}
+	var cert, key []byte
+	for rest := []byte(shared); ; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			break
+		}
+		if b.Type == "CERTIFICATE" {
+			cert = append(cert, pem.EncodeToMemory(b)...)
+		} else {
+			key = append(key, pem.EncodeToMemory(b)...)
+		}
+	}
+	if len(cert) == 0 || len(key) == 0 {
+		return fmt.Errorf("the cluster's egress CA (secret %s/%s) holds no certificate and key", c.Cluster.Namespace, cluster.EgressCASecret)
+	}
+	if have, err := os.ReadFile(certPath); err == nil && bytes.Equal(have, cert) {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	log.Info("cluster: the egress CA is the cluster's", "secret", cluster.EgressCASecret)
+	for _, f := range []struct {
+		path string
+		b    []byte
+	}{{keyPath, key}, {certPath, cert}} {
+		if err := writeFileAtomic(f.path, f.b); err != nil {
+			return fmt.Errorf("the cluster's egress CA: %w", err)
+		}
+	}
+	return nil
+}
+
+// writeFileAtomic writes b to path (0600) through a temporary file.
+func writeFileAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // claim is the manager's Claim on a cluster node: the sandbox's record

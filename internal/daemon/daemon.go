@@ -202,6 +202,11 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("read recorded network slots: %w", err)
 		}
+		if d.cluster != nil {
+			if err := clusterEgressCA(ctx, d.cluster, c, log); err != nil { // archive.go
+				return nil, err
+			}
+		}
 		n, closeNet, err := newNetwork(c, log, al, sm, d.selfUpstream, &d.egressCounts, adoptable)
 		if err != nil {
 			return nil, err

@@ -134,6 +134,18 @@ func TestCrossNodeResume(t *testing.T) {
 	if res, err := sb.Exec(ctx, "cat /home/user/kept", client.ExecOptions{Timeout: time.Minute}); err != nil || res.Stdout != "moved-with-it\n" {
 		t.Fatalf("the file after the move: %+v %v", res, err)
 	}
+	// The sandbox's trust store (in its layer, made on node-a) names the
+	// CA node-b's egress proxy signs with: the cluster's.
+	caB, err := os.ReadFile(filepath.Join(nodeB.DataDir, "egress-ca", "ca.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if caA, err := os.ReadFile(filepath.Join(nodeA.DataDir, "egress-ca", "ca.pem")); err != nil || string(caA) != string(caB) {
+		t.Fatalf("node-a and node-b sign egress with different CAs (%v)", err)
+	}
+	if res, err := sb.Exec(ctx, "cat /etc/cella/egress-ca.pem", client.ExecOptions{Timeout: time.Minute}); err != nil || res.Stdout != string(caB) {
+		t.Fatalf("the moved sandbox trusts another CA than node-b's proxy: %+v %v", res, err)
+	}
 	if keys := srv.Keys(t); len(keys) != 0 {
 		t.Fatalf("objects left once the sandbox runs on node-b: %v", keys)
 	}
