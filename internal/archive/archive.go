@@ -2,7 +2,9 @@
 // (`cella serve --archive s3://BUCKET/PREFIX`), so that they outlive their
 // node: any node of the cluster with the archive's key can bring one back.
 //
-// A sandbox is two objects under sandboxes/<id>/: "state", its writable
+// The agent binaries sandboxes were archived with are kept once each under
+// agents/<sha256> (content-addressed, never deleted: a handful of
+// versions). A sandbox is two objects under sandboxes/<id>/: "state", its writable
 // layer and memory checkpoint as one tar.gz (the sandbox package's
 // format), and "manifest", what a node needs to resume it (owner,
 // template and its digest, runtime, agent binary digest, the state's
@@ -224,6 +226,55 @@ func (a *Archive) Manifest(ctx context.Context, id string) (Manifest, error) {
 		return m, fmt.Errorf("%w: the manifest under %s is sandbox %q's", ErrCorrupt, id, m.SandboxID)
 	}
 	return m, nil
+}
+
+var validDigest = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// PutAgent uploads an agent binary (the text a checkpoint's memory holds)
+// under agents/<sha256>, sealed: content-addressed, so every sandbox
+// archived with one binary shares one object, and a node that runs
+// another can restore them with this one.
+func (a *Archive) PutAgent(ctx context.Context, digest string, r io.Reader) error {
+	if !validDigest.MatchString(digest) {
+		return errdefs.InvalidArgument("agent digest %q: want 64 hex digits", digest)
+	}
+	name := "agents/" + digest
+	return a.put(ctx, name, func(w io.Writer) error {
+		h := sha256.New()
+		if _, err := io.Copy(io.MultiWriter(w, h), r); err != nil {
+			return err
+		}
+		if got := hex.EncodeToString(h.Sum(nil)); got != digest {
+			return fmt.Errorf("agent binary is sha256 %s, not %s", got, digest)
+		}
+		return nil
+	})
+}
+
+// GetAgent writes the agent binary of digest to w and checks it is that
+// binary: an error leaves w's content unusable.
+func (a *Archive) GetAgent(ctx context.Context, digest string, w io.Writer) error {
+	if !validDigest.MatchString(digest) {
+		return errdefs.InvalidArgument("agent digest %q: want 64 hex digits", digest)
+	}
+	name := "agents/" + digest
+	rc, err := a.b.Get(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	r, err := Open(rc, a.key, name)
+	if err != nil {
+		return err
+	}
+	h := sha256.New()
+	if _, err := io.Copy(io.MultiWriter(w, h), r); err != nil {
+		return fmt.Errorf("archived agent %s: %w", digest, err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != digest {
+		return fmt.Errorf("%w: archived agent %s is sha256 %s", ErrCorrupt, digest, got)
+	}
+	return nil
 }
 
 // Delete removes sandbox id's objects, the manifest first (so a half-done

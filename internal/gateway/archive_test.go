@@ -96,7 +96,7 @@ func TestCrossNodeResume(t *testing.T) {
 		}
 		return rec.Spec.Node == "node-a" && rec.Status.Phase == v1alpha1.SandboxPaused && rec.Status.Archived, fmt.Sprintf("%+v %+v", rec.Spec, rec.Status)
 	})
-	if keys := srv.Keys(t); len(keys) != 2 {
+	if keys := srv.Keys(t, "/agents/"); len(keys) != 2 {
 		t.Fatalf("objects in the archive after the pause: %v", keys)
 	}
 
@@ -146,7 +146,7 @@ func TestCrossNodeResume(t *testing.T) {
 	if res, err := sb.Exec(ctx, "cat /etc/cella/egress-ca.pem", client.ExecOptions{Timeout: time.Minute}); err != nil || res.Stdout != string(caB) {
 		t.Fatalf("the moved sandbox trusts another CA than node-b's proxy: %+v %v", res, err)
 	}
-	if keys := srv.Keys(t); len(keys) != 0 {
+	if keys := srv.Keys(t, "/agents/"); len(keys) != 0 {
 		t.Fatalf("objects left once the sandbox runs on node-b: %v", keys)
 	}
 	if _, err := os.Stat(filepath.Join(nodeB.DataDir, "sandboxes", id)); err != nil {
@@ -201,7 +201,7 @@ func TestCrossNodeResume(t *testing.T) {
 	if err := c.Pause(ctx, id, true); err != nil {
 		t.Fatal(err)
 	}
-	if keys := srv.Keys(t); len(keys) != 2 {
+	if keys := srv.Keys(t, "/agents/"); len(keys) != 2 {
 		t.Fatalf("objects after the pause on node-c: %v", keys)
 	}
 	clustertest.Poll(t, time.Minute, "the record says archived on node-c", func(ctx context.Context) (bool, string) {
@@ -231,7 +231,7 @@ func TestCrossNodeResume(t *testing.T) {
 	if err := c.Kill(ctx, id); err != nil {
 		t.Fatalf("kill through the gateway of an archived sandbox whose node is dead: %v", err)
 	}
-	if keys := srv.Keys(t); len(keys) != 0 {
+	if keys := srv.Keys(t, "/agents/"); len(keys) != 0 {
 		t.Fatalf("objects left after the kill: %v", keys)
 	}
 	clustertest.Poll(t, time.Minute, "the killed sandbox's record goes", func(ctx context.Context) (bool, string) {

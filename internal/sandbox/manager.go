@@ -141,6 +141,10 @@ type Manager struct {
 	agentSumOnce sync.Once // the agent binary's digest (remote.go)
 	agentSum     string
 	agentSumErr  error
+	// agentUpMu guards agentUp (the daemon's agent binary is in the
+	// archive store) and the carried agents' files (remote.go).
+	agentUpMu sync.Mutex
+	agentUp   bool
 }
 
 // NewManager makes a manager; call Reconcile before serving.
@@ -199,8 +203,11 @@ type record struct {
 	PausedAt time.Time `json:"paused_at,omitempty"`
 	Archived bool      `json:"archived,omitempty"`
 	// Remote: objects of the sandbox may be in the archive store
-	// (remote.go), which its kill deletes.
-	Remote bool `json:"remote,omitempty"`
+	// (remote.go), which its kill deletes. Agent is the sha256 of the
+	// agent binary it runs when not the daemon's (carried from another
+	// node with its memory).
+	Remote bool   `json:"remote,omitempty"`
+	Agent  string `json:"agent,omitempty"`
 	// NetSlot is the network slot its container runs in (network.go), so
 	// that a daemon restarting after a crash can adopt it with the sandbox.
 	NetSlot string `json:"net_slot,omitempty"`
@@ -432,7 +439,7 @@ func (m *Manager) spec(sb *Sandbox) runtime.Spec {
 		ID:          sb.ID,
 		BundleDir:   filepath.Join(sb.Dir, "bundle"),
 		RootFS:      sb.layer.Root,
-		AgentBinary: m.cfg.AgentBinary,
+		AgentBinary: m.agentPath(sb), // remote.go
 		Args:        []string{runtime.AgentGuestPath, "agent"},
 		Env:         []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 		RunDir:      runDir(sb),
@@ -517,7 +524,7 @@ func (m *Manager) persist(ctx context.Context, sb *Sandbox) error {
 func (m *Manager) rowOf(sb *Sandbox) (store.Sandbox, error) {
 	sb.mu.Lock()
 	rec := record{Options: sb.Options, EnvdAccessToken: sb.EnvdAccessToken,
-		Error: sb.err, PauseMode: sb.pauseMode, PausedAt: sb.lc.pausedAt, Archived: sb.lc.archived, Remote: sb.lc.remote}
+		Error: sb.err, PauseMode: sb.pauseMode, PausedAt: sb.lc.pausedAt, Archived: sb.lc.archived, Remote: sb.lc.remote, Agent: sb.agent}
 	if t := sb.channelTokens; len(t) > 0 {
 		rec.ChannelToken = t[0]
 		if len(t) > 1 {
@@ -888,6 +895,7 @@ func (m *Manager) releaseHost(ctx context.Context, sb *Sandbox) {
 	}
 	m.removeArchive(sb)     // lifecycle.go
 	m.deleteRemote(ctx, sb) // remote.go
+	m.releaseAgent(sb)      // remote.go
 }
 
 // Shutdown stops every running sandbox (SIGTERM of the daemon) and removes

@@ -82,7 +82,7 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 			ID: row.ID, TemplateID: row.TemplateID, Runtime: row.Runtime, Options: rec.Options,
 			StartedAt: row.StartedAt.UTC(), EnvdAccessToken: rec.EnvdAccessToken, channelTokens: rec.tokens(),
 			Dir: filepath.Join(sandboxesDir(m.cfg.DataDir), row.ID), state: row.State, endAt: row.EndAt.UTC(), err: rec.Error,
-			pauseMode: rec.PauseMode,
+			pauseMode: rec.PauseMode, agent: rec.Agent,
 		}
 		sb.restoreLifecycle(rec) // lifecycle.go
 		recs = append(recs, found{row, rec, sb})

@@ -41,6 +41,8 @@ type Archive interface {
 	PutManifest(ctx context.Context, m archive.Manifest) error
 	Manifest(ctx context.Context, id string) (archive.Manifest, error)
 	Delete(ctx context.Context, id string) error
+	PutAgent(ctx context.Context, digest string, r io.Reader) error
+	GetAgent(ctx context.Context, digest string, w io.Writer) error
 	String() string
 }
 
@@ -75,9 +77,9 @@ func templateImage(t *template.Template) string { return cmp.Or(t.Digest, t.Imag
 // archiveRemote uploads a paused sandbox's state and manifest; sb.opMu is
 // held and nothing runs on its layer.
 func (m *Manager) archiveRemote(ctx context.Context, sb *Sandbox, dirs [][2]string, mode string) error {
-	agent, err := m.agentDigest()
+	agent, err := m.sandboxAgent(ctx, sb)
 	if err != nil {
-		return fmt.Errorf("digest of the agent binary: %w", err)
+		return err
 	}
 	tpl, err := m.templateOf(ctx, sb.Dir, sb.TemplateID)
 	if err != nil {
@@ -110,20 +112,134 @@ func (m *Manager) archiveRemote(ctx context.Context, sb *Sandbox, dirs [][2]stri
 	return m.cfg.Archive.PutManifest(ctx, man)
 }
 
+// sandboxAgent is the digest of the agent binary sb's memory holds, which
+// is in the archive store once it returns: the daemon's own (uploaded once
+// per process), or the one it was imported with (which came from there).
+func (m *Manager) sandboxAgent(ctx context.Context, sb *Sandbox) (string, error) {
+	sb.mu.Lock()
+	carried := sb.agent
+	sb.mu.Unlock()
+	if carried != "" {
+		return carried, nil
+	}
+	own, err := m.agentDigest()
+	if err != nil {
+		return "", fmt.Errorf("digest of the agent binary: %w", err)
+	}
+	m.agentUpMu.Lock()
+	defer m.agentUpMu.Unlock()
+	if m.agentUp {
+		return own, nil
+	}
+	f, err := os.Open(m.cfg.AgentBinary)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	if err := m.cfg.Archive.PutAgent(ctx, own, f); err != nil {
+		return "", fmt.Errorf("upload the agent binary: %w", err)
+	}
+	m.agentUp = true
+	return own, nil
+}
+
+// agentPath is the host file bound at the sandbox's agent path: the
+// daemon's agent, or the one its memory was saved with (carriedAgent).
+func (m *Manager) agentPath(sb *Sandbox) string {
+	sb.mu.Lock()
+	digest := sb.agent
+	sb.mu.Unlock()
+	return m.agentFile(digest)
+}
+
+// agentFile is where the agent binary of digest is ("": the daemon's).
+func (m *Manager) agentFile(digest string) string {
+	if digest == "" {
+		return m.cfg.AgentBinary
+	}
+	return filepath.Join(filepath.Dir(m.cfg.AgentBinary), "sha256-"+digest)
+}
+
+// carryAgent makes the agent binary of digest available to sb (its memory
+// image holds that binary's text: gVisor restores the process with it and
+// checks the mounted file is the one it saved): nothing to do for the
+// daemon's own, else it is pulled from the archive store next to the
+// daemon's (the agent tmpfs) unless a sandbox pulled it already.
+func (m *Manager) carryAgent(ctx context.Context, sb *Sandbox, digest string) error {
+	own, err := m.agentDigest()
+	if err != nil {
+		return fmt.Errorf("digest of the agent binary: %w", err)
+	}
+	if digest == own {
+		digest = ""
+	}
+	sb.mu.Lock()
+	sb.agent = digest
+	sb.mu.Unlock()
+	if digest == "" {
+		return nil
+	}
+	m.agentUpMu.Lock()
+	defer m.agentUpMu.Unlock()
+	dst := m.agentFile(digest)
+	if _, err := os.Stat(dst); err == nil {
+		return nil
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(dst), ".pull-")
+	if err != nil {
+		return fmt.Errorf("carry agent sha256:%s: %w", digest, err)
+	}
+	defer os.Remove(tmp.Name())
+	err = m.cfg.Archive.GetAgent(ctx, digest, tmp)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp.Name(), 0o755)
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), dst)
+	}
+	if err != nil {
+		return fmt.Errorf("carry agent sha256:%s: %w", digest, err)
+	}
+	m.log.Info("agent binary carried from the archive", "id", sb.ID, "agent", digest)
+	return nil
+}
+
+// releaseAgent removes a carried agent binary no tracked sandbox runs
+// any more (sb is going).
+func (m *Manager) releaseAgent(sb *Sandbox) {
+	sb.mu.Lock()
+	digest := sb.agent
+	sb.mu.Unlock()
+	if digest == "" {
+		return
+	}
+	m.agentUpMu.Lock()
+	defer m.agentUpMu.Unlock()
+	for _, other := range m.List(tenant.System) {
+		if other == sb {
+			continue
+		}
+		other.mu.Lock()
+		used := other.agent == digest
+		other.mu.Unlock()
+		if used {
+			return
+		}
+	}
+	if err := os.Remove(m.agentFile(digest)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		m.log.Warn("remove carried agent binary", "agent", digest, "err", err)
+	}
+}
+
 // checkManifest refuses to restore what this node would not restore
-// identically: another runtime, another agent binary (its text is in the
-// checkpoint's memory, and gVisor checks the mounted file against what it
-// saved), another image under the template's name.
+// identically: another runtime, another image under the template's name.
+// (Another agent binary is carried: carryAgent.)
 func (m *Manager) checkManifest(ctx context.Context, man archive.Manifest) (*template.Template, error) {
 	if man.Runtime != m.cfg.Runtime.Name() {
 		return nil, errdefs.FailedPrecondition("sandbox %s was paused by runtime %s; this node runs %s", man.SandboxID, man.Runtime, m.cfg.Runtime.Name())
-	}
-	agent, err := m.agentDigest()
-	if err != nil {
-		return nil, fmt.Errorf("digest of the agent binary: %w", err)
-	}
-	if man.PauseMode == PauseCheckpoint && man.Agent != agent {
-		return nil, errdefs.FailedPrecondition("sandbox %s's memory holds agent binary sha256:%s; this node runs sha256:%s (run the same cella on every node)", man.SandboxID, man.Agent, agent)
 	}
 	tpl, err := m.template(ctx, man.Template)
 	if err != nil {
@@ -155,6 +271,13 @@ func (m *Manager) unarchiveRemote(ctx context.Context, sb *Sandbox, dests map[st
 		return fmt.Errorf("%w: the manifest of %s names team %s, the sandbox is team %s's", archive.ErrCorrupt, sb.ID, man.Team, sb.Options.TeamID)
 	}
 	if _, err := m.checkManifest(ctx, man); err != nil {
+		return err
+	}
+	agent := man.Agent
+	if man.PauseMode != PauseCheckpoint {
+		agent = "" // a cold boot starts this node's agent
+	}
+	if err := m.carryAgent(ctx, sb, agent); err != nil {
 		return err
 	}
 	return m.cfg.Archive.OpenState(ctx, sb.ID, man.State, func(r io.Reader) error { return extractArchive(r, dests) })

@@ -75,6 +75,10 @@ type Sandbox struct {
 
 	follow agentFollow // position in the agent's audit feed (agentaudit.go)
 	net    *sandboxNet // its network slot while it runs (network.go); guarded by mu
+	// agent is the sha256 of the agent binary it runs when not the
+	// daemon's (carried with its memory from another node: remote.go);
+	// guarded by mu.
+	agent string
 
 	metrics metricsRing // resource samples (metrics.go); has its own mu
 }

@@ -158,8 +158,9 @@ func (s *Server) Client() *s3.Client {
 		Credentials: credentials.NewStaticCredentialsProvider(s.Access, s.Secret, "")})
 }
 
-// Keys lists every object key in the test's bucket.
-func (s *Server) Keys(t testing.TB) []string {
+// Keys lists the object keys in the test's bucket, but those holding any
+// of skip.
+func (s *Server) Keys(t testing.TB, skip ...string) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -170,7 +171,13 @@ func (s *Server) Keys(t testing.TB) []string {
 		if err != nil {
 			t.Fatalf("list %s: %v", s.Bucket, err)
 		}
+	next:
 		for _, o := range out.Contents {
+			for _, sk := range skip {
+				if strings.Contains(*o.Key, sk) {
+					continue next
+				}
+			}
 			keys = append(keys, *o.Key)
 		}
 	}

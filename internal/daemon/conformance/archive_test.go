@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io"
 	"os"
@@ -74,7 +76,7 @@ func TestArchiveS3(t *testing.T) {
 	if out := mustOK(t, sb, "cat /home/user/kept && sha256sum -c /home/user/big.sum"); out != "kept\n/home/user/big: OK\n" {
 		t.Fatalf("files after the resume: %q", out)
 	}
-	if keys := srv.Keys(t); len(keys) != 0 {
+	if keys := srv.Keys(t, "/agents/"); len(keys) != 0 {
 		t.Fatalf("objects left once the sandbox runs again: %v", keys)
 	}
 
@@ -91,7 +93,18 @@ func TestArchiveS3(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(bdir, "master.key"), master, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	b := daemontest.Start(t, runtime.GVisor, daemontest.Options{DataDir: bdir, Archive: cfg})
+	// ... running another build of the agent: the sandbox's memory holds
+	// the first one's text, which is carried from the archive.
+	cella, _ := daemontest.Binaries(t)
+	otherAgent := filepath.Join(t.TempDir(), "cella")
+	bin, err := os.ReadFile(cella)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(otherAgent, append(bin, make([]byte, 4096)...), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b := daemontest.Start(t, runtime.GVisor, daemontest.Options{DataDir: bdir, Archive: cfg, AgentBinary: otherAgent})
 	t.Cleanup(func() { _ = b.Client.Kill(context.Background(), sb.ID) })
 	bsb := filepath.Join(bdir, "sandboxes", sb.ID)
 
@@ -153,10 +166,15 @@ func TestArchiveS3(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitCountAbove(t, bconn, n)
+	sum := sha256.Sum256(bin)
+	carried := filepath.Join(bdir, "agent", "sha256-"+hex.EncodeToString(sum[:]))
+	if _, err := os.Stat(carried); err != nil {
+		t.Fatalf("the first daemon's agent was not carried to the second: %v", err)
+	}
 	if out := mustOK(t, bconn, "cat /home/user/kept && sha256sum -c /home/user/big.sum && echo $PLAIN_SECRET"); out != "kept\n/home/user/big: OK\n"+secret+"\n" {
 		t.Fatalf("files after the cross-node resume: %q", out)
 	}
-	if keys := srv.Keys(t); len(keys) != 0 {
+	if keys := srv.Keys(t, "/agents/"); len(keys) != 0 {
 		t.Fatalf("objects left once the sandbox runs on the second node: %v", keys)
 	}
 
@@ -165,11 +183,21 @@ func TestArchiveS3(t *testing.T) {
 	if err := b.Client.Kill(ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	if keys := srv.Keys(t); len(keys) != 0 {
+	if keys := srv.Keys(t, "/agents/"); len(keys) != 0 {
 		t.Fatalf("objects left after the kill: %v", keys)
 	}
 	if _, err := os.Stat(bsb); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the killed sandbox's dir is left: %v", err)
+	}
+	if _, err := os.Stat(carried); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the carried agent is left once no sandbox runs it: %v", err)
+	}
+	// The agents stay in the store (content-addressed, shared); nothing
+	// of the sandbox does.
+	for _, k := range srv.Keys(t) {
+		if !strings.HasPrefix(k, "nodes/agents/") {
+			t.Fatalf("object left after the kill: %s", k)
+		}
 	}
 	b.Close()
 	if left := daemontest.MountsUnder(bdir); len(left) > 0 {
@@ -192,7 +220,7 @@ func pauseArchived(t *testing.T, env *daemontest.Env, srv *s3test.Server, id str
 		t.Fatalf("after pause: %+v", v)
 	}
 	want := []string{"nodes/sandboxes/" + id + "/manifest", "nodes/sandboxes/" + id + "/state"}
-	if keys := srv.Keys(t); !slices.Equal(keys, want) {
+	if keys := srv.Keys(t, "/agents/"); !slices.Equal(keys, want) {
 		t.Fatalf("objects %v, want %v", keys, want)
 	}
 	checkNoLayer(t, filepath.Join(env.DataDir, "sandboxes", id))

@@ -121,6 +121,9 @@ type Options struct {
 	Builder build.Builder
 	// Archive keeps paused sandboxes in an object store (--archive).
 	Archive daemon.ArchiveConfig
+	// AgentBinary is the agent the daemon runs (default: the cella binary
+	// under test).
+	AgentBinary string
 }
 
 // Start runs a daemon with the given runtime until the test ends.
@@ -130,6 +133,9 @@ func Start(t testing.TB, runtimeName string, o Options) *Env {
 		t.Fatal("cella tests run as root (they mount filesystems and start container runtimes)")
 	}
 	cella, runsc := Binaries(t)
+	if o.AgentBinary != "" {
+		cella = o.AgentBinary
+	}
 	EnsureBase(t)
 	dataDir := o.DataDir
 	if dataDir == "" {
