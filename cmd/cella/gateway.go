@@ -63,11 +63,7 @@ It keeps no state: run as many as you like.`,
 func runGateway(ctx context.Context, c gatewayConfig) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: c.LogLevel}))
 	slog.SetDefault(log)
-	rc, err := cluster.RESTConfig(c.Kubeconfig)
-	if err != nil {
-		return err
-	}
-	cl, err := cluster.NewClient(rc)
+	cl, err := cluster.Connect(c.Kubeconfig)
 	if err != nil {
 		return err
 	}

@@ -38,11 +38,7 @@ func newNodeCmd() *cobra.Command {
 		if err := set.resolve(); err != nil {
 			return nil, err
 		}
-		rc, err := cluster.RESTConfig(c.Kubeconfig)
-		if err != nil {
-			return nil, err
-		}
-		return cluster.NewClient(rc)
+		return cluster.Connect(c.Kubeconfig)
 	}
 
 	var asJSON bool

@@ -73,6 +73,16 @@ func NewClient(c *rest.Config) (client.Client, error) {
 	return cl, nil
 }
 
+// Connect is NewClient of RESTConfig(kubeconfig): a client of the cluster
+// named as --cluster names it.
+func Connect(kubeconfig string) (client.Client, error) {
+	rc, err := RESTConfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	return NewClient(rc)
+}
+
 // kindOf turns an API server error into cella's kinds (mapped to HTTP once,
 // in api): a stale resourceVersion is a conflict, a missing object not
 // found; the rest keep the API server's message.

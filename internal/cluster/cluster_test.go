@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/cluster"
-	"github.com/cella-sandbox/cella/internal/cluster/clustertest"
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
+	"github.com/cella-sandbox/cella/internal/clustertest"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"

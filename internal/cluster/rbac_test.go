@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/cluster"
-	"github.com/cella-sandbox/cella/internal/cluster/clustertest"
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
+	"github.com/cella-sandbox/cella/internal/clustertest"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/store"

@@ -11,7 +11,7 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/cluster"
-	"github.com/cella-sandbox/cella/internal/cluster/clustertest"
+	"github.com/cella-sandbox/cella/internal/clustertest"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -23,16 +23,8 @@ import (
 // paused sandbox resumes on connect; `cella node undrain` makes it live
 // again.
 func TestNodeDrain(t *testing.T) {
-	cp := clustertest.Start(t)
-	cl, err := cluster.NewClient(cp.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := clustertest.InstallCRDs(cl); err != nil {
-		t.Fatal(err)
-	}
 	const ns = "cella-drain"
-	clustertest.Namespace(t, cl, ns)
+	cp, cl := clustertest.StartIn(t, ns)
 	nodeA := cp.StartNode(t, clustertest.NodeOptions{Name: "node-a", Namespace: ns})
 	nodeB := cp.StartNode(t, clustertest.NodeOptions{Name: "node-b", Namespace: ns})
 	gw := cp.StartGateway(t, "gw-1", ns)

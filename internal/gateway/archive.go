@@ -48,10 +48,11 @@ func (g *Gateway) elsewhere(ctx context.Context, id string) (*url.URL, bool) {
 			return nil, false // its node resumes it itself
 		}
 	}
-	n, ok := g.pick(nodes)
+	n, pc, ok := g.pick(nodes, sb.Spec.Template) // place.go: as a create of its template
 	if !ok {
 		return nil, false
 	}
+	g.placedDone(n.Name, pc, true) // it takes room there until the node's next renewal counts it
 	u, err := url.Parse(n.Endpoint)
 	if err != nil {
 		return nil, false

@@ -12,7 +12,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/archive/s3test"
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/cluster"
-	"github.com/cella-sandbox/cella/internal/cluster/clustertest"
+	"github.com/cella-sandbox/cella/internal/clustertest"
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
 	"github.com/cella-sandbox/cella/internal/daemon/conformance"
 	"github.com/cella-sandbox/cella/internal/drain"

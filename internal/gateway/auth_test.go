@@ -12,8 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cella-sandbox/cella/internal/cluster"
-	"github.com/cella-sandbox/cella/internal/cluster/clustertest"
+	"github.com/cella-sandbox/cella/internal/clustertest"
 	"github.com/cella-sandbox/cella/internal/gatewayauth"
 )
 
@@ -27,16 +26,8 @@ import (
 // header, with or without a key of its own), so a client cannot claim
 // another key by talking to a node directly.
 func TestGatewayAuth(t *testing.T) {
-	cp := clustertest.Start(t)
-	cl, err := cluster.NewClient(cp.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := clustertest.InstallCRDs(cl); err != nil {
-		t.Fatal(err)
-	}
 	const ns = "cella-gwauth"
-	clustertest.Namespace(t, cl, ns)
+	cp, _ := clustertest.StartIn(t, ns)
 	node := cp.StartNode(t, clustertest.NodeOptions{Name: "node-a", Namespace: ns})
 	gw := cp.StartGateway(t, "gw-1", ns)
 	admin := node.AdminKey(t)

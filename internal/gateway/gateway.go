@@ -22,7 +22,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -54,15 +53,16 @@ type Gateway struct {
 	proxy   *httputil.ReverseProxy
 	// client asks the nodes for their part of a list (list.go).
 	client *http.Client
+	// nodesCache is the last LIST of Leases, for nodesTTL.
+	nodesCache nodesCache
 
 	mu sync.Mutex
 	// placed are the creates this gateway forwarded, by sandbox ID, until
 	// the node's record shows them (the node records within a second).
 	placed map[string]placement
-	// pending counts, per node, the creates placed since its last Lease
-	// beat, so a burst of creates does not all go to the node that looked
-	// best at the start of it.
-	pending map[string]pendingCount
+	// pending are, per node, the creates placed there that its Lease does
+	// not count yet (place.go).
+	pending map[string][]*pendingCreate
 }
 
 type placement struct {
@@ -71,18 +71,13 @@ type placement struct {
 	at    time.Time
 }
 
-type pendingCount struct {
-	n       int
-	renewal time.Time // the Lease renewal they were counted against
-}
-
 // New makes a gateway.
 func New(cfg Config) *Gateway {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
 	g := &Gateway{cfg: cfg, records: cluster.NewRecords(cfg.Client, cfg.Namespace), keys: cluster.NewKeys(cfg.Client, cfg.Namespace),
-		placed: map[string]placement{}, pending: map[string]pendingCount{},
+		placed: map[string]placement{}, pending: map[string][]*pendingCreate{},
 		client: &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -113,7 +108,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, err.Error(), http.StatusBadRequest) // as the node's edge answers
 			return
 		}
-		g.toSandbox(w, r, t.ID)
+		node, err := g.nodeOf(r.Context(), t.ID)
+		if err != nil { // E2B's edge answer for a sandbox it cannot reach
+			edge.BadGateway(w, t.ID, err.Error())
+			return
+		}
+		g.forward(w, r, node)
 		return
 	}
 	if r.URL.Path == "/health" {
@@ -158,6 +158,33 @@ func sandboxPath(p string) (string, bool) {
 	return id, true
 }
 
+// nodesTTL is how long one LIST of the nodes' Leases serves every
+// request: far below a Lease's renewal interval, so a lapse is seen as
+// soon as without it, and a request's route costs no API call in a burst.
+const nodesTTL = 250 * time.Millisecond
+
+type nodesCache struct {
+	mu    sync.Mutex
+	at    time.Time
+	nodes []cluster.NodeInfo
+}
+
+// nodes are the cluster's nodes, listed at most nodesTTL ago.
+func (g *Gateway) nodes(ctx context.Context) ([]cluster.NodeInfo, error) {
+	c := &g.nodesCache
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.nodes != nil && time.Since(c.at) < nodesTTL {
+		return c.nodes, nil
+	}
+	nodes, err := cluster.Nodes(ctx, g.cfg.Client, g.cfg.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	c.nodes, c.at = nodes, time.Now()
+	return nodes, nil
+}
+
 // visible says whether what the gateway knows of a sandbox owned by o may
 // be told to the caller (sandbox traffic, which carries no key, is
 // answered by the node's edge, which checks the sandbox's own tokens).
@@ -168,7 +195,7 @@ func visible(ctx context.Context, o tenant.Owner) bool {
 
 // toAnyNode forwards r to a live node (for what every node serves alike).
 func (g *Gateway) toAnyNode(w http.ResponseWriter, r *http.Request) {
-	nodes, err := cluster.Nodes(r.Context(), g.cfg.Client, g.cfg.Namespace)
+	nodes, err := g.nodes(r.Context())
 	if err != nil {
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return
@@ -201,7 +228,17 @@ func (g *Gateway) toSandbox(w http.ResponseWriter, r *http.Request, id string) {
 // nodeOf finds the live node holding sandbox id and its endpoint.
 func (g *Gateway) nodeOf(ctx context.Context, id string) (*url.URL, error) {
 	name := ""
-	sb, err := g.records.Sandbox(ctx, id)
+	// A sandbox this gateway placed a moment ago is routed by that
+	// placement: no record read per request while a client works with a
+	// sandbox it just made (its node's liveness is still checked below).
+	g.mu.Lock()
+	p, placed := g.placed[id]
+	g.mu.Unlock()
+	var sb *v1alpha1.Sandbox
+	err := errdefs.NotFound("sandbox %q not found", id)
+	if !placed || time.Since(p.at) > placedFresh {
+		sb, err = g.records.Sandbox(ctx, id)
+	}
 	switch {
 	case err == nil:
 		if !visible(ctx, tenant.Owner{Team: sb.Spec.Team}) {
@@ -212,17 +249,14 @@ func (g *Gateway) nodeOf(ctx context.Context, id string) (*url.URL, error) {
 		}
 		name = sb.Spec.Node
 	case errdefs.Is(err, errdefs.KindNotFound):
-		g.mu.Lock()
-		p, ok := g.placed[id]
-		g.mu.Unlock()
-		if !ok || !visible(ctx, p.owner) {
+		if !placed || !visible(ctx, p.owner) {
 			return nil, errdefs.NotFound("sandbox %q not found", id)
 		}
 		name = p.node
 	default:
 		return nil, err
 	}
-	nodes, err := cluster.Nodes(ctx, g.cfg.Client, g.cfg.Namespace)
+	nodes, err := g.nodes(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -248,12 +282,17 @@ func (g *Gateway) nodeOf(ctx context.Context, id string) (*url.URL, error) {
 // create places a create on the best live node, forwards it there and
 // remembers where the sandbox went.
 func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
-	nodes, err := cluster.Nodes(r.Context(), g.cfg.Client, g.cfg.Namespace)
+	nodes, err := g.nodes(r.Context())
 	if err != nil {
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return
 	}
-	n, ok := g.pick(nodes)
+	tpl, err := templateOf(r) // place.go
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	n, pc, ok := g.pick(nodes, tpl)
 	if !ok {
 		writeError(w, http.StatusServiceUnavailable, "no live node to place the sandbox on (%d nodes known, none renewing its lease and not drained)", len(nodes))
 		return
@@ -265,6 +304,7 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	}
 	rec := &recorder{ResponseWriter: w}
 	g.forward(rec, r, u)
+	g.placedDone(n.Name, pc, rec.status/100 == 2)
 	if rec.status/100 != 2 {
 		return
 	}
@@ -283,6 +323,11 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	g.cfg.Log.Info("gateway: placed", "sandbox", created.SandboxID, "node", n.Name)
 }
 
+// placedFresh is how long a placement routes its sandbox without a read of
+// its record: well within a Lease's renewal (a kill meanwhile is the node's
+// to answer 404 for).
+const placedFresh = 10 * time.Second
+
 // placedTTL is how long the gateway remembers a placement: long after the
 // node's first record of it (recordInterval, a second).
 const placedTTL = time.Minute
@@ -295,40 +340,12 @@ func (g *Gateway) prunePlacedLocked() {
 	}
 }
 
-// pick is the live node with the most room: free memory (as a fraction of
-// its total) plus idle CPU, less a share for each sandbox it holds or was
-// just given; ties go to the first name.
-func (g *Gateway) pick(nodes []cluster.NodeInfo) (cluster.NodeInfo, bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	var live []cluster.NodeInfo
-	for _, n := range nodes {
-		if n.Live && !n.Drained() && n.Endpoint != "" && n.CapacityErr == "" && n.Capacity.MemoryTotalBytes > 0 {
-			live = append(live, n)
-		}
-	}
-	if len(live) == 0 {
-		return cluster.NodeInfo{}, false
-	}
-	scores := make(map[string]float64, len(live))
-	for _, n := range live {
-		p := g.pending[n.Name]
-		if !p.renewal.Equal(n.RenewedAt) { // a new beat counts what was placed before it
-			p = pendingCount{renewal: n.RenewedAt}
-			g.pending[n.Name] = p
-		}
-		mem := float64(n.Capacity.MemoryFreeBytes) / float64(n.Capacity.MemoryTotalBytes)
-		scores[n.Name] = mem + n.Capacity.CPUIdle - 0.05*float64(n.Capacity.Sandboxes+p.n)
-	}
-	sort.SliceStable(live, func(i, j int) bool { return scores[live[i].Name] > scores[live[j].Name] })
-	best := live[0]
-	p := g.pending[best.Name]
-	p.n++
-	g.pending[best.Name] = p
-	return best, true
-}
-
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, node *url.URL) {
+	// As the node's edge does (edge/proxy.go): without full duplex, net/http
+	// closes the request body as the answer starts, and the transport, still
+	// sending it, tears the connection down mid-answer (a Connect RPC's
+	// small answer then arrived cut short).
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nodeKey{}, node)))
 }
 
@@ -353,6 +370,9 @@ func (r *recorder) Write(b []byte) (int, error) {
 	}
 	return r.ResponseWriter.Write(b)
 }
+
+// Unwrap lets http.ResponseController reach the connection (full duplex).
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 func (r *recorder) Flush() {
 	if f, ok := r.ResponseWriter.(http.Flusher); ok {

@@ -11,8 +11,8 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/cluster"
-	"github.com/cella-sandbox/cella/internal/cluster/clustertest"
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
+	"github.com/cella-sandbox/cella/internal/clustertest"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 )
 
@@ -24,33 +24,13 @@ import (
 // removes it and its record; and once its node is killed with SIGKILL, a
 // sandbox is reported lost with its node and reason, never routed.
 func TestGateway(t *testing.T) {
-	cp := clustertest.Start(t)
-	cl, err := cluster.NewClient(cp.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := clustertest.InstallCRDs(cl); err != nil {
-		t.Fatal(err)
-	}
 	const ns = "cella-gw"
-	clustertest.Namespace(t, cl, ns)
+	cp, cl := clustertest.StartIn(t, ns)
 	nodeA := cp.StartNode(t, clustertest.NodeOptions{Name: "node-a", Namespace: ns})
 	nodeB := cp.StartNode(t, clustertest.NodeOptions{Name: "node-b", Namespace: ns})
 	gw := cp.StartGateway(t, "gw-1", ns)
 
-	clustertest.Poll(t, 2*time.Minute, "both nodes live", func(ctx context.Context) (bool, string) {
-		nodes, err := cluster.Nodes(ctx, cl, ns)
-		if err != nil {
-			return false, err.Error()
-		}
-		live := 0
-		for _, n := range nodes {
-			if n.Live && n.Capacity.MemoryFreeBytes > 0 {
-				live++
-			}
-		}
-		return live == 2, fmt.Sprintf("%+v", nodes)
-	})
+	clustertest.WaitLive(t, cl, ns, 2)
 	key := nodeA.AdminKey(t)
 	if kb := nodeB.AdminKey(t); kb != key {
 		t.Fatalf("the nodes have different admin keys: the cluster's Secret was not shared")

@@ -165,7 +165,7 @@ func (g *Gateway) list(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return
 	}
-	nodes, err := cluster.Nodes(r.Context(), g.cfg.Client, g.cfg.Namespace)
+	nodes, err := g.nodes(r.Context())
 	if err != nil {
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return

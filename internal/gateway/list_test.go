@@ -13,7 +13,7 @@ import (
 	"context"
 
 	"github.com/cella-sandbox/cella/internal/cluster"
-	"github.com/cella-sandbox/cella/internal/cluster/clustertest"
+	"github.com/cella-sandbox/cella/internal/clustertest"
 )
 
 type listItem struct {
@@ -32,30 +32,13 @@ type listItem struct {
 // is killed its sandboxes are still listed, as "lost" with the reason,
 // to their owners only.
 func TestGatewayList(t *testing.T) {
-	cp := clustertest.Start(t)
-	cl, err := cluster.NewClient(cp.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := clustertest.InstallCRDs(cl); err != nil {
-		t.Fatal(err)
-	}
 	const ns = "cella-gwlist"
-	clustertest.Namespace(t, cl, ns)
+	cp, cl := clustertest.StartIn(t, ns)
 	nodeA := cp.StartNode(t, clustertest.NodeOptions{Name: "node-a", Namespace: ns})
 	nodeB := cp.StartNode(t, clustertest.NodeOptions{Name: "node-b", Namespace: ns})
 	gw := cp.StartGateway(t, "gw-1", ns)
 	admin := nodeA.AdminKey(t)
-	clustertest.Poll(t, 2*time.Minute, "both nodes live", func(ctx context.Context) (bool, string) {
-		nodes, err := cluster.Nodes(ctx, cl, ns)
-		live := 0
-		for _, n := range nodes {
-			if n.Live {
-				live++
-			}
-		}
-		return err == nil && live == 2, fmt.Sprint(nodes, err)
-	})
+	clustertest.WaitLive(t, cl, ns, 2)
 	alice := newKey(t, gw.URL, admin, "alice", "alpha")
 	bob := newKey(t, gw.URL, admin, "bob", "beta")
 

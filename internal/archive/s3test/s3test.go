@@ -28,7 +28,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
-	"github.com/cella-sandbox/cella/internal/cluster/clustertest"
+	"github.com/cella-sandbox/cella/internal/clustertest"
 )
 
 // Server is one running versitygw.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/deploy/kubernetes/crds"
+	"github.com/cella-sandbox/cella/internal/cluster"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -86,4 +87,37 @@ func Namespace(t testing.TB, c client.Client, name string) {
 	if err := c.Create(ctx, ns); err != nil {
 		t.Fatalf("create namespace %s: %v", name, err)
 	}
+}
+
+// StartIn is Start, with a client of the control plane, cella's CRDs
+// installed and namespace ns made: what a test of cella's cluster starts
+// with.
+func StartIn(t testing.TB, ns string) (*ControlPlane, client.Client) {
+	t.Helper()
+	cp := Start(t)
+	cl, err := cluster.NewClient(cp.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := InstallCRDs(cl); err != nil {
+		t.Fatal(err)
+	}
+	Namespace(t, cl, ns)
+	return cp, cl
+}
+
+// WaitLive polls until exactly want nodes of namespace ns are live with
+// their capacity published.
+func WaitLive(t testing.TB, c client.Client, ns string, want int) {
+	t.Helper()
+	Poll(t, 2*time.Minute, fmt.Sprintf("%d nodes live", want), func(ctx context.Context) (bool, string) {
+		nodes, err := cluster.Nodes(ctx, c, ns)
+		live := 0
+		for _, n := range nodes {
+			if n.Live && n.Capacity.MemoryTotalBytes > 0 {
+				live++
+			}
+		}
+		return err == nil && live == want, fmt.Sprint(nodes, err)
+	})
 }
