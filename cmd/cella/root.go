@@ -40,8 +40,6 @@ func newRootCmd() *cobra.Command {
 		newSecretCmd(), // secret.go
 		newPoolCmd(),   // pool.go
 		newStatsCmd(),  // stats.go
-		newAgentCmd(),
-		newAgentExecCmd(),
 	)
 	return root
 }

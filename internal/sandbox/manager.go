@@ -28,12 +28,15 @@ import (
 
 // Config configures a Manager.
 type Config struct {
-	DataDir     string
-	Runtime     runtime.Runtime
-	Templates   *template.Store
-	Store       *store.Store
-	AgentBinary string // host path of the cella binary run as the agent
-	Log         *slog.Logger
+	DataDir   string
+	Runtime   runtime.Runtime
+	Templates *template.Store
+	Store     *store.Store
+	// Agents are the agent binaries on the host (agents.go); Agent is the
+	// hash of the one cold boots use.
+	Agents AgentBinaries
+	Agent  string
+	Log    *slog.Logger
 	// AgentTimeout bounds how long create waits for the agent's hello.
 	AgentTimeout time.Duration
 	// BuildProgress receives progress lines when a template is built on
@@ -85,8 +88,8 @@ func (c *Config) Validate() error {
 		return errors.New("sandbox manager: Templates is required")
 	case c.Store == nil:
 		return errors.New("sandbox manager: Store is required")
-	case c.AgentBinary == "":
-		return errors.New("sandbox manager: AgentBinary is required")
+	case c.Agents == nil || c.Agent == "":
+		return errors.New("sandbox manager: Agents and Agent are required")
 	}
 	if c.Log == nil {
 		c.Log = slog.Default()
@@ -138,13 +141,14 @@ type Manager struct {
 
 	layers *rootfs.Layers // makes the writable layers (blank images in <data>/layers)
 
-	agentSumOnce sync.Once // the agent binary's digest (remote.go)
-	agentSum     string
-	agentSumErr  error
-	// agentUpMu guards agentUp (the daemon's agent binary is in the
-	// archive store) and the carried agents' files (remote.go).
+	// agentsMu serializes pruning the agent binaries with holding one
+	// (agents.go); agentHolds counts the holds per hash.
+	agentsMu   sync.Mutex
+	agentHolds map[string]int
+	// agentUpMu guards agentUp: the agent binaries (by hash) this daemon
+	// put in the archive store (remote.go).
 	agentUpMu sync.Mutex
-	agentUp   bool
+	agentUp   map[string]bool
 }
 
 // NewManager makes a manager; call Reconcile before serving.
@@ -203,14 +207,13 @@ type record struct {
 	PausedAt time.Time `json:"paused_at,omitempty"`
 	Archived bool      `json:"archived,omitempty"`
 	// Remote: objects of the sandbox may be in the archive store
-	// (remote.go), which its kill deletes. Agent is the sha256 of the
-	// agent binary it runs when not the daemon's (carried from another
-	// node with its memory).
-	Remote bool   `json:"remote,omitempty"`
-	Agent  string `json:"agent,omitempty"`
+	// (remote.go), which its kill deletes.
+	Remote bool `json:"remote,omitempty"`
 	// NetSlot is the network slot its container runs in (network.go), so
 	// that a daemon restarting after a crash can adopt it with the sandbox.
 	NetSlot string `json:"net_slot,omitempty"`
+	// Agent is the SHA-256 of the agent binary it runs (agents.go).
+	Agent string `json:"agent,omitempty"`
 }
 
 // tokens are the agent credentials the record keeps.
@@ -393,7 +396,11 @@ func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template
 	if err := m.writeAgentConfig(sb, m.agentConfig(sb, tpl), true); err != nil {
 		return err
 	}
-	spec := m.spec(sb)
+	agent, err := m.bootAgent(sb) // agents.go
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
+	}
+	spec := m.spec(sb, agent)
 	if err := m.cfg.Runtime.Start(ctx, spec); err != nil {
 		return fmt.Errorf("start %s container for %s: %w", m.cfg.Runtime.Name(), sb.ID, err)
 	}
@@ -433,23 +440,27 @@ func (t *stepTimer) step(name string) {
 func (t *stepTimer) attrs() []any { return t.steps }
 
 // spec is the container of a sandbox whose layer is mounted: the same for
-// its first start, a cold boot after a pause without memory, and a restore.
-func (m *Manager) spec(sb *Sandbox) runtime.Spec {
+// its first start, a cold boot after a pause without memory, and a restore,
+// but for agent, the host file of the agent binary it runs (agents.go).
+func (m *Manager) spec(sb *Sandbox, agent string) runtime.Spec {
 	return runtime.Spec{
 		ID:          sb.ID,
 		BundleDir:   filepath.Join(sb.Dir, "bundle"),
 		RootFS:      sb.layer.Root,
-		AgentBinary: m.agentPath(sb), // remote.go
+		AgentBinary: agent,
 		Args:        []string{runtime.AgentGuestPath, "agent"},
 		Env:         []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 		RunDir:      runDir(sb),
 		Hostname:    "cella",
 		Limits:      m.ceilings(sb.Options),
-		LogPath:     filepath.Join(sb.Dir, "agent.log"),
+		LogPath:     agentLog(sb),
 		Mounts:      m.volumeMounts(sb), // volumes.go
 		NetNSPath:   sb.netNSPath(),
 	}
 }
+
+// agentLog is the host file the agent's stderr goes to.
+func agentLog(sb *Sandbox) string { return filepath.Join(sb.Dir, "agent.log") }
 
 func (m *Manager) agentConfig(sb *Sandbox, tpl *template.Template) agentapi.Config {
 	env := map[string]string{}
@@ -785,7 +796,11 @@ func (m *Manager) kill(ctx context.Context, p tenant.Principal, id, cause string
 	if !died {
 		m.emit(sb, EventKilled, "")
 	}
-	go m.gcSnapshots(context.WithoutCancel(ctx)) // its snapshot layers may be unused now
+	go func() {
+		// Its snapshot layers and agent binary may be unused now.
+		m.gcSnapshots(context.WithoutCancel(ctx))
+		m.pruneAgents(context.WithoutCancel(ctx)) // agents.go
+	}()
 	return nil
 }
 
@@ -895,7 +910,6 @@ func (m *Manager) releaseHost(ctx context.Context, sb *Sandbox) {
 	}
 	m.removeArchive(sb)     // lifecycle.go
 	m.deleteRemote(ctx, sb) // remote.go
-	m.releaseAgent(sb)      // remote.go
 }
 
 // Shutdown stops every running sandbox (SIGTERM of the daemon) and removes

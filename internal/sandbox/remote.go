@@ -1,10 +1,9 @@
 package sandbox
 
 import (
+	"bytes"
 	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,26 +49,6 @@ type Archive interface {
 // the sandbox now: this node's copy of it is stale and is forgotten.
 var ErrMoved = errors.New("the sandbox has moved to another node")
 
-// agentDigest is the sha256 of the agent binary this daemon runs (what a
-// restored sandbox's memory holds the text of).
-func (m *Manager) agentDigest() (string, error) {
-	m.agentSumOnce.Do(func() {
-		f, err := os.Open(m.cfg.AgentBinary)
-		if err != nil {
-			m.agentSumErr = err
-			return
-		}
-		defer f.Close()
-		h := sha256.New()
-		if _, err := io.Copy(h, f); err != nil {
-			m.agentSumErr = err
-			return
-		}
-		m.agentSum = hex.EncodeToString(h.Sum(nil))
-	})
-	return m.agentSum, m.agentSumErr
-}
-
 // templateImage names the image a template's name stands for: its manifest
 // digest when pulled, else its cache key.
 func templateImage(t *template.Template) string { return cmp.Or(t.Digest, t.Image) }
@@ -112,126 +91,64 @@ func (m *Manager) archiveRemote(ctx context.Context, sb *Sandbox, dirs [][2]stri
 	return m.cfg.Archive.PutManifest(ctx, man)
 }
 
-// sandboxAgent is the digest of the agent binary sb's memory holds, which
-// is in the archive store once it returns: the daemon's own (uploaded once
-// per process), or the one it was imported with (which came from there).
+// sandboxAgent is the hash of the agent binary sb's memory holds
+// (agents.go), which is in the archive store once it returns: uploaded
+// once per binary and daemon process (agents/<sha256> is content-addressed
+// and kept, so a sandbox carried here from another node finds its binary
+// there already).
 func (m *Manager) sandboxAgent(ctx context.Context, sb *Sandbox) (string, error) {
-	sb.mu.Lock()
-	carried := sb.agent
-	sb.mu.Unlock()
-	if carried != "" {
-		return carried, nil
-	}
-	own, err := m.agentDigest()
-	if err != nil {
-		return "", fmt.Errorf("digest of the agent binary: %w", err)
-	}
+	hash := sb.agentHash()
 	m.agentUpMu.Lock()
 	defer m.agentUpMu.Unlock()
-	if m.agentUp {
-		return own, nil
+	if m.agentUp[hash] {
+		return hash, nil
 	}
-	f, err := os.Open(m.cfg.AgentBinary)
+	path, err := m.cfg.Agents.Path(hash)
+	if err != nil {
+		return "", fmt.Errorf("the agent binary of sandbox %s: %w", sb.ID, err)
+	}
+	f, err := os.Open(path)
 	if err != nil {
 		return "", err
 	}
 	defer f.Close()
-	if err := m.cfg.Archive.PutAgent(ctx, own, f); err != nil {
+	if err := m.cfg.Archive.PutAgent(ctx, hash, f); err != nil {
 		return "", fmt.Errorf("upload the agent binary: %w", err)
 	}
-	m.agentUp = true
-	return own, nil
+	if m.agentUp == nil {
+		m.agentUp = map[string]bool{}
+	}
+	m.agentUp[hash] = true
+	return hash, nil
 }
 
-// agentPath is the host file bound at the sandbox's agent path: the
-// daemon's agent, or the one its memory was saved with (carriedAgent).
-func (m *Manager) agentPath(sb *Sandbox) string {
+// carryAgent makes sb run the agent binary of hash, the one its memory
+// image holds (a restore pages the agent's code in from the bound file:
+// agents.go), pulling it from the archive store into this node's agent
+// binaries when it has another build. Under agentsMu, with sb.agent set
+// first: no prune removes it before the restore binds it.
+func (m *Manager) carryAgent(ctx context.Context, sb *Sandbox, hash string) error {
+	m.agentsMu.Lock()
+	defer m.agentsMu.Unlock()
 	sb.mu.Lock()
-	digest := sb.agent
+	sb.agent = hash
 	sb.mu.Unlock()
-	return m.agentFile(digest)
-}
-
-// agentFile is where the agent binary of digest is ("": the daemon's).
-func (m *Manager) agentFile(digest string) string {
-	if digest == "" {
-		return m.cfg.AgentBinary
-	}
-	return filepath.Join(filepath.Dir(m.cfg.AgentBinary), "sha256-"+digest)
-}
-
-// carryAgent makes the agent binary of digest available to sb (its memory
-// image holds that binary's text: gVisor restores the process with it and
-// checks the mounted file is the one it saved): nothing to do for the
-// daemon's own, else it is pulled from the archive store next to the
-// daemon's (the agent tmpfs) unless a sandbox pulled it already.
-func (m *Manager) carryAgent(ctx context.Context, sb *Sandbox, digest string) error {
-	own, err := m.agentDigest()
-	if err != nil {
-		return fmt.Errorf("digest of the agent binary: %w", err)
-	}
-	if digest == own {
-		digest = ""
-	}
-	sb.mu.Lock()
-	sb.agent = digest
-	sb.mu.Unlock()
-	if digest == "" {
+	if _, err := m.cfg.Agents.Path(hash); err == nil {
 		return nil
 	}
-	m.agentUpMu.Lock()
-	defer m.agentUpMu.Unlock()
-	dst := m.agentFile(digest)
-	if _, err := os.Stat(dst); err == nil {
-		return nil
+	var bin bytes.Buffer
+	if err := m.cfg.Archive.GetAgent(ctx, hash, &bin); err != nil {
+		return fmt.Errorf("carry agent binary sha256:%s: %w", hash, err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(dst), ".pull-")
+	got, err := m.cfg.Agents.Add(bin.Bytes())
 	if err != nil {
-		return fmt.Errorf("carry agent sha256:%s: %w", digest, err)
+		return fmt.Errorf("carry agent binary sha256:%s: %w", hash, err)
 	}
-	defer os.Remove(tmp.Name())
-	err = m.cfg.Archive.GetAgent(ctx, digest, tmp)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
+	if got != hash {
+		return fmt.Errorf("carry agent binary sha256:%s: stored as %s", hash, got)
 	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o755)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), dst)
-	}
-	if err != nil {
-		return fmt.Errorf("carry agent sha256:%s: %w", digest, err)
-	}
-	m.log.Info("agent binary carried from the archive", "id", sb.ID, "agent", digest)
+	m.log.Info("agent binary carried from the archive", "id", sb.ID, "sha256", hash)
 	return nil
-}
-
-// releaseAgent removes a carried agent binary no tracked sandbox runs
-// any more (sb is going).
-func (m *Manager) releaseAgent(sb *Sandbox) {
-	sb.mu.Lock()
-	digest := sb.agent
-	sb.mu.Unlock()
-	if digest == "" {
-		return
-	}
-	m.agentUpMu.Lock()
-	defer m.agentUpMu.Unlock()
-	for _, other := range m.List(tenant.System) {
-		if other == sb {
-			continue
-		}
-		other.mu.Lock()
-		used := other.agent == digest
-		other.mu.Unlock()
-		if used {
-			return
-		}
-	}
-	if err := os.Remove(m.agentFile(digest)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		m.log.Warn("remove carried agent binary", "agent", digest, "err", err)
-	}
 }
 
 // checkManifest refuses to restore what this node would not restore
@@ -273,12 +190,10 @@ func (m *Manager) unarchiveRemote(ctx context.Context, sb *Sandbox, dests map[st
 	if _, err := m.checkManifest(ctx, man); err != nil {
 		return err
 	}
-	agent := man.Agent
-	if man.PauseMode != PauseCheckpoint {
-		agent = "" // a cold boot starts this node's agent
-	}
-	if err := m.carryAgent(ctx, sb, agent); err != nil {
-		return err
+	if man.PauseMode == PauseCheckpoint { // a cold boot starts this node's agent
+		if err := m.carryAgent(ctx, sb, man.Agent); err != nil {
+			return err
+		}
 	}
 	return m.cfg.Archive.OpenState(ctx, sb.ID, man.State, func(r io.Reader) error { return extractArchive(r, dests) })
 }
@@ -340,7 +255,7 @@ func (m *Manager) importArchived(ctx context.Context, p tenant.Principal, id str
 	sb := &Sandbox{
 		ID: id, TemplateID: man.Template, Runtime: man.Runtime, Options: rec.Options,
 		StartedAt: man.StartedAt.UTC(), EnvdAccessToken: rec.EnvdAccessToken, channelTokens: rec.tokens(),
-		Dir: dir, state: StatePaused, endAt: man.EndAt.UTC(), pauseMode: man.PauseMode,
+		Dir: dir, state: StatePaused, endAt: man.EndAt.UTC(), pauseMode: man.PauseMode, agent: m.agentOf(rec.Agent),
 	}
 	rec.Archived, rec.Remote = true, true
 	sb.restoreLifecycle(rec) // lifecycle.go
@@ -449,6 +364,7 @@ func (m *Manager) forgetLocked(ctx context.Context, sb *Sandbox) {
 	sb.mu.Unlock()
 	m.cleanup(ctx, sb)
 	m.log.Info("sandbox forgotten: another node holds it now", "id", sb.ID)
+	go m.pruneAgents(context.WithoutCancel(ctx)) // agents.go: its agent binary may be unused now
 }
 
 // Archived lists the IDs of this node's paused sandboxes whose state is in

@@ -73,12 +73,12 @@ type Sandbox struct {
 
 	lc lifecycleState // idle clock, pausedAt, archived (lifecycle.go)
 
+	// agent is the SHA-256 of the agent binary its container binds
+	// (agents.go); guarded by mu.
+	agent string
+
 	follow agentFollow // position in the agent's audit feed (agentaudit.go)
 	net    *sandboxNet // its network slot while it runs (network.go); guarded by mu
-	// agent is the sha256 of the agent binary it runs when not the
-	// daemon's (carried with its memory from another node: remote.go);
-	// guarded by mu.
-	agent string
 
 	metrics metricsRing // resource samples (metrics.go); has its own mu
 }
@@ -95,6 +95,13 @@ const (
 	// on it (a new agent, no processes).
 	PauseStopped = "stopped"
 )
+
+// agentHash is the SHA-256 of the agent binary the sandbox runs.
+func (s *Sandbox) agentHash() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.agent
+}
 
 // Owner is who the sandbox belongs to.
 func (s *Sandbox) Owner() tenant.Owner { return s.Options.Owner() }

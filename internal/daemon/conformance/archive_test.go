@@ -95,16 +95,9 @@ func TestArchiveS3(t *testing.T) {
 	}
 	// ... running another build of the agent: the sandbox's memory holds
 	// the first one's text, which is carried from the archive.
-	cella, _ := daemontest.Binaries(t)
-	otherAgent := filepath.Join(t.TempDir(), "cella")
-	bin, err := os.ReadFile(cella)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(otherAgent, append(bin, make([]byte, 4096)...), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	b := daemontest.Start(t, runtime.GVisor, daemontest.Options{DataDir: bdir, Archive: cfg, AgentBinary: otherAgent})
+	bin := daemontest.Agent(t)
+	otherAgent := append(slices.Clone(bin), make([]byte, 4096)...)
+	b := daemontest.Start(t, runtime.GVisor, daemontest.Options{DataDir: bdir, Archive: cfg, Agent: otherAgent})
 	t.Cleanup(func() { _ = b.Client.Kill(context.Background(), sb.ID) })
 	bsb := filepath.Join(bdir, "sandboxes", sb.ID)
 
@@ -167,7 +160,7 @@ func TestArchiveS3(t *testing.T) {
 	}
 	waitCountAbove(t, bconn, n)
 	sum := sha256.Sum256(bin)
-	carried := filepath.Join(bdir, "agent", "sha256-"+hex.EncodeToString(sum[:]))
+	carried := filepath.Join(bdir, "agent-binaries", hex.EncodeToString(sum[:]))
 	if _, err := os.Stat(carried); err != nil {
 		t.Fatalf("the first daemon's agent was not carried to the second: %v", err)
 	}
@@ -189,9 +182,10 @@ func TestArchiveS3(t *testing.T) {
 	if _, err := os.Stat(bsb); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the killed sandbox's dir is left: %v", err)
 	}
-	if _, err := os.Stat(carried); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("the carried agent is left once no sandbox runs it: %v", err)
-	}
+	waitFor(t, 30*time.Second, "the carried agent pruned once no sandbox runs it", func() bool {
+		_, err := os.Stat(carried)
+		return errors.Is(err, os.ErrNotExist)
+	})
 	// The agents stay in the store (content-addressed, shared); nothing
 	// of the sandbox does.
 	for _, k := range srv.Keys(t) {
