@@ -100,16 +100,31 @@ func (r *Records) Claim(ctx context.Context, id, node string) error {
 		sb.Labels[LabelNode] = node
 		err = r.c.Update(ctx, sb) // carries the resourceVersion read
 		if err == nil {
-			sb.Status.Phase = v1alpha1.SandboxPaused
-			sb.Status.Message = fmt.Sprintf("moved from node %s at %s", from, time.Now().UTC().Format(time.RFC3339))
-			if err := r.UpdateSandboxStatus(ctx, sb); err != nil && !errdefs.Is(err, errdefs.KindConflict) {
-				return err
-			}
-			return nil
+			return r.movedStatus(ctx, sb, node, from)
 		}
 		err = kindOf(err, "move sandbox %s to node %s", id, node)
 		if !errdefs.Is(err, errdefs.KindConflict) || attempt == 5 {
 			return err
+		}
+	}
+}
+
+// movedStatus marks a record just moved to node as Paused (it was Lost,
+// or its old node's last word), retried while the status changes under it;
+// a record that moved on meanwhile is left to its new holder.
+func (r *Records) movedStatus(ctx context.Context, sb *v1alpha1.Sandbox, node, from string) error {
+	msg := fmt.Sprintf("moved from node %s at %s", from, time.Now().UTC().Format(time.RFC3339))
+	for attempt := 0; ; attempt++ {
+		sb.Status.Phase, sb.Status.Message = v1alpha1.SandboxPaused, msg
+		err := r.UpdateSandboxStatus(ctx, sb)
+		if err == nil || !errdefs.Is(err, errdefs.KindConflict) || attempt == 5 {
+			return err
+		}
+		if sb, err = r.Sandbox(ctx, sb.Name); err != nil {
+			return err
+		}
+		if sb.Spec.Node != node || sb.Status.Phase != v1alpha1.SandboxLost {
+			return nil // moved on, or its new holder recorded it already
 		}
 	}
 }

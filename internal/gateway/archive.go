@@ -53,6 +53,9 @@ func (g *Gateway) elsewhere(ctx context.Context, id string) (*url.URL, bool) {
 		return nil, false
 	}
 	g.placedDone(n.Name, pc, true) // it takes room there until the node's next renewal counts it
+	g.mu.Lock()
+	delete(g.placed, id) // a placement on its old node no longer routes it: its record does
+	g.mu.Unlock()
 	u, err := url.Parse(n.Endpoint)
 	if err != nil {
 		return nil, false
