@@ -149,15 +149,11 @@ func (a *Archive) OpenState(ctx context.Context, id string, want Digest, read fu
 	if err != nil {
 		return err
 	}
-	rc, err := a.b.Get(ctx, name)
+	r, closeObj, err := a.get(ctx, name)
 	if err != nil {
 		return err
 	}
-	defer rc.Close()
-	r, err := Open(rc, a.key, name)
-	if err != nil {
-		return err
-	}
+	defer closeObj()
 	h := &hashCount{h: sha256.New()}
 	tr := io.TeeReader(r, h)
 	if err := read(tr); err != nil {
@@ -171,6 +167,20 @@ func (a *Archive) OpenState(ctx context.Context, id string, want Digest, read fu
 		return fmt.Errorf("%w: state of %s is sha256 %s (%d bytes), its manifest says %s (%d bytes)", ErrCorrupt, id, got.SHA256, got.Size, want.SHA256, want.Size)
 	}
 	return nil
+}
+
+// get opens the sealed object name for reading; closeObj ends the
+// download.
+func (a *Archive) get(ctx context.Context, name string) (r io.Reader, closeObj func(), err error) {
+	rc, err := a.b.Get(ctx, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if r, err = Open(rc, a.key, name); err != nil {
+		rc.Close()
+		return nil, nil, err
+	}
+	return r, func() { rc.Close() }, nil
 }
 
 // PutManifest seals and uploads m (under m.SandboxID): written after the
@@ -199,15 +209,11 @@ func (a *Archive) Manifest(ctx context.Context, id string) (Manifest, error) {
 	if err != nil {
 		return m, err
 	}
-	rc, err := a.b.Get(ctx, name)
+	r, closeObj, err := a.get(ctx, name)
 	if err != nil {
 		return m, err
 	}
-	defer rc.Close()
-	r, err := Open(rc, a.key, name)
-	if err != nil {
-		return m, err
-	}
+	defer closeObj()
 	b, err := io.ReadAll(io.LimitReader(r, maxManifest+1))
 	if err != nil {
 		return m, fmt.Errorf("archived manifest of %s: %w", id, err)
@@ -258,15 +264,11 @@ func (a *Archive) GetAgent(ctx context.Context, digest string, w io.Writer) erro
 		return errdefs.InvalidArgument("agent digest %q: want 64 hex digits", digest)
 	}
 	name := "agents/" + digest
-	rc, err := a.b.Get(ctx, name)
+	r, closeObj, err := a.get(ctx, name)
 	if err != nil {
 		return err
 	}
-	defer rc.Close()
-	r, err := Open(rc, a.key, name)
-	if err != nil {
-		return err
-	}
+	defer closeObj()
 	h := sha256.New()
 	if _, err := io.Copy(io.MultiWriter(w, h), r); err != nil {
 		return fmt.Errorf("archived agent %s: %w", digest, err)
