@@ -108,6 +108,7 @@ func newBenchCmd() *cobra.Command {
 	})
 	cmd.AddCommand(append(benches, all)...)
 	cmd.AddCommand(newBenchStateCmd(&b))   // bench_state.go
+	cmd.AddCommand(newBenchDesktopCmd(&b)) // bench_desktop.go
 	cmd.AddCommand(newBenchSoakCmd(&b))    // bench_soak.go
 	cmd.AddCommand(newBenchClusterCmd(&b)) // bench_cluster.go
 	f := cmd.PersistentFlags()

@@ -13,8 +13,6 @@ import (
 	"github.com/cella-sandbox/cella/internal/quota"
 	"github.com/cella-sandbox/cella/internal/store"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -87,15 +85,7 @@ func notFound(format string, args ...any) error {
 
 // read returns the keys' Secret (nil, nil when there is none yet).
 func (k *Keys) read(ctx context.Context) (*corev1.Secret, error) {
-	s := &corev1.Secret{}
-	err := k.c.Get(ctx, types.NamespacedName{Namespace: k.ns, Name: KeysSecret}, s)
-	if errdefs.Is(kindOf(err, ""), errdefs.KindNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, kindOf(err, "read secret %s/%s", k.ns, KeysSecret)
-	}
-	return s, nil
+	return readSecret(ctx, k.c, k.ns, KeysSecret)
 }
 
 func decodeKey(hash string, b []byte) (store.APIKey, error) {
@@ -172,41 +162,31 @@ func (k *Keys) ListAPIKeys(ctx context.Context) ([]store.APIKey, error) {
 	return out, nil
 }
 
-// change applies fn to the keys (by hash) and writes the Secret back,
-// checked against the resourceVersion read; on a conflict it reads again
-// and re-applies.
+// change applies fn to the keys (by hash) and writes the Secret back
+// (editSecret: resourceVersion-checked, re-applied on a conflict).
 func (k *Keys) change(ctx context.Context, what string, fn func(keys map[string]store.APIKey) error) error {
-	for attempt := 0; ; attempt++ {
-		s, err := k.read(ctx)
-		if err != nil {
-			return err
-		}
-		keys, err := all(s)
-		if err != nil {
-			return err
+	return editSecret(ctx, k.c, k.ns, KeysSecret, RoleAPIKeys, what, func(data map[string][]byte) error {
+		keys := make(map[string]store.APIKey, len(data))
+		for h, b := range data {
+			key, err := decodeKey(h, b)
+			if err != nil {
+				return err
+			}
+			keys[h] = key
 		}
 		if err := fn(keys); err != nil {
 			return err
 		}
-		data := make(map[string][]byte, len(keys))
+		clear(data)
 		for h, key := range keys {
-			if data[h], err = json.Marshal(recordOf(key)); err != nil {
+			b, err := json.Marshal(recordOf(key))
+			if err != nil {
 				return err
 			}
+			data[h] = b
 		}
-		if s == nil {
-			s = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: KeysSecret, Labels: map[string]string{LabelRole: RoleAPIKeys}},
-				Type: corev1.SecretTypeOpaque, Data: data}
-			err = k.c.Create(ctx, s)
-		} else {
-			s.Data = data
-			err = k.c.Update(ctx, s)
-		}
-		err = kindOf(err, "%s: write secret %s/%s", what, k.ns, KeysSecret)
-		if err == nil || !errdefs.Is(err, errdefs.KindConflict) || attempt == 10 {
-			return err
-		}
-	}
+		return nil
+	})
 }
 
 // RoleAPIKeys is the LabelRole of the keys' Secret.

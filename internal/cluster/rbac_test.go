@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -94,6 +95,19 @@ func TestRBAC(t *testing.T) {
 	alice, aliceKey, err := cluster.NewKeys(node, ns).CreateAPIKey(ctx, store.NewKey{Name: "alice", Team: "alpha"})
 	if err != nil {
 		t.Fatalf("create an API key as cella-node: %v", err)
+	}
+	if mk, err := cluster.MasterKey(ctx, node, ns); err != nil || len(mk) != 32 {
+		t.Fatalf("master key as cella-node: %d bytes, %v", len(mk), err)
+	}
+	sr := cluster.NewSecretRecords(node, ns)
+	if err := sr.CreateSecret(ctx, store.Secret{ID: "sec_1", Name: "S", Ciphertext: []byte("sealed"), Version: 1}); err != nil {
+		t.Fatalf("store a secret as cella-node: %v", err)
+	}
+	if err := sr.CreateSecret(ctx, store.Secret{ID: "sec_2", Name: "S"}); !errors.Is(err, store.ErrSecretExists) {
+		t.Errorf("a secret's name taken twice: %v", err)
+	}
+	if err := cluster.NewSecretRecords(gw, ns).DeleteSecret(ctx, "sec_1"); !errdefs.Is(err, errdefs.KindForbidden) {
+		t.Errorf("cella-gateway deleted a user secret: %v", err)
 	}
 	recs := cluster.NewRecords(node, ns)
 	obs := []cluster.Observed{{ID: "rbac1", Team: "t", Template: "base", Phase: v1alpha1.SandboxRunning}}

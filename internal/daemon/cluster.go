@@ -14,6 +14,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/sandbox"
+	"github.com/cella-sandbox/cella/internal/secrets"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/template"
 	"github.com/cella-sandbox/cella/internal/tenant"
@@ -108,6 +109,53 @@ func clusterAuth(ctx context.Context, cl client.Client, c ClusterConfig, st *sto
 		return "", nil, nil, fmt.Errorf("the cluster's gateway key: %w", err)
 	}
 	return admin, clusterKeys{cluster.NewKeys(cl, c.Namespace), st}, gw, nil
+}
+
+// clusterSecrets are where a node keeps user secrets: the cluster's
+// Secret, sealed under the cluster's master key, so every node injects the
+// same ones.
+func clusterSecrets(ctx context.Context, cl client.Client, c ClusterConfig) (secrets.Records, *secrets.Box, error) {
+	kctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	key, err := cluster.MasterKey(kctx, cl, c.Namespace)
+	if err != nil {
+		return nil, nil, fmt.Errorf("the cluster's master key: %w", err)
+	}
+	box, err := secrets.NewBox(key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("the cluster's master key: %w", err)
+	}
+	return cluster.NewSecretRecords(cl, c.Namespace), box, nil
+}
+
+// secretsReload is how often a node reads the cluster's secrets again: a
+// secret set through any node is injected by every node within it.
+const secretsReload = time.Second
+
+// reloadSecrets keeps sm in step with the cluster's secrets until the
+// returned func is called.
+func reloadSecrets(sm *secrets.Manager, log *slog.Logger) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(secretsReload)
+		defer t.Stop()
+		failing := false
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			err := sm.Reload(ctx)
+			if err != nil && !failing && ctx.Err() == nil {
+				log.Warn("cluster: reading the cluster's secrets failed", "err", err)
+			}
+			failing = err != nil
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 // joinCluster takes the node's Lease and keeps renewing it, with the

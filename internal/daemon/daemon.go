@@ -185,11 +185,22 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	d.Volumes = vols
 	d.add("volumes", vols.Close)
 
-	sm, err := secrets.NewManager(ctx, st, box)
+	var secretRecs secrets.Records = st // a cluster node's are the cluster's (cluster.go)
+	secretBox := box
+	if d.cluster != nil {
+		if secretRecs, secretBox, err = clusterSecrets(ctx, d.cluster, c.Cluster); err != nil {
+			return nil, err
+		}
+	}
+	sm, err := secrets.NewManager(ctx, secretRecs, secretBox)
 	if err != nil {
 		return nil, err
 	}
 	d.Secrets = sm
+	if d.cluster != nil {
+		stop := reloadSecrets(sm, log)
+		d.add("cluster secrets", func() error { stop(); return nil })
+	}
 	al, err := audit.New(filepath.Join(c.DataDir, "audit"), audit.Options{Redact: sm.Redact, Log: log})
 	if err != nil {
 		return nil, err

@@ -131,8 +131,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.create(w, r)
 	case r.Method == http.MethodGet && (r.URL.Path == "/sandboxes" || r.URL.Path == "/v2/sandboxes"):
 		g.list(w, r) // list.go
-	case r.URL.Path == "/keys" || strings.HasPrefix(r.URL.Path, "/keys/"):
-		// The cluster's keys are in the Kubernetes API: any node serves them.
+	case r.URL.Path == "/keys" || strings.HasPrefix(r.URL.Path, "/keys/") ||
+		r.URL.Path == "/secrets" || strings.HasPrefix(r.URL.Path, "/secrets/"):
+		// The cluster's keys and secrets are in the Kubernetes API: any
+		// node serves them.
 		g.toAnyNode(w, r)
 	default:
 		if id, ok := sandboxPath(r.URL.Path); ok {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/template"
 	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
@@ -208,7 +209,14 @@ func (o *Options) Normalize(max Maxima) error {
 		o.CPUs = DefaultCPUs
 	}
 	if o.MemoryMB == 0 {
+		// A builtin template may need more than the default (the desktop).
 		o.MemoryMB = DefaultMemoryMB
+		if m := template.BuiltinMemoryMB(o.TemplateID); m > o.MemoryMB {
+			o.MemoryMB = m
+		}
+		if o.MemoryMB > max.MemoryMB && o.MemoryMB != DefaultMemoryMB {
+			return errdefs.InvalidArgument("the %s template's default memory of %d MiB is above this daemon's maximum of %d MiB (raise cella serve --max-memory, or ask for less memory)", o.TemplateID, o.MemoryMB, max.MemoryMB)
+		}
 	}
 	if o.DiskMB == 0 {
 		o.DiskMB = DefaultDiskMB

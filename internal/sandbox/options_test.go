@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/template"
 )
 
 // testMaxima are fixed, so that no test depends on the host's cores or RAM.
@@ -68,5 +69,31 @@ func TestResolveMaxima(t *testing.T) {
 		if _, err := m.Resolve(dir); err == nil || err.Error() != want {
 			t.Errorf("%+v: %v; want %q", m, err, want)
 		}
+	}
+}
+
+// A builtin template with a memory default of its own (the desktop) gets
+// it when the create asks for none; an explicit limit wins; a default above
+// the daemon's maximum is refused naming the template and the flag.
+func TestNormalizeTemplateMemory(t *testing.T) {
+	for _, c := range []struct {
+		o    Options
+		want int64
+	}{
+		{Options{TemplateID: template.DesktopName}, template.DesktopMemoryMB},
+		{Options{TemplateID: template.DesktopName, MemoryMB: 1024}, 1024},
+		{Options{}, DefaultMemoryMB},
+		{Options{TemplateID: template.CodeInterpreterName}, DefaultMemoryMB},
+	} {
+		o := c.o
+		if err := o.Normalize(testMaxima); err != nil || o.MemoryMB != c.want {
+			t.Errorf("%+v: memory %d MiB, %v; want %d MiB", c.o, o.MemoryMB, err, c.want)
+		}
+	}
+	small := testMaxima
+	small.MemoryMB = 2048
+	o := Options{TemplateID: template.DesktopName}
+	if err := o.Normalize(small); err == nil || !errdefs.Is(err, errdefs.KindInvalidArgument) || !strings.Contains(err.Error(), "the desktop template's default memory of 4096 MiB is above this daemon's maximum of 2048 MiB (raise cella serve --max-memory") {
+		t.Errorf("desktop default above the maximum: %v", err)
 	}
 }
