@@ -56,6 +56,10 @@ const (
 	// ChannelTokenPath takes the credential of the agent's next hello
 	// (POST ChannelTokenRequest: 204). Served on the channel only.
 	ChannelTokenPath = "/cella/channel-token"
+	// SpawnPath times the agent's own starts of an exec's command shape
+	// (POST SpawnRequest: SpawnResult). Served on the channel only; the
+	// daemon's warm pools call it to warm what a first exec needs.
+	SpawnPath = "/cella/spawn"
 	// ProcessLogsPattern is the ServeMux pattern of a process's retained
 	// output (ProcessLogsPath).
 	ProcessLogsPattern = "/cella/processes/{pid}/logs"
@@ -87,6 +91,15 @@ func AuthExempt(method, path string) bool {
 		return true
 	}
 	return false
+}
+
+// DaemonOnly reports whether method+path is a route only the daemon itself
+// may call, never traffic through its edge, even with the access token:
+// the spawn timing runs the login shell outside the audit feed, which an
+// owner who edited the login scripts could otherwise use to run them
+// unaudited.
+func DaemonOnly(method, path string) bool {
+	return method+" "+path == "POST "+SpawnPath
 }
 
 // UserAuthorization is the Authorization header that names the sandbox user

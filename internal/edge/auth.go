@@ -27,6 +27,9 @@ func (r *refusal) Error() string { return http.StatusText(r.status) }
 // the traffic token for the others, when the sandbox has one.
 func admit(r *http.Request, sb Sandbox, port int) error {
 	if port == agentapi.Port {
+		if agentapi.DaemonOnly(r.Method, r.URL.Path) {
+			return &refusal{http.StatusNotFound, errorBody{Code: http.StatusNotFound, Message: "not found: " + r.URL.Path + " is the daemon's own"}}
+		}
 		return admitEnvd(r, sb)
 	}
 	want := sb.TrafficAccessToken()
