@@ -112,7 +112,9 @@ test-cluster: cluster-deps build
 	  if [ "$$(cat node_modules/.cella-lock-sha256 2>/dev/null)" != "$$sum" ]; then \
 	    npm ci --no-audit --no-fund --loglevel=error && echo "$$sum" > node_modules/.cella-lock-sha256; fi
 	CELLA_TEST_CLUSTER=1 CELLA_TEST_BIN=$$PWD/$(BIN)/cella CELLA_TEST_RUNSC=$$PWD/$(BIN)/runsc \
-	  $(GO) test -p 1 -count=1 -timeout 30m ./internal/cluster/... ./internal/clustertest/... ./internal/gateway/... ./internal/drain/...
+	  $(GO) test -p 1 -count=1 -timeout 30m ./internal/cluster/... ./internal/clustertest/... ./internal/gateway/... ./internal/drain/... ./internal/archive/...
+	CELLA_TEST_CLUSTER=1 CELLA_TEST_BIN=$$PWD/$(BIN)/cella CELLA_TEST_RUNSC=$$PWD/$(BIN)/runsc \
+	  $(GO) test -count=1 -timeout 20m -run TestArchiveS3 ./internal/daemon/conformance/
 
 # Benchmarks start their own daemons; not part of CI.
 bench: deps build

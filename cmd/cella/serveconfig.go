@@ -122,6 +122,11 @@ func serveSettings(c *serveConfig) []*setting {
 			usage: "the URL gateways reach this daemon at (default: http://LISTEN)"},
 		{flag: "lease-duration", env: "CELLA_LEASE_DURATION", def: "10s", kind: "duration", apply: one(&cl.LeaseDuration, time.ParseDuration),
 			usage: "how long one renewal of the node's Lease keeps it alive (renewed every third of it), 3s to 10m"},
+		{flag: "archive", env: "CELLA_ARCHIVE", kind: "URL", apply: one(&c.Archive.URL, text),
+			usage: "keep paused sandboxes in this S3 bucket (s3://BUCKET/PREFIX; credentials and region from the usual AWS environment and files), sealed with the archive key (the cluster's, or derived from master.key): a pause uploads, a resume on any node pulls; none = paused sandboxes stay on this host",
+			more:  "(see Sandboxes that outlive their node)"},
+		{flag: "archive-endpoint", env: "CELLA_ARCHIVE_ENDPOINT", kind: "URL", apply: one(&c.Archive.Endpoint, text),
+			usage: "the URL of an S3-compatible server for --archive (addressed path-style); none = AWS"},
 	}
 	return append(list, registrySettings(&c.Registry, &c.MaxLayerSize)...)
 }

@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"reflect"
@@ -84,7 +85,7 @@ func sandbox(id, node string) *v1alpha1.Sandbox {
 			Team: "team-a", KeyID: "key-1", Template: "base", Node: node,
 			Lifecycle: v1alpha1.SandboxLifecycle{EndAt: &end, AutoPause: true, AutoStop: "15m", AutoArchive: "1h", AutoDelete: "7d"},
 		},
-		Status: v1alpha1.SandboxStatus{Phase: v1alpha1.SandboxRunning, Message: "started", StartedAt: &start},
+		Status: v1alpha1.SandboxStatus{Phase: v1alpha1.SandboxRunning, Message: "started", StartedAt: &start, Archived: true},
 	}
 }
 
@@ -113,7 +114,7 @@ func TestCRDRoundTrip(t *testing.T) {
 	if !reflect.DeepEqual(gotSpec, wantSpec) {
 		t.Errorf("spec came back as\n%+v\nwant\n%+v", gotSpec, wantSpec)
 	}
-	if got.Status.Phase != want.Status.Phase || got.Status.Message != want.Status.Message || !got.Status.StartedAt.Equal(want.Status.StartedAt) {
+	if got.Status.Phase != want.Status.Phase || got.Status.Message != want.Status.Message || got.Status.Archived != want.Status.Archived || !got.Status.StartedAt.Equal(want.Status.StartedAt) {
 		t.Errorf("status came back as %+v, want %+v", got.Status, want.Status)
 	}
 	if got.Labels[cluster.LabelNode] != "node-a" {
@@ -309,5 +310,109 @@ func TestNodeLease(t *testing.T) {
 	nodes, _ = cluster.Nodes(ctx, c, ns)
 	if len(nodes) != 1 || !nodes[0].Live || nodes[0].Holder != a2.Identity() {
 		t.Fatalf("after take-over: %+v (want holder %s)", nodes, a2.Identity())
+	}
+}
+
+// TestClaim: a node restoring a sandbox from the archive takes its record
+// only from a node whose Lease lapsed (spec.node and the label move, the
+// phase is Paused with where it came from); a live holder keeps it, so of
+// two nodes racing for one archive exactly one wins; the holder's own
+// claim and a sandbox without a record are no-ops.
+func TestClaim(t *testing.T) {
+	c, ns := env(t)
+	ctx := ctxT(t)
+	r := cluster.NewRecords(c, ns)
+	if err := r.Claim(ctx, "norecord", "node-b"); err != nil {
+		t.Fatalf("claim without a record: %v", err)
+	}
+	// node-a's Lease: live, then lapsed.
+	a, err := cluster.Join(ctx, cluster.NodeConfig{Client: c, Namespace: ns, Name: "node-a", Endpoint: "http://127.0.0.1:1", Duration: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := sandbox("moving1", "node-a")
+	sb.Status.Phase, sb.Status.Archived = v1alpha1.SandboxPaused, true
+	if err := r.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Claim(ctx, "moving1", "node-a"); err != nil {
+		t.Fatalf("the holder's own claim: %v", err)
+	}
+	var held *cluster.HeldError
+	if err := r.Claim(ctx, "moving1", "node-b"); !errors.As(err, &held) || held.Node != "node-a" {
+		t.Fatalf("claim from a live holder: %v, want HeldError", err)
+	}
+	a.Halt() // as a kill -9 leaves it
+	deadline := time.Now().Add(time.Minute)
+	for {
+		nodes, err := cluster.Nodes(ctx, c, ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(nodes) == 1 && !nodes[0].Live {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node-a's lease does not lapse: %+v", nodes)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// node-b and node-c race; node-b is live, node-c is not a member yet.
+	b, err := cluster.Join(ctx, cluster.NodeConfig{Client: c, Namespace: ns, Name: "node-b", Endpoint: "http://127.0.0.1:2", Duration: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	cc, err := cluster.Join(ctx, cluster.NodeConfig{Client: c, Namespace: ns, Name: "node-c", Endpoint: "http://127.0.0.1:3", Duration: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	errs := make(chan error, 2)
+	for _, n := range []string{"node-b", "node-c"} {
+		go func() { errs <- r.Claim(ctx, "moving1", n) }()
+	}
+	var won, lost int
+	for range 2 {
+		err := <-errs
+		switch {
+		case err == nil:
+			won++
+		case errors.As(err, &held):
+			lost++
+		default:
+			t.Fatalf("claim: %v", err)
+		}
+	}
+	if won != 1 || lost != 1 {
+		t.Fatalf("two nodes racing: %d won, %d refused; want one each", won, lost)
+	}
+	got, err := r.Sandbox(ctx, "moving1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Spec.Node != held.Node {
+		t.Fatalf("the record is on %q, the refused claim named %q as its holder", got.Spec.Node, held.Node)
+	}
+	if got.Labels[cluster.LabelNode] != got.Spec.Node || got.Status.Phase != v1alpha1.SandboxPaused || !strings.Contains(got.Status.Message, "moved from node node-a") || !got.Status.Archived {
+		t.Fatalf("moved record: labels %v, status %+v", got.Labels, got.Status)
+	}
+	if list, err := r.Sandboxes(ctx, got.Spec.Node); err != nil || len(list) != 1 {
+		t.Fatalf("the new holder's label-selected list: %v, %v", list, err)
+	}
+	// The holder drained (cella node drain): it no longer resumes it
+	// itself, and another live node takes it.
+	winner, other := got.Spec.Node, map[string]string{"node-b": "node-c", "node-c": "node-b"}[got.Spec.Node]
+	if err := cluster.SetDrain(ctx, c, ns, winner, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Claim(ctx, "moving1", winner); !errdefs.Is(err, errdefs.KindUnavailable) {
+		t.Fatalf("a drained holder's own claim: %v, want unavailable", err)
+	}
+	if err := r.Claim(ctx, "moving1", other); err != nil {
+		t.Fatalf("claim from a drained holder: %v", err)
+	}
+	if got, err := r.Sandbox(ctx, "moving1"); err != nil || got.Spec.Node != other {
+		t.Fatalf("after the claim from a drained holder: %+v, %v", got, err)
 	}
 }

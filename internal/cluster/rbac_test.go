@@ -81,6 +81,17 @@ func TestRBAC(t *testing.T) {
 	if err != nil || len(gwKey) < 32 {
 		t.Fatalf("gateway key as cella-node: %q %v", gwKey, err)
 	}
+	archiveKey, err := cluster.ArchiveKey(ctx, node, ns)
+	if err != nil || len(archiveKey) != 32 {
+		t.Fatalf("archive key as cella-node: %v", err)
+	}
+	if again, err := cluster.ArchiveKey(ctx, node, ns); err != nil || string(again) != string(archiveKey) {
+		t.Fatalf("archive key again as cella-node: %v (want the first one)", err)
+	}
+	ca, err := cluster.EgressCA(ctx, node, ns, func() (string, error) { return "ca-1", nil })
+	if err != nil || ca != "ca-1" {
+		t.Fatalf("egress CA as cella-node: %q %v", ca, err)
+	}
 	alice, aliceKey, err := cluster.NewKeys(node, ns).CreateAPIKey(ctx, store.NewKey{Name: "alice", Team: "alpha"})
 	if err != nil {
 		t.Fatalf("create an API key as cella-node: %v", err)
@@ -102,6 +113,9 @@ func TestRBAC(t *testing.T) {
 	obs := []cluster.Observed{{ID: "rbac1", Team: "t", Template: "base", Phase: v1alpha1.SandboxRunning}}
 	if err := recs.SyncNode(ctx, "rbac-node", obs); err != nil {
 		t.Fatalf("record sandboxes as cella-node: %v", err)
+	}
+	if err := recs.Claim(ctx, "rbac1", "rbac-node"); err != nil {
+		t.Fatalf("claim its own sandbox as cella-node: %v", err)
 	}
 	if err := node.Get(ctx, types.NamespacedName{Namespace: ns, Name: "unrelated"}, &corev1.Secret{}); !errdefs.Is(cluster.KindOf(err), errdefs.KindForbidden) {
 		t.Errorf("cella-node read another Secret: %v", err)
@@ -127,7 +141,7 @@ func TestRBAC(t *testing.T) {
 	if _, _, err := cluster.NewKeys(gw, ns).CreateAPIKey(ctx, store.NewKey{Name: "mallory"}); !errdefs.Is(err, errdefs.KindForbidden) {
 		t.Errorf("cella-gateway created an API key: %v", err)
 	}
-	for _, name := range []string{cluster.AdminKeySecret, "unrelated"} {
+	for _, name := range []string{cluster.AdminKeySecret, cluster.ArchiveKeySecret, cluster.EgressCASecret, "unrelated"} {
 		if err := gw.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &corev1.Secret{}); !errdefs.Is(cluster.KindOf(err), errdefs.KindForbidden) {
 			t.Errorf("cella-gateway read Secret %s: %v", name, err)
 		}

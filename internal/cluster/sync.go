@@ -16,6 +16,8 @@ type Observed struct {
 	Phase                     v1alpha1.SandboxPhase
 	StartedAt, EndAt          time.Time
 	AutoPause                 bool
+	// Archived: paused with its state in the archive store.
+	Archived bool
 }
 
 // SyncNode makes node's Sandbox records match what the node holds: each
@@ -48,7 +50,7 @@ func (r *Records) SyncNode(ctx context.Context, node string, observed []Observed
 			}
 			continue
 		}
-		if sb.Status.Phase == want.Status.Phase && sb.Status.Message == want.Status.Message {
+		if sb.Status.Phase == want.Status.Phase && sb.Status.Message == want.Status.Message && sb.Status.Archived == want.Status.Archived {
 			continue
 		}
 		sb.Status = want.Status
@@ -72,7 +74,7 @@ func (o Observed) record(node string) *v1alpha1.Sandbox {
 		ObjectMeta: metav1.ObjectMeta{Name: o.ID},
 		Spec: v1alpha1.SandboxSpec{Team: o.Team, KeyID: o.KeyID, Template: o.Template, Node: node,
 			Lifecycle: v1alpha1.SandboxLifecycle{AutoPause: o.AutoPause}},
-		Status: v1alpha1.SandboxStatus{Phase: o.Phase},
+		Status: v1alpha1.SandboxStatus{Phase: o.Phase, Archived: o.Archived},
 	}
 	if !o.EndAt.IsZero() {
 		t := metav1.NewTime(o.EndAt)

@@ -39,6 +39,9 @@ type NodeOptions struct {
 	// DataDir restarts a node on the data dir of an earlier one (after a
 	// Kill: the new daemon adopts or removes what the dead one left).
 	DataDir string
+	// Args are more flags of cella serve (--archive ...), Env more
+	// variables (the archive's AWS_* credentials).
+	Args, Env []string
 }
 
 // StartNode runs `cella serve` on a data dir of its own, joined to the
@@ -80,10 +83,10 @@ func (c *ControlPlane) StartNode(t testing.TB, o NodeOptions) *Proc {
 	listen := "127.0.0.1:" + strconv.Itoa(ports[0])
 	n := &Proc{Name: o.Name, URL: "http://" + listen, DataDir: dataDir}
 	c.setLast(dataDir, n)
-	n.start(t, c, cella, "node-"+o.Name+".log", []string{"CELLA_CACHE_DIR=" + daemontest.CacheDir()},
-		"serve", "--data-dir="+dataDir, "--listen="+listen, "--runsc="+runsc, "--domain=cella.test",
-		"--cluster="+c.Kubeconfig(t), "--node-name="+o.Name, "--cluster-namespace="+o.Namespace,
-		"--lease-duration="+o.LeaseDuration.String(), "--network-pool=1")
+	n.start(t, c, cella, "node-"+o.Name+".log", append([]string{"CELLA_CACHE_DIR=" + daemontest.CacheDir()}, o.Env...),
+		append([]string{"serve", "--data-dir=" + dataDir, "--listen=" + listen, "--runsc=" + runsc, "--domain=cella.test",
+			"--cluster=" + c.Kubeconfig(t), "--node-name=" + o.Name, "--cluster-namespace=" + o.Namespace,
+			"--lease-duration=" + o.LeaseDuration.String(), "--network-pool=1"}, o.Args...)...)
 	return n
 }
 

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -11,6 +12,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/api"
 	"github.com/cella-sandbox/cella/internal/cluster"
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
+	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/sandbox"
 	"github.com/cella-sandbox/cella/internal/secrets"
 	"github.com/cella-sandbox/cella/internal/store"
@@ -192,6 +194,7 @@ func recordSandboxes(r *cluster.Records, node string, mgr *sandbox.Manager, log 
 		var failing bool
 		for {
 			err := r.SyncNode(ctx, node, observe(mgr))
+			err = errors.Join(err, forgetMoved(ctx, r, node, mgr, log))
 			if err != nil && !failing && ctx.Err() == nil {
 				log.Warn("cluster: recording sandboxes failed", "node", node, "err", err)
 			}
@@ -204,6 +207,27 @@ func recordSandboxes(r *cluster.Records, node string, mgr *sandbox.Manager, log 
 		}
 	}()
 	return func() { cancel(); <-done }
+}
+
+// forgetMoved drops this node's copies of archived sandboxes whose record
+// another node holds now (it resumed them from the archive).
+func forgetMoved(ctx context.Context, r *cluster.Records, node string, mgr *sandbox.Manager, log *slog.Logger) error {
+	var errs []error
+	for _, id := range mgr.Archived() {
+		holder, err := r.Holder(ctx, id)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if holder == "" || holder == node {
+			continue
+		}
+		log.Info("cluster: an archived sandbox was taken by another node", "id", id, "holder", holder)
+		if err := mgr.Forget(ctx, id); err != nil && !errdefs.Is(err, errdefs.KindNotFound) && !errdefs.Is(err, errdefs.KindConflict) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // lastRecords brings the node's records up to date once more as the
@@ -232,7 +256,7 @@ func observe(mgr *sandbox.Manager) []cluster.Observed {
 		}
 		o := in.Options.Owner()
 		out = append(out, cluster.Observed{ID: in.ID, Team: o.Team, KeyID: o.Key, Template: in.TemplateID,
-			Phase: phase, StartedAt: in.StartedAt, EndAt: in.EndAt, AutoPause: in.Options.AutoPause})
+			Phase: phase, StartedAt: in.StartedAt, EndAt: in.EndAt, AutoPause: in.Options.AutoPause, Archived: in.Lifecycle.Archived})
 	}
 	return out
 }

@@ -72,6 +72,9 @@ type Config struct {
 	Maxima sandbox.Maxima
 	// Cluster makes the daemon a node of a cluster (--cluster; cluster.go).
 	Cluster ClusterConfig
+	// Archive keeps paused sandboxes in an object store (--archive;
+	// archive.go).
+	Archive ArchiveConfig
 	// Build configures template builds (internal/build).
 	Build BuildConfig
 	// Builder, if set, runs the builds E2B's build API requests
@@ -199,6 +202,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	if err := c.Cluster.validate(); err != nil {
+		return err
+	}
+	if err := c.Archive.validate(); err != nil {
 		return err
 	}
 	if c.Runtime == runtime.GVisor {

@@ -217,6 +217,11 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("read recorded network slots: %w", err)
 		}
+		if d.cluster != nil {
+			if err := clusterEgressCA(ctx, d.cluster, c, log); err != nil { // archive.go
+				return nil, err
+			}
+		}
 		n, closeNet, err := newNetwork(c, log, al, sm, d.selfUpstream, &d.egressCounts, adoptable)
 		if err != nil {
 			return nil, err
@@ -232,6 +237,10 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	d.add("events", evs.Close) // closed after the sandboxes: a shutdown's kills are still queued, not blocked
 
 	d.Metrics = newMetrics(rt.Name(), tpls) // observe.go
+	arch, err := d.openArchive(ctx, c)      // archive.go
+	if err != nil {
+		return nil, err
+	}
 	mgr, err := sandbox.NewManager(sandbox.Config{
 		DataDir: c.DataDir, Runtime: rt, Templates: tpls, Store: st, Log: log,
 		Agents: agents, Agent: d.Agent,
@@ -239,6 +248,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		AgentAudit: agentAudit{al}, Events: evs, Network: sbNet, SecretValue: sm.Get, MetricsInterval: c.MetricsInterval, Maxima: c.Maxima,
 		PoolMemoryBudget: c.PoolMemoryBudget,
 		Metrics:          d.Metrics, KeyLimits: keyLimits(keys),
+		Archive: arch, Claim: d.claim(c.Cluster), NodeName: c.Cluster.NodeName,
 	})
 	if err != nil {
 		return nil, err

@@ -214,6 +214,12 @@ func (g *Gateway) toAnyNode(w http.ResponseWriter, r *http.Request) {
 // toSandbox forwards r to the node of sandbox id.
 func (g *Gateway) toSandbox(w http.ResponseWriter, r *http.Request, id string) {
 	node, err := g.nodeOf(r.Context(), id)
+	if (err == nil || errdefs.Is(err, errdefs.KindUnavailable)) && (isResume(r) || isKill(r)) {
+		// An archived sandbox outlives its node (archive.go).
+		if n, ok := g.elsewhere(r.Context(), id); ok {
+			node, err = n, nil
+		}
+	}
 	if err != nil {
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return

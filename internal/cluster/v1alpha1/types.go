@@ -82,6 +82,10 @@ type SandboxStatus struct {
 	// when its Lease lapsed).
 	Message   string       `json:"message,omitempty"`
 	StartedAt *metav1.Time `json:"startedAt,omitempty"`
+	// Archived: the paused sandbox's state is in the cluster's archive
+	// store, so any node can resume it (a gateway sends the resume of an
+	// archived sandbox whose node is gone to another).
+	Archived bool `json:"archived,omitempty"`
 }
 
 // SandboxList is a list of Sandboxes.
