@@ -97,9 +97,16 @@ func AuthExempt(method, path string) bool {
 // may call, never traffic through its edge, even with the access token:
 // the spawn timing runs the login shell outside the audit feed, which an
 // owner who edited the login scripts could otherwise use to run them
-// unaudited.
+// unaudited; the channel's next credential, set by a client, would be a
+// credential someone other than the daemon knows, which a process in the
+// sandbox could dial the daemon with as the agent; and the audit feed is
+// the daemon's record of what happened, read from its store by clients.
 func DaemonOnly(method, path string) bool {
-	return method+" "+path == "POST "+SpawnPath
+	switch method + " " + path {
+	case "POST " + SpawnPath, "POST " + ChannelTokenPath, "GET " + EventsPath:
+		return true
+	}
+	return false
 }
 
 // UserAuthorization is the Authorization header that names the sandbox user
