@@ -77,6 +77,16 @@ func Main(ctx context.Context) error {
 		}
 	}
 
+	if cfg.HasService(agentapi.ServiceDocker) {
+		// Before the daemon can send a command: none sees an engine of an
+		// earlier boot (docker.go).
+		if pid, err := srv.startDocker(); err != nil {
+			slog.Error("docker engine not started", "err", err)
+		} else {
+			slog.Info("docker engine started", "pid", pid, "log", dockerdLog)
+		}
+	}
+
 	var wg sync.WaitGroup
 	// In-sandbox loopback listener. Failing to bind is not fatal: the
 	// daemon's channel is what matters.

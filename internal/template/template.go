@@ -131,6 +131,7 @@ type Builtin struct {
 var Builtins = map[string]Builtin{
 	BaseName:            {Recipe: BaseRecipe},
 	CodeInterpreterName: {Recipe: CodeInterpreterRecipe, Services: []string{ServiceCodeInterpreter}},
+	DockerName:          {Recipe: DockerRecipe, Services: []string{ServiceDocker}},
 }
 
 // IsBuiltin reports whether name is built on first use (EnsureNamed).
@@ -147,6 +148,11 @@ type Recipe struct {
 	// DefaultMirror. It is not part of the cache key: every mirror serves
 	// the same packages.
 	Mirror string `json:"mirror,omitempty"`
+	// Setup is a shell script run in the image's chroot after the packages
+	// are installed and the user is made (what a builtin needs beyond
+	// packages: DockerRecipe's). Builtin recipes only: never read from
+	// JSON, so no request can run a script on the host. Part of the key.
+	Setup string `json:"-"`
 }
 
 var (
@@ -180,6 +186,9 @@ func (r Recipe) Key() string {
 	h := sha256.New()
 	// v2: images tuned by fastLoginShell.
 	fmt.Fprintf(h, "cella-template-v2\x00%s\x00%s", r.Suite, strings.Join(pkgs, "\x00"))
+	if r.Setup != "" { // recipes without one keep the keys they had
+		fmt.Fprintf(h, "\x00setup\x00%s", r.Setup)
+	}
 	return "r-" + hex.EncodeToString(h.Sum(nil))[:20]
 }
 
@@ -698,6 +707,12 @@ func (s *Store) buildImage(ctx context.Context, name, key string, r Recipe, prog
 	}
 	if err := grantSudo(root); err != nil {
 		return "", err
+	}
+	if r.Setup != "" {
+		step("setup script")
+		if err := runInChroot(ctx, root, progress, "/bin/sh", "-ec", r.Setup); err != nil {
+			return "", fmt.Errorf("setup script: %w", err)
+		}
 	}
 	step("clean apt caches")
 	if err := runInChroot(ctx, root, progress, "apt-get", "clean"); err != nil {
