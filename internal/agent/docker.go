@@ -3,12 +3,14 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
+	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -28,6 +30,12 @@ const (
 	ipForwardPath = "/proc/sys/net/ipv4/ip_forward"
 	// sandboxLink is the sandbox's one interface out (its network slot).
 	sandboxLink = "eth0"
+	// dockerBridge is the engine's default bridge, dockerSocket its API.
+	dockerBridge = "docker0"
+	dockerSocket = "/run/docker.sock"
+	// dockerStopGrace is how long a stopping dockerd may take to stop its
+	// containers (its own default is 10 s per container) before SIGKILL.
+	dockerStopGrace = 30 * time.Second
 )
 
 // dockerStale is what a dockerd of an earlier boot leaves on the root (a
@@ -36,8 +44,15 @@ const (
 // engine listens, and its pid files make dockerd and containerd refuse to
 // start when a new process has the old pid.
 var dockerStale = []string{
-	"/run/docker.sock", "/run/docker.pid",
+	dockerSocket, "/run/docker.pid",
 	"/run/docker/containerd/containerd.pid", "/run/docker/containerd/containerd.sock",
+}
+
+// dockerEngine is the dockerd the agent started.
+type dockerEngine struct {
+	mu   sync.Mutex
+	pid  int
+	done chan struct{} // closed when dockerd ended
 }
 
 // startDocker makes the sandbox route its engine's bridge out through eth0
@@ -45,12 +60,18 @@ var dockerStale = []string{
 // returns dockerd's pid once it runs; the engine then takes a second or two
 // to listen, which the template's docker wrapper waits for.
 func (s *Server) startDocker() (int, error) {
+	s.docker.mu.Lock()
+	defer s.docker.mu.Unlock()
+	return s.startDockerLocked()
+}
+
+func (s *Server) startDockerLocked() (int, error) {
 	for _, p := range dockerStale {
 		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return 0, fmt.Errorf("docker: remove stale %s: %w", p, err)
 		}
 	}
-	if err := routeBridge(); err != nil {
+	if err := s.routeBridge(); err != nil {
 		// Containers still run, with no way out; say why once.
 		slog.Warn("docker: inner containers get no network", "err", err)
 	}
@@ -68,9 +89,8 @@ func (s *Server) startDocker() (int, error) {
 		Dir:   "/",
 		Env:   []string{"PATH=" + defaultPath, "HOME=/root", "LANG=C.UTF-8"},
 		Files: []uintptr{null.Fd(), logf.Fd(), logf.Fd()},
-		// Its own session: not a command, so no command's limits, timeout
-		// or kill reach it (its containers are the user's commands'
-		// business, bounded by the sandbox's own limits).
+		// Its own session: not a command, so no command's timeout or kill
+		// reaches it (the sandbox's memory limit still counts it).
 		Sys: &syscall.SysProcAttr{Setsid: true},
 	}
 	pid, wait, err := s.reaper.start(func() (int, error) {
@@ -79,11 +99,57 @@ func (s *Server) startDocker() (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("docker: start %s: %w", dockerdPath, err)
 	}
+	done := make(chan struct{})
 	go func() {
 		ws := <-wait
-		slog.Warn("docker: dockerd ended", "pid", pid, "status", ws.ExitStatus(), "signal", ws.Signal(), "log", dockerdLog)
+		close(done)
+		slog.Warn("docker: dockerd ended", "pid", pid, "status", waitStatusString(ws), "log", dockerdLog)
 	}()
+	s.docker.pid, s.docker.done = pid, done
 	return pid, nil
+}
+
+// repairDocker restarts a running engine whose bridge is gone. A sandbox
+// restored from memory (a resume, a snapshot, a fork) has its processes
+// back but gVisor rebuilds its network from the host's side, eth0 and
+// loopback only: the engine's docker0, its containers' links and the NAT
+// rule are lost, and the engine would fail every container it starts on
+// the bridge. Restarting it makes them anew; running containers stop with
+// it (their links are gone too), and those with a restart policy come back.
+// The agent calls it whenever it dials the daemon again, which a restore
+// always makes it do; anywhere else it finds the bridge and does nothing.
+func (s *Server) repairDocker() {
+	if !s.docker.mu.TryLock() {
+		return // starting or repairing already
+	}
+	defer s.docker.mu.Unlock()
+	if s.docker.done == nil {
+		return
+	}
+	select {
+	case <-s.docker.done:
+		return // ended: not the agent's to bring back
+	default:
+	}
+	if _, err := os.Stat(dockerSocket); err != nil {
+		return // still starting: the bridge comes before the socket
+	}
+	if _, err := net.InterfaceByName(dockerBridge); err == nil {
+		return
+	}
+	slog.Warn("docker: the engine's bridge is gone (restored from memory): restarting dockerd", "pid", s.docker.pid)
+	_ = syscall.Kill(s.docker.pid, syscall.SIGTERM)
+	select {
+	case <-s.docker.done:
+	case <-time.After(dockerStopGrace):
+		_ = syscall.Kill(s.docker.pid, syscall.SIGKILL)
+		<-s.docker.done
+	}
+	if pid, err := s.startDockerLocked(); err != nil {
+		slog.Error("docker engine not restarted", "err", err)
+	} else {
+		slog.Info("docker engine restarted", "pid", pid)
+	}
 }
 
 // routeBridge turns on forwarding in the sandbox's netstack and SNATs what
@@ -92,7 +158,7 @@ func (s *Server) startDocker() (int, error) {
 // What leaves is then the sandbox's traffic like any other, through the
 // egress proxy and its policy. A sandbox without a network slot has no
 // eth0 and nothing to route.
-func routeBridge() error {
+func (s *Server) routeBridge() error {
 	ifc, err := net.InterfaceByName(sandboxLink)
 	if err != nil {
 		return nil
@@ -105,9 +171,11 @@ func routeBridge() error {
 		return fmt.Errorf("enable forwarding: %w", err)
 	}
 	for _, proto := range []string{"tcp", "udp"} {
-		out, err := exec.Command(iptablesPath, "-t", "nat", "-A", "POSTROUTING", "-o", sandboxLink,
-			"-p", proto, "-j", "SNAT", "--to-source", addr).CombinedOutput()
-		if err != nil {
+		rule := []string{"POSTROUTING", "-o", sandboxLink, "-p", proto, "-j", "SNAT", "--to-source", addr}
+		if _, err := s.runReaped(append([]string{iptablesPath, "-t", "nat", "-C"}, rule...)); err == nil {
+			continue // a restart of the engine in the same boot
+		}
+		if out, err := s.runReaped(append([]string{iptablesPath, "-t", "nat", "-A"}, rule...)); err != nil {
 			return fmt.Errorf("iptables SNAT %s: %w: %s", proto, err, out)
 		}
 	}
@@ -125,4 +193,39 @@ func ipv4Of(ifc *net.Interface) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%s has no IPv4 address", ifc.Name)
+}
+
+// runReaped runs argv to its end and returns its output. Through the
+// reaper: as PID 1 the agent reaps every child, so os/exec's own wait
+// would find its child gone.
+func (s *Server) runReaped(argv []string) ([]byte, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	defer null.Close()
+	attr := &syscall.ProcAttr{Env: []string{"PATH=" + defaultPath}, Files: []uintptr{null.Fd(), w.Fd(), w.Fd()}}
+	_, wait, err := s.reaper.start(func() (int, error) { return syscall.ForkExec(argv[0], argv, attr) })
+	w.Close()
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", argv[0], err)
+	}
+	out, _ := io.ReadAll(io.LimitReader(r, 64<<10))
+	if ws := <-wait; !ws.Exited() || ws.ExitStatus() != 0 {
+		return out, fmt.Errorf("%s: %s", argv[0], waitStatusString(ws))
+	}
+	return out, nil
+}
+
+func waitStatusString(ws unix.WaitStatus) string {
+	if ws.Signaled() {
+		return "killed by " + ws.Signal().String()
+	}
+	return fmt.Sprintf("exit status %d", ws.ExitStatus())
 }

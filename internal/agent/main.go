@@ -100,7 +100,13 @@ func Main(ctx context.Context) error {
 	}
 
 	slog.Info("agent starting", "sandbox", cfg.SandboxID, "runtime", cfg.Runtime, "version", agentapi.Version)
-	err = serveChannel(ctx, agentapi.GuestSocketPath, srv.hello, srv.Handler())
+	hello := srv.hello
+	if cfg.HasService(agentapi.ServiceDocker) {
+		// Every dial after the first follows a lost session, which a
+		// restore from memory always is (docker.go).
+		hello = func() channel.Hello { go srv.repairDocker(); return srv.hello() }
+	}
+	err = serveChannel(ctx, agentapi.GuestSocketPath, hello, srv.Handler())
 	wg.Wait()
 	slog.Info("agent stopped")
 	if errors.Is(err, context.Canceled) {
