@@ -85,10 +85,15 @@ func TestDockerTemplate(t *testing.T) {
 		hostSysctls[p] = b
 	}
 
-	id, sb := mustCreate(t, env, map[string]any{"templateID": template.DockerName, "memoryMB": 1024, "diskSizeMB": 2048})
+	// The template's own defaults (2 GiB, 4 GiB disk): the engine needs more
+	// than the daemon's 512 MiB.
+	id, sb := mustCreate(t, env, map[string]any{"templateID": template.DockerName})
 
 	// The engine the agent started at boot answers (the docker wrapper
 	// waits for it), as the sandbox user, and it is gVisor's, not a host's.
+	if d, err := env.Client.Get(ctx, id); err != nil || d.MemoryMB != template.DockerMemoryMB || d.DiskSizeMB != template.DockerDiskMB {
+		t.Fatalf("docker sandbox limits: %d MiB memory, %d MiB disk (%v); want the template's %d and %d", d.MemoryMB, d.DiskSizeMB, err, template.DockerMemoryMB, template.DockerDiskMB)
+	}
 	out := dockerOK(t, sb, "", `docker info --format '{{.Name}} {{.KernelVersion}} {{.Driver}} {{.CgroupVersion}}'`)
 	if !strings.Contains(out, "gvisor") {
 		t.Fatalf("docker info: want the sandbox's own engine on gVisor's kernel, got %q", out)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/template"
 	"github.com/cella-sandbox/cella/internal/tenant"
 )
 
@@ -179,6 +180,17 @@ func (o Options) Owner() tenant.Owner { return tenant.Owner{Team: o.TeamID, Key:
 
 var templateNameRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`)
 
+// templateDefault is a limit a create leaves unset: what the builtin
+// template asks for (0: nothing), else the daemon's default; never above
+// the daemon's maximum unless the default itself is (which Normalize then
+// refuses, naming the flag).
+func templateDefault(builtin, def, maximum int64) int64 {
+	if builtin > def {
+		return max(def, min(builtin, maximum))
+	}
+	return def
+}
+
 // Normalize fills defaults and rejects values cella cannot honour or the
 // operator does not allow (max, resolved), with a message that says which
 // field and what is allowed.
@@ -208,10 +220,10 @@ func (o *Options) Normalize(max Maxima) error {
 		o.CPUs = DefaultCPUs
 	}
 	if o.MemoryMB == 0 {
-		o.MemoryMB = DefaultMemoryMB
+		o.MemoryMB = templateDefault(template.Builtins[o.TemplateID].MemoryMB, DefaultMemoryMB, max.MemoryMB)
 	}
 	if o.DiskMB == 0 {
-		o.DiskMB = DefaultDiskMB
+		o.DiskMB = templateDefault(template.Builtins[o.TemplateID].DiskMB, DefaultDiskMB, max.DiskMB)
 	}
 	if o.Pids == 0 {
 		o.Pids = DefaultPids

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/template"
 )
 
 // testMaxima are fixed, so that no test depends on the host's cores or RAM.
@@ -67,6 +68,33 @@ func TestResolveMaxima(t *testing.T) {
 	} {
 		if _, err := m.Resolve(dir); err == nil || err.Error() != want {
 			t.Errorf("%+v: %v; want %q", m, err, want)
+		}
+	}
+}
+
+// TestNormalizeTemplateDefaults: a create of the docker template that names
+// no memory or disk gets the template's, capped by the daemon's maxima
+// (never below the daemon's defaults); what a create names wins; other
+// templates get the daemon's defaults.
+func TestNormalizeTemplateDefaults(t *testing.T) {
+	for _, c := range []struct {
+		o            Options
+		max          Maxima
+		memory, disk int64
+	}{
+		{Options{TemplateID: "docker"}, testMaxima, template.DockerMemoryMB, template.DockerDiskMB},
+		{Options{TemplateID: "docker", MemoryMB: 700, DiskMB: 900}, testMaxima, 700, 900},
+		{Options{TemplateID: "docker"}, Maxima{CPUs: 4, MemoryMB: 1000, DiskMB: 3000, Pids: 4096}, 1000, 3000},
+		{Options{TemplateID: "docker"}, Maxima{CPUs: 4, MemoryMB: DefaultMemoryMB, DiskMB: DefaultDiskMB, Pids: 4096}, DefaultMemoryMB, DefaultDiskMB},
+		{Options{}, testMaxima, DefaultMemoryMB, DefaultDiskMB},
+		{Options{TemplateID: "code-interpreter-v1"}, testMaxima, DefaultMemoryMB, DefaultDiskMB},
+	} {
+		o := c.o
+		if err := o.Normalize(c.max); err != nil {
+			t.Fatalf("%+v: %v", c.o, err)
+		}
+		if o.MemoryMB != c.memory || o.DiskMB != c.disk {
+			t.Errorf("%+v under %+v: memory %d disk %d, want %d %d", c.o, c.max, o.MemoryMB, o.DiskMB, c.memory, c.disk)
 		}
 	}
 }

@@ -17,6 +17,15 @@ const DockerName = "docker"
 // what an engine needs inside gVisor (runtime.Spec.ContainerEngine).
 const ServiceDocker = agentapi.ServiceDocker
 
+// The docker template's default limits. The engine itself (dockerd,
+// containerd, a shim per container) holds about 300 MiB of resident memory
+// as the agent counts it inside gVisor, so the daemon's default 512 MiB
+// leaves too little for a build; images live on the sandbox's disk.
+const (
+	DockerMemoryMB = 2048
+	DockerDiskMB   = 4096
+)
+
 // DockerRecipe is base plus Debian 12's Docker: the engine (docker.io, with
 // containerd and runc; its legacy builder, as Debian's CLI has no buildx),
 // Compose v1 (docker-compose: Debian 12 packages no Compose v2), iptables

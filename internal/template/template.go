@@ -124,6 +124,10 @@ type Builtin struct {
 	Recipe Recipe
 	// Services are started by the agent in every sandbox of the template.
 	Services []string
+	// MemoryMB and DiskMB, when set, are what a sandbox of the template
+	// gets when its create names none, instead of the daemon's defaults
+	// (a Docker engine needs more than 512 MiB).
+	MemoryMB, DiskMB int64
 }
 
 // Builtins are the templates a daemon builds when a sandbox first asks for
@@ -131,7 +135,7 @@ type Builtin struct {
 var Builtins = map[string]Builtin{
 	BaseName:            {Recipe: BaseRecipe},
 	CodeInterpreterName: {Recipe: CodeInterpreterRecipe, Services: []string{ServiceCodeInterpreter}},
-	DockerName:          {Recipe: DockerRecipe, Services: []string{ServiceDocker}},
+	DockerName:          {Recipe: DockerRecipe, Services: []string{ServiceDocker}, MemoryMB: DockerMemoryMB, DiskMB: DockerDiskMB},
 }
 
 // IsBuiltin reports whether name is built on first use (EnsureNamed).
