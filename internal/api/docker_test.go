@@ -153,7 +153,7 @@ services:
 		if err := sb.WriteFile(ctx, "/etc/docker/daemon.json", "root", strings.NewReader(conf)); err != nil {
 			t.Fatal(err)
 		}
-		dockerOK(t, sb, "root", fmt.Sprintf(`pkill -HUP -x dockerd; for i in $(seq 300); do docker info --format '{{.RegistryConfig.IndexConfigs}}' | grep -q %q && exit 0; sleep 0.1; done; exit 1`, regName))
+		dockerOK(t, sb, "root", fmt.Sprintf(`pkill -HUP -x dockerd; for i in $(seq 600); do docker info --format '{{.RegistryConfig.IndexConfigs}}' | grep -q %q && exit 0; sleep 0.1; done; exit 1`, regName))
 		dockerOK(t, sb, "", "docker pull "+regName+"/tools/bb:2")
 		if out := dockerOK(t, sb, "", "docker run --rm "+regName+"/tools/bb:2 echo pulled"); out != "pulled\n" {
 			t.Fatalf("run of the pulled image: %q", out)
@@ -291,7 +291,7 @@ ls /dev | tr '\n' ' '; echo; echo escape script ran`, maj, min)
 		if err := env.Client.Kill(ctx, id); err != nil {
 			t.Fatal(err)
 		}
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(time.Minute)
 		for {
 			out, _ := exec.Command("pgrep", "-af", "31337.31337|"+id).Output()
 			if len(bytes.TrimSpace(out)) == 0 {
