@@ -55,6 +55,15 @@ type dockerEngine struct {
 	done chan struct{} // closed when dockerd ended
 }
 
+// dockerRenamed are directories of the engine's state that dockerd renames
+// away at every start, and makes anew: in a template built on docker they
+// sit in a read-only lower layer of the sandbox's overlay, where renaming a
+// directory fails (EXDEV) and dockerd with it ("failed to start daemon:
+// rename /var/lib/docker/runtimes ..."). They hold nothing that outlives
+// an engine (runtime wrappers, temp files); removing them first leaves
+// dockerd nothing to rename. Images and containers stay.
+var dockerRenamed = []string{"/var/lib/docker/runtimes", "/var/lib/docker/tmp"}
+
 // startDocker makes the sandbox route its engine's bridge out through eth0
 // and starts dockerd in a session of its own, logging to dockerdLog. It
 // returns dockerd's pid once it runs; the engine then takes a second or two
@@ -69,6 +78,11 @@ func (s *Server) startDockerLocked() (int, error) {
 	for _, p := range dockerStale {
 		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return 0, fmt.Errorf("docker: remove stale %s: %w", p, err)
+		}
+	}
+	for _, p := range dockerRenamed {
+		if err := os.RemoveAll(p); err != nil {
+			return 0, fmt.Errorf("docker: remove %s: %w", p, err)
 		}
 	}
 	if err := s.routeBridge(); err != nil {

@@ -8,9 +8,9 @@ import (
 	"github.com/cella-sandbox/cella/internal/template"
 )
 
-// Sandboxes of a template whose services name Docker (the docker builtin;
-// its sandboxes' snapshots and forks lease it with its services) run a
-// container engine inside: their
+// Sandboxes of a template whose services name Docker (the docker builtin
+// and templates built on it; snapshots and forks lease it with its
+// services) run a container engine inside: their
 // container is started with runtime.Spec.ContainerEngine, which only
 // gVisor grants (its sentry serves the mounts, namespaces and bridges).
 

@@ -6,6 +6,7 @@ import (
 	"math"
 	"regexp"
 	goruntime "runtime"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -153,6 +154,10 @@ type Options struct {
 	// the template store to start on instead of TemplateID's (build.go);
 	// never taken from a request.
 	Image string `json:"image,omitempty"`
+	// Services, set only by template builds with Image, are the services
+	// of the template the build is on: its steps run what its sandboxes
+	// will (the docker template's engine). Never taken from a request.
+	Services []string `json:"services,omitempty"`
 
 	// APIKeyID and TeamID own the sandbox (tenant.Owner): set by Create
 	// from the caller, never from the request.
@@ -219,11 +224,15 @@ func (o *Options) Normalize(max Maxima) error {
 	if o.CPUs == 0 {
 		o.CPUs = DefaultCPUs
 	}
+	builtin := template.Builtins[o.TemplateID]
+	if slices.Contains(o.Services, template.ServiceDocker) { // a build on docker
+		builtin = template.Builtins[template.DockerName]
+	}
 	if o.MemoryMB == 0 {
-		o.MemoryMB = templateDefault(template.Builtins[o.TemplateID].MemoryMB, DefaultMemoryMB, max.MemoryMB)
+		o.MemoryMB = templateDefault(builtin.MemoryMB, DefaultMemoryMB, max.MemoryMB)
 	}
 	if o.DiskMB == 0 {
-		o.DiskMB = templateDefault(template.Builtins[o.TemplateID].DiskMB, DefaultDiskMB, max.DiskMB)
+		o.DiskMB = templateDefault(builtin.DiskMB, DefaultDiskMB, max.DiskMB)
 	}
 	if o.Pids == 0 {
 		o.Pids = DefaultPids
