@@ -3,6 +3,7 @@ package crun
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -96,7 +97,8 @@ func TestStartLatency(t *testing.T) {
 // the host kernel's), and nothing is left behind.
 func TestRefusesContainerEngine(t *testing.T) {
 	rt := newRuntime(t, false)
-	f := ocitest.New(t, "engine", false, "sleep 60")
+	// An ID no other process on the machine has in its command line.
+	f := ocitest.New(t, fmt.Sprintf("crun-engine-refused-%d", os.Getpid()), false, "sleep 60")
 	f.Spec.ContainerEngine = true
 	err := rt.Start(context.Background(), f.Spec)
 	if !errors.Is(err, runtime.ErrNotSupported) || !strings.Contains(err.Error(), "needs the gvisor runtime") {
