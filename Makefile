@@ -50,7 +50,17 @@ $(UI_DIST): $(shell find ui/src -type f) ui/build.mjs ui/package.json ui/package
 	fi && npm run --silent build
 	@touch $@
 
-$(BIN)/cella: $(shell find cmd internal -name '*.go' -o -path '*/codeinterp/drivers/*') internal/apiwire/openapi.yaml internal/apiwire/openapi.json go.mod go.sum $(UI_DIST)
+# The sandbox agent (cmd/cella-agent) is a small binary of its own, embedded
+# in cella (internal/agentbin), which writes it out for its sandboxes: one
+# file to install, and a sandbox pages in only the agent. Built first, so
+# every entry point (build, run, test, bench, soak) gets a cella that holds it.
+AGENT_EMBED := internal/agentbin/dist/cella-agent
+GO_SOURCES := $(shell find cmd internal -name '*.go' -o -path '*/codeinterp/drivers/*')
+
+$(AGENT_EMBED): $(GO_SOURCES) go.mod go.sum
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $@ ./cmd/cella-agent
+
+$(BIN)/cella: $(GO_SOURCES) $(AGENT_EMBED) internal/apiwire/openapi.yaml internal/apiwire/openapi.json go.mod go.sum $(UI_DIST)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $@ ./cmd/cella
 
 # gVisor is a pinned Go module (tools/runsc/go.mod). It must be built with
@@ -96,4 +106,4 @@ soak: deps build
 	$(BIN)/cella bench soak $(SOAK_FLAGS)
 
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) $(AGENT_EMBED)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/cella-sandbox/cella/internal/agentbin"
 	"github.com/cella-sandbox/cella/internal/bench"
 )
 
@@ -29,6 +30,9 @@ func (b *benchFlags) prepare() error {
 		return err
 	}
 	b.cfg.CellaBinary = self
+	if b.cfg.Agent, err = agentbin.Binary(); err != nil {
+		return err
+	}
 	if b.cfg.RunscPath == "" {
 		if b.cfg.RunscPath, err = findRunsc(self); err != nil {
 			return err

@@ -1,5 +1,6 @@
 // Command cella is the whole of cella in one binary: the daemon (cella
-// serve), the client verbs, and the agent that runs as PID 1 in every sandbox.
+// serve) and the client verbs, with the agent that runs as PID 1 in every
+// sandbox (cmd/cella-agent) embedded (internal/agentbin).
 package main
 
 import (

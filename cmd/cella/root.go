@@ -38,8 +38,6 @@ func newRootCmd() *cobra.Command {
 		newSecretCmd(), // secret.go
 		newPoolCmd(),   // pool.go
 		newStatsCmd(),  // stats.go
-		newAgentCmd(),
-		newAgentExecCmd(),
 	)
 	return root
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/cella-sandbox/cella/internal/agentbin"
 	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/runtime"
 )
@@ -65,7 +66,9 @@ func serve(ctx context.Context, c serveConfig, set *settings) error {
 	if err != nil {
 		return fmt.Errorf("find own binary: %w", err)
 	}
-	c.AgentBinary = self
+	if c.Agent, err = agentbin.Binary(); err != nil {
+		return err
+	}
 	if c.Runtime == runtime.GVisor && c.RunscPath == "" {
 		if c.RunscPath, err = findRunsc(self); err != nil {
 			return err

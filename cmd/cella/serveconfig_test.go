@@ -158,7 +158,7 @@ func TestServeValidateNamesSource(t *testing.T) {
 		if err != nil {
 			return err.Error() // refused before Validate: as good
 		}
-		c.AgentBinary = "/proc/self/exe"
+		c.Agent = []byte("an agent")
 		if err := c.Validate(); err != nil {
 			return set.name(err).Error()
 		}

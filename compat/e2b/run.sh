@@ -26,9 +26,9 @@ if [ ! -d node_modules ] || [ "$(cat node_modules/.cella-lock-sha256 2>/dev/null
   echo "$lock_sum" > node_modules/.cella-lock-sha256
 fi
 
-# A daemon of our own, run from a private copy of the binaries: the daemon
-# hands its own executable to every new sandbox as the agent, so a `make
-# build` during the run would otherwise mix two agent versions.
+# A daemon of our own, run from a private copy of the binaries: the run uses
+# the cella it started with (and the agent embedded in it) whatever a `make
+# build` does meanwhile.
 DATA_DIR=$(mktemp -d "${TMPDIR:-/tmp}/cella-e2b-compat.XXXXXX")
 mkdir "$DATA_DIR/bin"
 cp "$CELLA" "$DATA_DIR/bin/cella"

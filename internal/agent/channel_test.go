@@ -43,7 +43,7 @@ func runTestAgent() int {
 	go reaper.Run(ctx)
 	srv := NewServer(agentapi.Config{SandboxID: "sbxchan", DefaultUser: "root", ChannelToken: os.Getenv("CELLA_TEST_AGENT_TOKEN")}, Options{Reaper: reaper})
 	defer srv.Close()
-	if err := serveChannel(ctx, os.Getenv("CELLA_TEST_AGENT_SOCKET"), srv.hello, srv.Handler()); err != nil && ctx.Err() == nil {
+	if err := serveChannel(ctx, os.Getenv("CELLA_TEST_AGENT_SOCKET"), srv.hello, srv.Handler(), nil); err != nil && ctx.Err() == nil {
 		fmt.Fprintln(os.Stderr, "serve channel:", err)
 		return 1
 	}

@@ -21,14 +21,14 @@ var CodeInterpreterAddr = "127.0.0.1:" + strconv.Itoa(codeinterp.Port)
 // startCodeInterpreter serves the code interpreter until ctx ends. It is
 // called only for templates that ask for it, so other sandboxes pay nothing
 // (no listener, no goroutine, no process). The returned channel closes when
-// the server has stopped and killed its interpreters.
-func startCodeInterpreter(ctx context.Context, s *Server) (<-chan struct{}, error) {
+// the server has stopped and killed its interpreters; no interpreter runs
+// before the caller's Warm.
+func startCodeInterpreter(ctx context.Context, s *Server) (*codeinterp.Server, <-chan struct{}, error) {
 	ln, err := net.Listen("tcp", CodeInterpreterAddr)
 	if err != nil {
-		return nil, fmt.Errorf("code interpreter: listen on %s: %w", CodeInterpreterAddr, err)
+		return nil, nil, fmt.Errorf("code interpreter: listen on %s: %w", CodeInterpreterAddr, err)
 	}
 	ci := codeinterp.New(s.codeInterpreterConfig())
-	ci.Warm(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -37,7 +37,7 @@ func startCodeInterpreter(ctx context.Context, s *Server) (<-chan struct{}, erro
 		}
 	}()
 	slog.Info("code interpreter listening", "addr", CodeInterpreterAddr)
-	return done, nil
+	return ci, done, nil
 }
 
 // codeInterpreterConfig wires the server to the agent: the envd token, the

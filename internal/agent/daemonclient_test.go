@@ -38,7 +38,7 @@ func TestDaemonClient(t *testing.T) {
 	defer ln.Close()
 	sctx, stop := context.WithCancel(ctx)
 	served := make(chan struct{})
-	go func() { defer close(served); _ = serveChannel(sctx, sock, e.srv.hello, e.srv.Handler()) }()
+	go func() { defer close(served); _ = serveChannel(sctx, sock, e.srv.hello, e.srv.Handler(), nil) }()
 	defer func() { stop(); <-served }()
 	conn, _, err := ln.Accept(ctx)
 	if err != nil {

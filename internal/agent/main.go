@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -58,7 +59,17 @@ func Main(ctx context.Context) error {
 	// Under memory pressure the kernel must kill a command, never the
 	// agent; children get their score back in adjustOOM.
 	_ = os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
-	prewarmThreads(16)
+	// Under the namespaces runtime the agent shares the host pids cgroup
+	// with its commands: the threads a fork bomb could keep it from making
+	// are made now, before any command runs (about 1 ms). Under gVisor the
+	// commands' own guest cgroup caps a bomb (commandCgroup) and the agent
+	// is outside it, with the host ceiling's headroom above the capped bomb
+	// for its threads (ForkBomb in the conformance suite, a bomb as the
+	// first command); there 16 threads cost 20-35 ms of the agent's start
+	// (each one a sentry task and a systrap stub thread).
+	if cfg.Runtime != "gvisor" {
+		prewarmThreads(prewarmedThreads)
+	}
 
 	reaper := NewReaper()
 	go reaper.Run(ctx)
@@ -66,14 +77,21 @@ func Main(ctx context.Context) error {
 	srv := NewServer(cfg, Options{Reaper: reaper, SandboxWide: true})
 	defer srv.Close()
 
+	// What the first command does not need waits until the daemon has
+	// the agent's session (the create is answered by then).
+	var afterHello []func()
 	if cfg.HasService(agentapi.ServiceCodeInterpreter) {
 		ciCtx, ciCancel := context.WithCancel(ctx)
-		if done, err := startCodeInterpreter(ciCtx, srv); err != nil {
+		if ci, done, err := startCodeInterpreter(ciCtx, srv); err != nil {
 			ciCancel()
 			slog.Error("code interpreter not started", "err", err)
 		} else {
 			// Its interpreters are killed before the agent exits.
 			defer func() { ciCancel(); <-done }()
+			// The default python context's interpreter starts at boot,
+			// as E2B's kernels do, but after the hello: starting Python
+			// is CPU the agent's own start would wait for.
+			afterHello = append(afterHello, func() { ci.Warm(ciCtx) })
 		}
 	}
 
@@ -100,13 +118,19 @@ func Main(ctx context.Context) error {
 	}
 
 	slog.Info("agent starting", "sandbox", cfg.SandboxID, "runtime", cfg.Runtime, "version", agentapi.Version)
-	hello := srv.hello
-	if cfg.HasService(agentapi.ServiceDocker) {
-		// Every dial after the first follows a lost session, which a
-		// restore from memory always is (docker.go).
-		hello = func() channel.Hello { go srv.repairDocker(); return srv.hello() }
-	}
-	err = serveChannel(ctx, agentapi.GuestSocketPath, hello, srv.Handler())
+	var once sync.Once
+	err = serveChannel(ctx, agentapi.GuestSocketPath, srv.hello, srv.Handler(), func() {
+		once.Do(func() {
+			for _, f := range afterHello {
+				f()
+			}
+		})
+		if cfg.HasService(agentapi.ServiceDocker) {
+			// A session after the first follows a lost one, which a
+			// restore from memory always is (docker.go).
+			srv.repairDocker()
+		}
+	})
 	wg.Wait()
 	slog.Info("agent stopped")
 	if errors.Is(err, context.Canceled) {
@@ -115,21 +139,34 @@ func Main(ctx context.Context) error {
 	return err
 }
 
+// prewarmedThreads is how many threads the agent makes ahead.
+const prewarmedThreads = 16
+
 // prewarmThreads makes the Go runtime create n OS threads now, while it
 // still can. During a fork bomb the pids cgroup may refuse new threads until
 // the watchdog has killed the bomb, and a runtime that cannot create a thread
 // aborts; idle threads are kept and reused, so the agent rides it out.
+// Each of n goroutines wires itself to a thread and waits until all are, so
+// the runtime must start a thread for each; unwired again, they stay in its
+// pool. (Goroutines sleeping in a syscall did it too, but only once sysmon
+// took their Ps away: 20 ms of the agent's start.)
 func prewarmThreads(n int) {
-	var wg sync.WaitGroup
+	var wired, done sync.WaitGroup
+	release := make(chan struct{})
+	wired.Add(n)
+	done.Add(n)
 	for range n {
-		wg.Add(1)
 		go func() {
-			defer wg.Done()
-			// A blocking syscall hands the P to a new M.
-			_ = unix.Nanosleep(&unix.Timespec{Nsec: int64(20 * time.Millisecond)}, nil)
+			defer done.Done()
+			runtime.LockOSThread()
+			wired.Done()
+			<-release
+			runtime.UnlockOSThread()
 		}()
 	}
-	wg.Wait()
+	wired.Wait()
+	close(release)
+	done.Wait()
 }
 
 func newHTTPServer(h http.Handler) *http.Server {
@@ -144,8 +181,9 @@ func newHTTPServer(h http.Handler) *http.Server {
 // serveChannel keeps a session with the daemon up until ctx ends: it dials,
 // serves the streams the daemon opens, and redials with a short backoff
 // when the session drops (daemon restart, host suspend). hello is asked
-// for every dial: the credential changes over the channel (credential.go).
-func serveChannel(ctx context.Context, socketPath string, hello func() channel.Hello, h http.Handler) error {
+// for every dial: the credential changes over the channel (credential.go);
+// connected (if not nil) is called after each dial that got a session.
+func serveChannel(ctx context.Context, socketPath string, hello func() channel.Hello, h http.Handler, connected func()) error {
 	ln := newStreamListener()
 	hs := newHTTPServer(h)
 	go func() { _ = hs.Serve(ln) }()
@@ -169,6 +207,9 @@ func serveChannel(ctx context.Context, socketPath string, hello func() channel.H
 		}
 		backoff = 50 * time.Millisecond
 		slog.Info("connected to daemon", "socket", socketPath)
+		if connected != nil {
+			go connected()
+		}
 		stopOnCancel := context.AfterFunc(ctx, func() { sess.Close() })
 		stopRedial := closeOnRedialSignal(sess) // redial.go
 		serveSession(sess, ln)

@@ -197,14 +197,30 @@ services:
 			t.Fatal(err)
 		}
 		maj, min := st.Dev>>8&0xfff, st.Dev&0xff|st.Dev>>12&0xfff00
-		agentBin := filepath.Join(env.DataDir, "agent", "cella") // what every sandbox runs as PID 1
-		agentWas, err := os.ReadFile(agentBin)
-		if err != nil {
-			t.Fatal(err)
+		// What every sandbox of the daemon runs as PID 1 (agentpin's tmpfs).
+		agentBins := func() map[string][]byte {
+			out := map[string][]byte{}
+			ents, err := os.ReadDir(filepath.Join(env.DataDir, "agent"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range ents {
+				if b, err := os.ReadFile(filepath.Join(env.DataDir, "agent", e.Name())); err == nil {
+					out[e.Name()] = b
+				}
+			}
+			return out
+		}
+		agentWas := agentBins()
+		if len(agentWas) == 0 {
+			t.Fatal("no agent binary found in the daemon's agent dir")
 		}
 		defer func() {
-			if now, err := os.ReadFile(agentBin); err != nil || !bytes.Equal(now, agentWas) {
-				t.Errorf("the host's agent binary changed (%v)", err)
+			now := agentBins()
+			for name, b := range agentWas {
+				if !bytes.Equal(now[name], b) {
+					t.Errorf("the host's agent binary %s changed", name)
+				}
 			}
 		}()
 		// As the sandbox's root, and from a privileged inner container.

@@ -324,7 +324,7 @@ func TestPool(t *testing.T) {
 		// network) stands in for it.
 		d := env.Daemon
 		m2, err := sandbox.NewManager(sandbox.Config{DataDir: env.DataDir, Runtime: d.Runtime, Templates: d.Templates, Store: d.Store,
-			AgentBinary: filepath.Join(env.DataDir, "agent", "cella")})
+			Agents: d.Agents, Agent: d.Agent})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -29,6 +29,7 @@ type Config struct {
 	Runtimes    []string // runtimes to measure (default both)
 	N           int      // iterations per figure
 	CellaBinary string
+	Agent       []byte // the agent binary the benchmarks' daemons run (cella's own)
 	RunscPath   string
 	CacheDir    string
 	Out         io.Writer
@@ -91,23 +92,8 @@ func Create(ctx context.Context, cfg Config) ([]Figure, error) {
 	fe := summarize("fork+exec /bin/true", "", repeat(cfg.N, func() error { return exec.Command("/bin/true").Run() }))
 	figs = append(figs, fe)
 	for _, rt := range cfg.Runtimes {
-		var raw Figure
-		switch rt {
-		case runtime.GVisor:
-			raw, err = rawRunsc(ctx, cfg, base.RootFS)
-		case runtime.Namespaces:
-			raw, err = rawCrun(ctx, cfg, base.RootFS)
-		}
-		if err != nil {
-			raw.Err = err.Error()
-		}
-		figs = append(figs, raw)
-		cold, err := apiCreate(ctx, cfg, rt)
-		if err != nil {
-			cold.Err = err.Error()
-		}
-		cold.against(raw)
-		figs = append(figs, cold)
+		raw, cold := coldBesideRaw(ctx, cfg, rt, base.RootFS)
+		figs = append(figs, raw, cold)
 		// The same create from a warm pool (pool.go), beside the cold one.
 		warm, err := apiCreatePooled(ctx, cfg, rt)
 		if err != nil {
@@ -154,30 +140,52 @@ func repeatErr(n int, f func() error) ([]time.Duration, error) {
 	return out, last
 }
 
-// apiCreate runs a daemon on the runtime and times create + exec of true.
-func apiCreate(ctx context.Context, cfg Config, rt string) (Figure, error) {
-	name := "cella create → first exec done (cold)"
+// coldBesideRaw times a cold create + exec of true through the API of a
+// daemon on the runtime, and a raw run of /bin/true by the runtime's CLI on
+// the same root, one after the other N times: both see the same load, so
+// their ratio holds on a machine whose load comes and goes.
+func coldBesideRaw(ctx context.Context, cfg Config, rt, rootfs string) (raw, cold Figure) {
+	rawName, coldName := "raw runsc run /bin/true", "cella create → first exec done (cold)"
+	if rt == runtime.Namespaces {
+		rawName = "raw crun run /bin/true"
+	}
+	raw, cold = Figure{Name: rawName, Runtime: rt}, Figure{Name: coldName, Runtime: rt}
+	runRaw, cleanup, err := rawRunner(ctx, cfg, rt, rootfs)
+	if err != nil {
+		raw.Err, cold.Err = err.Error(), err.Error()
+		return raw, cold
+	}
+	defer cleanup()
 	l, err := startLocal(ctx, cfg, rt)
 	if err != nil {
-		return Figure{Name: name, Runtime: rt}, err
+		raw.Err, cold.Err = err.Error(), err.Error()
+		return raw, cold
 	}
 	defer l.Close()
-	c := l.Client
-	var lastErr error
-	var ds []time.Duration
+	var raws, colds []time.Duration
+	var rawErr, coldErr error
 	for i := 0; i < cfg.N; i++ {
-		took, _, err := createThenExec(ctx, c)
-		if err != nil {
-			lastErr = err
-			continue
+		t0 := time.Now()
+		if err := runRaw(i); err != nil {
+			rawErr = err
+		} else {
+			raws = append(raws, time.Since(t0))
 		}
-		ds = append(ds, took)
+		if took, _, err := createThenExec(ctx, l.Client); err != nil {
+			coldErr = err
+		} else {
+			colds = append(colds, took)
+		}
 	}
-	f := summarize(name, rt, ds)
-	if len(ds) == 0 {
-		return f, lastErr
+	raw, cold = summarize(rawName, rt, raws), summarize(coldName, rt, colds)
+	if len(raws) == 0 && rawErr != nil {
+		raw.Err = rawErr.Error()
 	}
-	return f, nil
+	if len(colds) == 0 && coldErr != nil {
+		cold.Err = coldErr.Error()
+	}
+	cold.against(raw)
+	return raw, cold
 }
 
 // createThenExec creates a sandbox, runs `true` in it and kills it: the
@@ -230,69 +238,55 @@ func rawBundle(dir, rootfs string) error {
 	return os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600)
 }
 
-func rawRunsc(ctx context.Context, cfg Config, rootfs string) (Figure, error) {
-	name := "raw runsc run /bin/true"
-	dir, err := os.MkdirTemp("", "cella-bench-runsc-")
+// rawRunner prepares runs of /bin/true on rootfs by the runtime's own CLI
+// (runsc or crun, as cella's runtime drives it), the baseline of a cold
+// create; run(i) is the i-th run.
+func rawRunner(ctx context.Context, cfg Config, rt, rootfs string) (run func(i int) error, cleanup func(), err error) {
+	dir, err := os.MkdirTemp("", "cella-bench-raw-")
 	if err != nil {
-		return Figure{Name: name, Runtime: runtime.GVisor}, err
+		return nil, nil, err
 	}
-	defer os.RemoveAll(dir)
 	if err := rawBundle(dir, rootfs); err != nil {
-		return Figure{Name: name, Runtime: runtime.GVisor}, err
+		os.RemoveAll(dir)
+		return nil, nil, err
 	}
 	root := filepath.Join(dir, "state")
-	// runsc leaves a null-netns bind mount in its root dir; without this
-	// the benchmark would leak one mount per run.
-	defer unix.Unmount(filepath.Join(root, "null-netns"), unix.MNT_DETACH)
-	i := 0
-	var lastErr error
-	ds := repeat(cfg.N, func() error {
-		i++
-		out, err := exec.CommandContext(ctx, cfg.RunscPath, "--root", root, "--platform=systrap", "--network=none",
-			"--overlay2=none", "run", "--bundle", dir, fmt.Sprintf("bench-runsc-%d-%d", os.Getpid(), i)).CombinedOutput()
-		if err != nil {
-			lastErr = fmt.Errorf("runsc run: %v: %s", err, out)
+	cleanup = func() {
+		// runsc leaves a null-netns bind mount in its root dir; without
+		// this the benchmark would leak one mount per run.
+		_ = unix.Unmount(filepath.Join(root, "null-netns"), unix.MNT_DETACH)
+		os.RemoveAll(dir)
+	}
+	id := func(i int) string { return fmt.Sprintf("bench-%s-%d-%d", rt, os.Getpid(), i) }
+	switch rt {
+	case runtime.GVisor:
+		run = func(i int) error {
+			out, err := exec.CommandContext(ctx, cfg.RunscPath, "--root", root, "--platform=systrap", "--network=none",
+				"--overlay2=none", "run", "--bundle", dir, id(i)).CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("runsc run: %v: %s", err, out)
+			}
+			return nil
 		}
-		return err
-	})
-	f := summarize(name, runtime.GVisor, ds)
-	if len(ds) == 0 {
-		return f, lastErr
-	}
-	return f, nil
-}
-
-func rawCrun(ctx context.Context, cfg Config, rootfs string) (Figure, error) {
-	name := "raw crun run /bin/true"
-	dir, err := os.MkdirTemp("", "cella-bench-crun-")
-	if err != nil {
-		return Figure{Name: name, Runtime: runtime.Namespaces}, err
-	}
-	defer os.RemoveAll(dir)
-	if err := rawBundle(dir, rootfs); err != nil {
-		return Figure{Name: name, Runtime: runtime.Namespaces}, err
-	}
-	i := 0
-	var lastErr error
-	ds := repeat(cfg.N, func() error {
-		i++
-		// crun refuses the hybrid cgroup layout; hide cgroup2 in a private
-		// mount namespace, exactly as cella's namespaces runtime does.
-		cmd := exec.CommandContext(ctx, "/bin/sh", "-c",
-			`mount -t tmpfs -o size=4k,mode=0755 cella /sys/fs/cgroup/unified && exec crun --root "$0/state" run --bundle "$0" "$1"`,
-			dir, fmt.Sprintf("bench-crun-%d-%d", os.Getpid(), i))
-		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			lastErr = fmt.Errorf("crun run: %v: %s", err, out)
+	case runtime.Namespaces:
+		run = func(i int) error {
+			// crun refuses the hybrid cgroup layout; hide cgroup2 in a
+			// private mount namespace, exactly as cella's namespaces
+			// runtime does.
+			cmd := exec.CommandContext(ctx, "/bin/sh", "-c",
+				`mount -t tmpfs -o size=4k,mode=0755 cella /sys/fs/cgroup/unified && exec crun --root "$0" run --bundle "$1" "$2"`,
+				root, dir, id(i))
+			cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+			if out, err := cmd.CombinedOutput(); err != nil {
+				return fmt.Errorf("crun run: %v: %s", err, out)
+			}
+			return nil
 		}
-		return err
-	})
-	f := summarize(name, runtime.Namespaces, ds)
-	if len(ds) == 0 {
-		return f, lastErr
+	default:
+		cleanup()
+		return nil, nil, fmt.Errorf("no raw baseline for runtime %q", rt)
 	}
-	return f, nil
+	return run, cleanup, nil
 }
 
 // Print writes figures as a table or JSON.

@@ -37,7 +37,7 @@ func startLocalNet(ctx context.Context, cfg Config, rt string, nc daemon.Network
 	l := &local{dataDir: dataDir}
 	d, err := daemon.New(ctx, daemon.Config{
 		DataDir: dataDir, CacheDir: cfg.CacheDir, Runtime: rt, Domain: "bench.local",
-		RunscPath: cfg.RunscPath, AgentBinary: cfg.CellaBinary, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		RunscPath: cfg.RunscPath, Agent: cfg.Agent, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Network: nc,
 	})
 	if err != nil {

@@ -91,7 +91,7 @@ func state(ctx context.Context, cfg Config, rt string, mb, forks int) (StateResu
 	defer os.RemoveAll(dataDir)
 	d, err := daemon.New(ctx, daemon.Config{
 		DataDir: dataDir, CacheDir: cfg.CacheDir, Runtime: rt, Domain: "bench.local",
-		RunscPath: cfg.RunscPath, AgentBinary: cfg.CellaBinary, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		RunscPath: cfg.RunscPath, Agent: cfg.Agent, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
 		return res, err

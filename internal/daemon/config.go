@@ -36,7 +36,9 @@ type Config struct {
 	// RunscDebugDir, if set, receives runsc's debug logs (for diagnosing
 	// sandboxes that die).
 	RunscDebugDir string
-	AgentBinary   string // the static cella binary run as the agent
+	// Agent is the agent binary new sandboxes boot with (cmd/cella-agent;
+	// cella's own is embedded: agentbin.Binary).
+	Agent []byte
 	// MCPMaxCalls is the tool-call budget of each /mcp session (0 = none).
 	MCPMaxCalls int64
 	Log         *slog.Logger
@@ -157,8 +159,8 @@ func (c *Config) Validate() error {
 		return fieldErr("domain", "must not be empty")
 	case c.Runtime == runtime.GVisor && c.RunscPath == "":
 		return fieldErr("runsc", "the gvisor runtime needs the path of runsc")
-	case c.AgentBinary == "":
-		return errors.New("agent binary is required")
+	case len(c.Agent) == 0:
+		return errors.New("the agent binary is required (daemon.Config.Agent)")
 	case c.MCPMaxCalls < 0:
 		return fieldErr("mcp-max-calls", "%d: want 0 (no limit) or more", c.MCPMaxCalls)
 	case c.MetricsInterval != 0 && (c.MetricsInterval < 100*time.Millisecond || c.MetricsInterval > sandbox.MetricsRetention):

@@ -34,7 +34,7 @@ func TestNewValidatesFirst(t *testing.T) {
 		"network-prefix":   func(c *Config) { c.Network.Prefix = netip.MustParsePrefix("10.0.0.0/31") },
 	} {
 		dataDir := filepath.Join(t.TempDir(), "data")
-		c := Config{DataDir: dataDir, CacheDir: t.TempDir(), Runtime: runtime.Namespaces, Domain: "cella.test", AgentBinary: "/proc/self/exe"}
+		c := Config{DataDir: dataDir, CacheDir: t.TempDir(), Runtime: runtime.Namespaces, Domain: "cella.test", Agent: []byte("an agent")}
 		bad(&c)
 		d, err := New(context.Background(), c)
 		if err == nil {

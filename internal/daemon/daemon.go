@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -19,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/agentpin"
 	"github.com/cella-sandbox/cella/internal/api"
 	"github.com/cella-sandbox/cella/internal/audit"
 	"github.com/cella-sandbox/cella/internal/build"
@@ -26,7 +26,6 @@ import (
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/events"
 	"github.com/cella-sandbox/cella/internal/metrics"
-	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/runtime/crun"
 	"github.com/cella-sandbox/cella/internal/runtime/gvisor"
@@ -62,6 +61,10 @@ type Daemon struct {
 	// in Metrics.
 	Builder     build.Builder
 	BuildEngine *build.Engine
+	// Agents are the agent binaries on the host, Agent the hash of the one
+	// new sandboxes boot with (Config.Agent).
+	Agents *agentpin.Store
+	Agent  string
 
 	log     *slog.Logger
 	closers []closer
@@ -118,17 +121,18 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		return nil, err
 	}
 
-	// Sandboxes run a private copy of the agent binary: replacing the
-	// installed binary (an upgrade, a rebuild) must not hand new sandboxes
-	// an agent of another version than this daemon.
-	d.add("agent binary tmpfs", func() error {
-		// Sandboxes kept paused still hold the binary: a lazy detach
-		// leaves their binds as they are.
-		return rootfs.Detach(filepath.Join(c.DataDir, agentDir))
-	})
-	if c.AgentBinary, err = pinAgent(c.AgentBinary, c.DataDir); err != nil {
+	// Sandboxes run the agent binary they were booted with, kept by its
+	// hash: a checkpoint restores with the agent it was saved with, even
+	// after an upgrade brought another (agentpin).
+	agents, err := agentpin.Open(c.DataDir)
+	if err != nil {
 		return nil, err
 	}
+	d.add("agent binaries", agents.Close)
+	if d.Agent, err = agents.Add(c.Agent); err != nil {
+		return nil, err
+	}
+	d.Agents = agents
 
 	rt, err := newRuntime(c)
 	if err != nil {
@@ -204,7 +208,8 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 
 	d.Metrics = newMetrics(rt.Name(), tpls) // observe.go
 	mgr, err := sandbox.NewManager(sandbox.Config{
-		DataDir: c.DataDir, Runtime: rt, Templates: tpls, Store: st, AgentBinary: c.AgentBinary, Log: log,
+		DataDir: c.DataDir, Runtime: rt, Templates: tpls, Store: st, Log: log,
+		Agents: agents, Agent: d.Agent,
 		BuildProgress: c.BuildProgress, Volumes: vols, Lifecycle: c.Lifecycle,
 		AgentAudit: agentAudit{al}, Events: evs, Network: sbNet, SecretValue: sm.Get, MetricsInterval: c.MetricsInterval, Maxima: c.Maxima,
 		Metrics: d.Metrics, KeyLimits: keyLimits(st),
@@ -295,47 +300,6 @@ func newRuntime(c Config) (runtime.Runtime, error) {
 		return crun.New(crun.Config{RootDir: filepath.Join(c.DataDir, "crun")})
 	}
 	return nil, fmt.Errorf("unknown runtime %q", c.Runtime)
-}
-
-// agentDir holds the agent binary in the data dir.
-const agentDir = "agent"
-
-// pinAgent copies the agent binary to <data>/agent/cella, on a tmpfs of its
-// own (rootfs.EnsureTmpfs: so that the sandboxes' mountinfo shows the bind
-// as "/cella", not the data dir's path).
-func pinAgent(src, dataDir string) (string, error) {
-	dst := filepath.Join(dataDir, agentDir, "cella")
-	in, err := os.Open(src)
-	if err != nil {
-		return "", fmt.Errorf("pin agent binary: %w", err)
-	}
-	defer in.Close()
-	st, err := in.Stat()
-	if err != nil {
-		return "", fmt.Errorf("pin agent binary: %w", err)
-	}
-	// Room for the new copy next to older ones that sandboxes kept paused
-	// across daemon restarts still hold.
-	if _, err := rootfs.EnsureTmpfs(filepath.Dir(dst), max(4*st.Size(), 256<<20), 0o755); err != nil {
-		return "", fmt.Errorf("pin agent binary: %w", err)
-	}
-	tmp := dst + ".tmp"
-	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
-	if err != nil {
-		return "", fmt.Errorf("pin agent binary: %w", err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return "", fmt.Errorf("pin agent binary: %w", err)
-	}
-	if err := out.Close(); err != nil {
-		return "", fmt.Errorf("pin agent binary: %w", err)
-	}
-	// A rename keeps running sandboxes' bind mounts on the old file intact.
-	if err := os.Rename(tmp, dst); err != nil {
-		return "", fmt.Errorf("pin agent binary: %w", err)
-	}
-	return dst, nil
 }
 
 // ensureAdminKey creates the admin API key on first start. Only its hash is

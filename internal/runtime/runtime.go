@@ -57,8 +57,8 @@ type Spec struct {
 	// RootFS is the container's root, already mounted (template + its own
 	// copy-on-write layer). The runtime must not write the template.
 	RootFS string
-	// AgentBinary is the host path of the cella binary, mounted read-only
-	// at AgentGuestPath and started as PID 1 with Args.
+	// AgentBinary is the host path of the agent binary (cmd/cella-agent),
+	// mounted read-only at AgentGuestPath and started as PID 1 with Args.
 	AgentBinary string
 	Args        []string // argv of PID 1 (Args[0] is AgentGuestPath)
 	Env         []string // environment of PID 1 only
@@ -99,6 +99,8 @@ type Stats struct {
 }
 
 // AgentGuestPath is where the agent binary appears inside every container.
+// It kept the name of the days when the agent was cella itself: a
+// checkpoint restores only onto the mounts it was saved with.
 const AgentGuestPath = "/.cella/cella"
 
 // Status is what the runtime knows of a container.

@@ -231,7 +231,23 @@ func (m *Manager) fromSnapshot(ctx context.Context, p tenant.Principal, opts Opt
 	if _, err := m.attachNetwork(ctx, sb); err != nil { // network.go
 		return fail(err)
 	}
-	spec := m.spec(sb)
+	// A memory image restores with the agent it was saved with; a cold
+	// boot takes the current one (agents.go).
+	var agent string
+	if memory {
+		hash := m.agentOf(rec.Agent)
+		var release func()
+		if agent, release, err = m.holdAgent(hash); err != nil {
+			return fail(fmt.Errorf("sandbox from snapshot %s: %w", row.ID, err))
+		}
+		defer release() // once sb is in the table, or gone
+		sb.mu.Lock()
+		sb.agent = hash
+		sb.mu.Unlock()
+	} else if agent, err = m.bootAgent(sb); err != nil {
+		return fail(fmt.Errorf("sandbox from snapshot %s: %w", row.ID, err))
+	}
+	spec := m.spec(sb, agent)
 	if memory {
 		err = snap.RestoreFrom(ctx, spec, m.memoryDir(row.ID))
 	} else {

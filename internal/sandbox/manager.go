@@ -28,12 +28,15 @@ import (
 
 // Config configures a Manager.
 type Config struct {
-	DataDir     string
-	Runtime     runtime.Runtime
-	Templates   *template.Store
-	Store       *store.Store
-	AgentBinary string // host path of the cella binary run as the agent
-	Log         *slog.Logger
+	DataDir   string
+	Runtime   runtime.Runtime
+	Templates *template.Store
+	Store     *store.Store
+	// Agents are the agent binaries on the host (agents.go); Agent is the
+	// hash of the one cold boots use.
+	Agents AgentBinaries
+	Agent  string
+	Log    *slog.Logger
 	// AgentTimeout bounds how long create waits for the agent's hello.
 	AgentTimeout time.Duration
 	// BuildProgress receives progress lines when a template is built on
@@ -77,8 +80,8 @@ func (c *Config) Validate() error {
 		return errors.New("sandbox manager: Templates is required")
 	case c.Store == nil:
 		return errors.New("sandbox manager: Store is required")
-	case c.AgentBinary == "":
-		return errors.New("sandbox manager: AgentBinary is required")
+	case c.Agents == nil || c.Agent == "":
+		return errors.New("sandbox manager: Agents and Agent are required")
 	}
 	if c.Log == nil {
 		c.Log = slog.Default()
@@ -129,6 +132,11 @@ type Manager struct {
 	pendingSnaps map[string]bool
 
 	layers *rootfs.Layers // makes the writable layers (blank images in <data>/layers)
+
+	// agentsMu serializes pruning the agent binaries with holding one
+	// (agents.go); agentHolds counts the holds per hash.
+	agentsMu   sync.Mutex
+	agentHolds map[string]int
 }
 
 // NewManager makes a manager; call Reconcile before serving.
@@ -189,6 +197,8 @@ type record struct {
 	// NetSlot is the network slot its container runs in (network.go), so
 	// that a daemon restarting after a crash can adopt it with the sandbox.
 	NetSlot string `json:"net_slot,omitempty"`
+	// Agent is the SHA-256 of the agent binary it runs (agents.go).
+	Agent string `json:"agent,omitempty"`
 }
 
 // tokens are the agent credentials the record keeps.
@@ -374,7 +384,11 @@ func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template
 	if err := m.writeAgentConfig(sb, m.agentConfig(sb, tpl), true); err != nil {
 		return err
 	}
-	spec := m.spec(sb)
+	agent, err := m.bootAgent(sb) // agents.go
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
+	}
+	spec := m.spec(sb, agent)
 	if err := m.cfg.Runtime.Start(ctx, spec); err != nil {
 		return fmt.Errorf("start %s container for %s: %w", m.cfg.Runtime.Name(), sb.ID, err)
 	}
@@ -414,25 +428,29 @@ func (t *stepTimer) step(name string) {
 func (t *stepTimer) attrs() []any { return t.steps }
 
 // spec is the container of a sandbox whose layer is mounted: the same for
-// its first start, a cold boot after a pause without memory, and a restore.
-func (m *Manager) spec(sb *Sandbox) runtime.Spec {
+// its first start, a cold boot after a pause without memory, and a restore,
+// but for agent, the host file of the agent binary it runs (agents.go).
+func (m *Manager) spec(sb *Sandbox, agent string) runtime.Spec {
 	return runtime.Spec{
 		ID:          sb.ID,
 		BundleDir:   filepath.Join(sb.Dir, "bundle"),
 		RootFS:      sb.layer.Root,
-		AgentBinary: m.cfg.AgentBinary,
+		AgentBinary: agent,
 		Args:        []string{runtime.AgentGuestPath, "agent"},
 		Env:         []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 		RunDir:      runDir(sb),
 		Hostname:    "cella",
 		Limits:      m.ceilings(sb.Options),
-		LogPath:     filepath.Join(sb.Dir, "agent.log"),
+		LogPath:     agentLog(sb),
 		Mounts:      m.volumeMounts(sb), // volumes.go
 		NetNSPath:   sb.netNSPath(),
 		// engine.go
 		ContainerEngine: m.engineOf(sb),
 	}
 }
+
+// agentLog is the host file the agent's stderr goes to.
+func agentLog(sb *Sandbox) string { return filepath.Join(sb.Dir, "agent.log") }
 
 func (m *Manager) agentConfig(sb *Sandbox, tpl *template.Template) agentapi.Config {
 	env := map[string]string{}
@@ -498,7 +516,7 @@ func (m *Manager) persist(ctx context.Context, sb *Sandbox) error {
 	}
 	sb.mu.Lock()
 	rec := record{Options: sb.Options, EnvdAccessToken: sb.EnvdAccessToken,
-		Error: sb.err, PauseMode: sb.pauseMode, PausedAt: sb.lc.pausedAt, Archived: sb.lc.archived}
+		Error: sb.err, PauseMode: sb.pauseMode, PausedAt: sb.lc.pausedAt, Archived: sb.lc.archived, Agent: sb.agent}
 	if t := sb.channelTokens; len(t) > 0 {
 		rec.ChannelToken = t[0]
 		if len(t) > 1 {
@@ -754,7 +772,11 @@ func (m *Manager) kill(ctx context.Context, p tenant.Principal, id, cause string
 	if !died {
 		m.emit(sb, EventKilled, "")
 	}
-	go m.gcSnapshots(context.WithoutCancel(ctx)) // its snapshot layers may be unused now
+	go func() {
+		// Its snapshot layers and agent binary may be unused now.
+		m.gcSnapshots(context.WithoutCancel(ctx))
+		m.pruneAgents(context.WithoutCancel(ctx)) // agents.go
+	}()
 	return nil
 }
 

@@ -209,14 +209,21 @@ func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, kee
 			return false, fmt.Errorf("resume sandbox %s: %w", id, err)
 		}
 	}
-	spec := m.spec(sb)
 	switch mode {
 	case PauseCheckpoint:
-		err = m.cfg.Runtime.Restore(ctx, spec, checkpointDir(sb))
+		// With the agent binary it was checkpointed with (agents.go).
+		var agent string
+		if agent, err = m.cfg.Agents.Path(sb.agentHash()); err == nil {
+			err = m.cfg.Runtime.Restore(ctx, m.spec(sb, agent), checkpointDir(sb))
+		}
 	case PauseFrozen:
 		err = m.cfg.Runtime.Thaw(ctx, sb.ID)
 	default:
-		err = m.cfg.Runtime.Start(ctx, spec)
+		// A cold boot: the current agent.
+		var agent string
+		if agent, err = m.bootAgent(sb); err == nil {
+			err = m.cfg.Runtime.Start(ctx, m.spec(sb, agent))
+		}
 	}
 	if err != nil {
 		ln.Close()
@@ -239,7 +246,7 @@ func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, kee
 			m.setPauseMode(context.WithoutCancel(ctx), sb, PauseStopped)
 		}
 		return false, errors.Join(fmt.Errorf("resume sandbox %s (%s): the agent did not answer within %v (%w); agent log: %s",
-			id, mode, m.cfg.AgentTimeout, err, tail(spec.LogPath, 800)), derr)
+			id, mode, m.cfg.AgentTimeout, err, tail(agentLog(sb), 800)), derr)
 	}
 	if mode == PauseStopped {
 		// A fresh agent: its secret environment comes over the channel.

@@ -82,7 +82,7 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 			ID: row.ID, TemplateID: row.TemplateID, Runtime: row.Runtime, Options: rec.Options,
 			StartedAt: row.StartedAt.UTC(), EnvdAccessToken: rec.EnvdAccessToken, channelTokens: rec.tokens(),
 			Dir: filepath.Join(sandboxesDir(m.cfg.DataDir), row.ID), state: row.State, endAt: row.EndAt.UTC(), err: rec.Error,
-			pauseMode: rec.PauseMode,
+			pauseMode: rec.PauseMode, agent: m.agentOf(rec.Agent),
 		}
 		sb.restoreLifecycle(rec) // lifecycle.go
 		recs = append(recs, found{row, rec, sb})
@@ -227,6 +227,7 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	rep.RemovedCgroups = append(rep.RemovedCgroups, removed...)
 	m.removeOrphanArchives()      // lifecycle.go
 	m.pruneTemplateSnapshots(ctx) // build.go: templates removed or rebuilt while the daemon was down
+	m.pruneAgents(ctx)            // agents.go: what only the sandboxes and snapshots gone meanwhile ran
 	if n := m.cfg.Network; n != nil {
 		// Slots kept for sandboxes that turned out dead go now.
 		if k, err := n.Slots.ReapUnadopted(); err != nil {

@@ -73,6 +73,10 @@ type Sandbox struct {
 
 	lc lifecycleState // idle clock, pausedAt, archived (lifecycle.go)
 
+	// agent is the SHA-256 of the agent binary its container binds
+	// (agents.go); guarded by mu.
+	agent string
+
 	follow agentFollow // position in the agent's audit feed (agentaudit.go)
 	net    *sandboxNet // its network slot while it runs (network.go); guarded by mu
 
@@ -91,6 +95,13 @@ const (
 	// on it (a new agent, no processes).
 	PauseStopped = "stopped"
 )
+
+// agentHash is the SHA-256 of the agent binary the sandbox runs.
+func (s *Sandbox) agentHash() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.agent
+}
 
 // Owner is who the sandbox belongs to.
 func (s *Sandbox) Owner() tenant.Owner { return s.Options.Owner() }

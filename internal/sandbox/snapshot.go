@@ -61,6 +61,9 @@ type snapshotRecord struct {
 	// Template is the template whose start command the snapshot holds
 	// running (build.go); it goes once the template no longer names it.
 	Template string `json:"template,omitempty"`
+	// Agent is the SHA-256 of the agent binary a memory image was saved
+	// with, which its restores run (agents.go).
+	Agent string `json:"agent,omitempty"`
 }
 
 // tokens are the credentials a restored agent's hello may carry.
@@ -209,6 +212,11 @@ func (m *Manager) snapshot(ctx context.Context, p tenant.Principal, id, name str
 		Layers: append([]string{snID}, parent.Layers...), SizeBytes: diskUsage(dir), TookMS: took.Milliseconds(),
 		Template: tmpl,
 	}
+	if memory {
+		sb.mu.Lock()
+		rec.Agent = sb.agent
+		sb.mu.Unlock()
+	}
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return SnapshotInfo{}, err
@@ -287,6 +295,7 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, p tenant.Principal, idOrNa
 	}
 	m.log.Info("snapshot deleted", "snapshot", row.ID)
 	m.gcSnapshots(ctx)
+	m.pruneAgents(ctx) // agents.go
 	return nil
 }
 

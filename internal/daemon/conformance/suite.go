@@ -42,8 +42,10 @@ func Run(t *testing.T, runtimeName string) {
 	t.Run("PauseResume", func(t *testing.T) { testPauseResume(t, env) })
 	t.Run("PauseSurvivesDaemonRestart", func(t *testing.T) { testPauseRestart(t, env) })
 	t.Run("PauseSurvivesHostReboot", func(t *testing.T) { testPauseReboot(t, env) })
-	t.Run("Volumes", func(t *testing.T) { testVolumes(t, env) })                     // volumes.go
-	t.Run("LifecyclePolicies", func(t *testing.T) { testLifecyclePolicies(t, env) }) // volumes.go
+	t.Run("PauseSurvivesAgentUpgrade", func(t *testing.T) { testAgentUpgrade(t, env) })    // agentbinary.go
+	t.Run("AgentBinaryImmutable", func(t *testing.T) { testAgentBinaryImmutable(t, env) }) // agentbinary.go
+	t.Run("Volumes", func(t *testing.T) { testVolumes(t, env) })                           // volumes.go
+	t.Run("LifecyclePolicies", func(t *testing.T) { testLifecyclePolicies(t, env) })       // volumes.go
 	t.Run("CleanupAfterKill", func(t *testing.T) { testCleanupAfterKill(t, env) })
 	t.Run("CleanupAfterDaemonStop", func(t *testing.T) { testCleanupAfterStop(t, env) })
 }

@@ -1,7 +1,9 @@
 // Package daemontest starts a real cella daemon for tests: real runtime,
 // real SQLite file, real templates from the machine's cache, served over real
 // HTTP on loopback. Tests must run as root with bin/cella and bin/runsc built
-// (make build); the base template is built once per machine if missing.
+// (make build, which also builds the agent that the daemons of tests run, as
+// cella's do, into internal/agentbin); the base template is built once per
+// machine if missing.
 package daemontest
 
 import (
@@ -16,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/agentbin"
 	"github.com/cella-sandbox/cella/internal/build"
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/daemon"
@@ -76,6 +79,16 @@ func Binaries(t testing.TB) (cella, runsc string) {
 	return cella, runsc
 }
 
+// Agent is the agent binary cella embeds (internal/agentbin), which the
+// daemons of tests run too.
+func Agent(t testing.TB) []byte {
+	b, err := agentbin.Binary()
+	if err != nil {
+		t.Fatalf("%v: run 'make build' first", err)
+	}
+	return b
+}
+
 // CacheDir is the template cache tests share with the rest of the machine.
 func CacheDir() string {
 	if d := os.Getenv("CELLA_CACHE_DIR"); d != "" {
@@ -119,6 +132,9 @@ type Options struct {
 	AccessLog string
 	// Builder replaces the daemon's build engine (nil: the daemon's own).
 	Builder build.Builder
+	// Agent is the agent binary new sandboxes boot with (nil: the one
+	// built into internal/agentbin, as cella's).
+	Agent []byte
 }
 
 // Start runs a daemon with the given runtime until the test ends.
@@ -127,7 +143,11 @@ func Start(t testing.TB, runtimeName string, o Options) *Env {
 	if os.Geteuid() != 0 {
 		t.Fatal("cella tests run as root (they mount filesystems and start container runtimes)")
 	}
-	cella, runsc := Binaries(t)
+	_, runsc := Binaries(t)
+	agent := o.Agent
+	if agent == nil {
+		agent = Agent(t)
+	}
 	EnsureBase(t)
 	dataDir := o.DataDir
 	if dataDir == "" {
@@ -152,7 +172,7 @@ func Start(t testing.TB, runtimeName string, o Options) *Env {
 	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	d, err := daemon.New(context.Background(), daemon.Config{
 		DataDir: dataDir, CacheDir: CacheDir(), Runtime: runtimeName, Domain: "cella.test",
-		RunscPath: runsc, AgentBinary: cella, Log: log, Network: o.Network, MetricsInterval: o.MetricsInterval, Maxima: o.Maxima,
+		RunscPath: runsc, Agent: agent, Log: log, Network: o.Network, MetricsInterval: o.MetricsInterval, Maxima: o.Maxima,
 		Build: o.Build, Builder: o.Builder, AccessLog: o.AccessLog,
 	})
 	if err != nil {

@@ -1,0 +1,40 @@
+// Command cella-agent is the agent that runs as PID 1 inside every cella
+// sandbox, and the helper it re-executes to put a command under Landlock
+// (the namespaces runtime). It is its own small binary, not a subcommand of
+// cella, because a sandbox pays for every page of its agent's binary and
+// every package init at each cold start (under gVisor each page comes
+// through the sentry): it links internal/agent and what that needs, none of
+// the daemon, CLI or console. cella embeds it (internal/agentbin; `make
+// build` builds it first) and writes it out for its sandboxes.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/cella-sandbox/cella/internal/agent"
+)
+
+func main() {
+	args := os.Args[1:]
+	switch {
+	case len(args) > 0 && args[0] == agent.ExecHelperCommand:
+		err := agent.ExecHelperMain(args[1:])
+		// ExecHelperMain only returns on failure; 126 is the shell's
+		// "found but could not be executed".
+		fmt.Fprintln(os.Stderr, "cella-agent:", err)
+		os.Exit(126)
+	case len(args) == 0 || len(args) == 1 && args[0] == "agent":
+		// "agent" is the argument sandboxes made when the agent was
+		// cella's subcommand were booted with; a cold boot of one that was
+		// paused without memory passes it still.
+		if err := agent.Main(context.Background()); err != nil {
+			fmt.Fprintln(os.Stderr, "cella-agent:", err)
+			os.Exit(1)
+		}
+	default:
+		fmt.Fprintf(os.Stderr, "usage: cella-agent [agent]\n       cella-agent %s MODE EXECUTABLE ARGV0 [ARG...]\n(the agent runs as PID 1 of a cella sandbox; it is not a command for people)\n", agent.ExecHelperCommand)
+		os.Exit(2)
+	}
+}
