@@ -130,8 +130,9 @@ func (s *Server) startDockerLocked() (int, error) {
 // rule are lost, and the engine would fail every container it starts on
 // the bridge. Restarting it makes them anew; running containers stop with
 // it (their links are gone too), and those with a restart policy come back.
-// The agent calls it whenever it dials the daemon again, which a restore
-// always makes it do; anywhere else it finds the bridge and does nothing.
+// The agent calls it on every session with the daemon (serveChannel's
+// connected hook): a restore always makes the agent dial again; anywhere
+// else it finds the bridge (or no engine up yet) and does nothing.
 func (s *Server) repairDocker() {
 	if !s.docker.mu.TryLock() {
 		return // starting or repairing already
