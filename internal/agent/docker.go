@@ -53,6 +53,7 @@ type dockerEngine struct {
 	mu   sync.Mutex
 	pid  int
 	done chan struct{} // closed when dockerd ended
+	held bool          // stopped until the daemon has the agent's session
 }
 
 // dockerRenamed are directories of the engine's state that dockerd renames
@@ -64,17 +65,52 @@ type dockerEngine struct {
 // dockerd nothing to rename. Images and containers stay.
 var dockerRenamed = []string{"/var/lib/docker/runtimes", "/var/lib/docker/tmp"}
 
-// startDocker makes the sandbox route its engine's bridge out through eth0
-// and starts dockerd in a session of its own, logging to dockerdLog. It
-// returns dockerd's pid once it runs; the engine then takes a second or two
-// to listen, which the template's docker wrapper waits for.
+// startDocker starts dockerd at boot, in a session of its own, logging to
+// dockerdLog, and holds it stopped (SIGSTOP) until releaseDocker: the
+// process exists before any command can run, so the template's docker
+// wrapper waits for its socket from the first command on, while its start
+// (a second or two of CPU) does not compete with the agent's own before
+// the daemon has the agent's session. It returns dockerd's pid.
 func (s *Server) startDocker() (int, error) {
 	s.docker.mu.Lock()
 	defer s.docker.mu.Unlock()
-	return s.startDockerLocked()
+	pid, err := s.startDockerLocked(false)
+	if err != nil {
+		return 0, err
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err == nil {
+		s.docker.held = true
+	}
+	return pid, nil
 }
 
-func (s *Server) startDockerLocked() (int, error) {
+// releaseDocker lets the dockerd startDocker holds go on, after making the
+// sandbox route its bridges out through eth0 (routeBridge): the NAT is in
+// place before the engine makes its first bridge.
+func (s *Server) releaseDocker() {
+	s.docker.mu.Lock()
+	defer s.docker.mu.Unlock()
+	if !s.docker.held {
+		return
+	}
+	s.docker.held = false
+	s.routeBridgeOrWarn()
+	if err := syscall.Kill(s.docker.pid, syscall.SIGCONT); err != nil {
+		slog.Warn("docker: continue dockerd", "pid", s.docker.pid, "err", err)
+	}
+}
+
+func (s *Server) routeBridgeOrWarn() {
+	if err := s.routeBridge(); err != nil {
+		// Containers still run, with no way out; say why once.
+		slog.Warn("docker: inner containers get no network", "err", err)
+	}
+}
+
+// startDockerLocked forks dockerd after removing what an earlier engine
+// left; route says whether to set up the bridge's NAT first (a restart:
+// the boot's start leaves it to releaseDocker).
+func (s *Server) startDockerLocked(route bool) (int, error) {
 	for _, p := range dockerStale {
 		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return 0, fmt.Errorf("docker: remove stale %s: %w", p, err)
@@ -85,9 +121,8 @@ func (s *Server) startDockerLocked() (int, error) {
 			return 0, fmt.Errorf("docker: remove %s: %w", p, err)
 		}
 	}
-	if err := s.routeBridge(); err != nil {
-		// Containers still run, with no way out; say why once.
-		slog.Warn("docker: inner containers get no network", "err", err)
+	if route {
+		s.routeBridgeOrWarn()
 	}
 	logf, err := os.OpenFile(dockerdLog, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o640)
 	if err != nil {
@@ -160,7 +195,7 @@ func (s *Server) repairDocker() {
 		_ = syscall.Kill(s.docker.pid, syscall.SIGKILL)
 		<-s.docker.done
 	}
-	if pid, err := s.startDockerLocked(); err != nil {
+	if pid, err := s.startDockerLocked(true); err != nil {
 		slog.Error("docker engine not restarted", "err", err)
 	} else {
 		slog.Info("docker engine restarted", "pid", pid)

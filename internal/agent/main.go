@@ -97,7 +97,7 @@ func Main(ctx context.Context) error {
 
 	if cfg.HasService(agentapi.ServiceDocker) {
 		// Before the daemon can send a command: none sees an engine of an
-		// earlier boot (docker.go).
+		// earlier boot, or none at all (docker.go); held until the hello.
 		if pid, err := srv.startDocker(); err != nil {
 			slog.Error("docker engine not started", "err", err)
 		} else {
@@ -126,8 +126,10 @@ func Main(ctx context.Context) error {
 			}
 		})
 		if cfg.HasService(agentapi.ServiceDocker) {
-			// A session after the first follows a lost one, which a
-			// restore from memory always is (docker.go).
+			// The engine held at boot goes on; a session after the first
+			// follows a lost one, which a restore from memory always is
+			// (docker.go).
+			srv.releaseDocker()
 			srv.repairDocker()
 		}
 	})
