@@ -110,8 +110,9 @@ func newBenchCmd() *cobra.Command {
 		return figs, nil
 	})
 	cmd.AddCommand(append(benches, all)...)
-	cmd.AddCommand(newBenchStateCmd(&b)) // bench_state.go
-	cmd.AddCommand(newBenchSoakCmd(&b))  // bench_soak.go
+	cmd.AddCommand(newBenchStateCmd(&b))   // bench_state.go
+	cmd.AddCommand(newBenchDesktopCmd(&b)) // bench_desktop.go
+	cmd.AddCommand(newBenchSoakCmd(&b))    // bench_soak.go
 	f := cmd.PersistentFlags()
 	f.IntVar(&b.cfg.N, "n", 20, "iterations per figure")
 	f.StringVar(&b.runtimes, "runtimes", "gvisor,namespaces", "runtimes to measure")

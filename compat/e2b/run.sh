@@ -126,6 +126,7 @@ SUITES=(
   events.test.mjs
   fidelity.test.mjs
   cli.test.mjs
+  desktop.test.mjs
   docker.test.mjs
 )
 node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" "${SUITES[@]}"

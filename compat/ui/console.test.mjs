@@ -9,21 +9,15 @@
 // run.sh starts the daemon and sets CELLA_UI_URL, CELLA_UI_KEY, CELLA_UI_SHOTS.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdirSync, mkdtempSync, writeFileSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, writeFileSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { chromium } from 'playwright-core';
+import { URL_, KEY, SHOTS, call, launch } from './lib.mjs';
 
-const URL_ = process.env.CELLA_UI_URL;
-const KEY = process.env.CELLA_UI_KEY;
-const SHOTS = process.env.CELLA_UI_SHOTS || join(tmpdir(), 'cella-ui-screenshots');
-const CHROMIUM = process.env.CELLA_UI_CHROMIUM || '/usr/bin/chromium';
-assert.ok(URL_ && KEY, 'CELLA_UI_URL and CELLA_UI_KEY must be set (use run.sh)');
-mkdirSync(SHOTS, { recursive: true });
-
-let browser, page, profile, sandboxID;
+let page, sandboxID;
+let errors = [];
+let closeBrowser = async () => {};
 let step = 0;
-const errors = [];
 const killed = new Set(); // sandboxes the console was asked to kill
 
 // shot saves the whole page, or only `of` (a locator) when given.
@@ -71,20 +65,6 @@ const auditRows = () => page.locator('#audit tbody tr').evaluateAll((trs) => trs
 // The /logs requests the console makes (the audit log's polling).
 let auditRequests = 0;
 
-// call is the REST API as a test checks it, beside the console.
-async function call(method, path, body, key = KEY) {
-  const init = { method, headers: { 'X-API-Key': key } };
-  if (body !== undefined) {
-    init.headers['Content-Type'] = 'application/json';
-    init.body = JSON.stringify(body);
-  }
-  const r = await fetch(URL_ + path, init);
-  const text = await r.text();
-  let json = null;
-  try { json = JSON.parse(text); } catch { /* not JSON */ }
-  return { status: r.status, json, text };
-}
-
 // until polls fn (async) until it returns a truthy value, and returns it;
 // `what` names the wait in the timeout error.
 async function until(fn, what, timeout = 60000) {
@@ -113,21 +93,7 @@ async function typeInTerminal(text) {
 }
 
 before(async () => {
-  profile = mkdtempSync(join(tmpdir(), 'cella-ui-chromium-'));
-  // A fresh profile (--user-data-dir) each run: playwright takes it as the
-  // persistent context's directory.
-  browser = await chromium.launchPersistentContext(profile, {
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-      '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-    viewport: { width: 1400, height: 1000 },
-    acceptDownloads: true,
-  });
-  page = browser.pages()[0] || await browser.newPage();
-  page.setDefaultTimeout(30000);
-  page.on('pageerror', (e) => errors.push(`page error: ${e.message}`));
-  page.on('console', (m) => { if (m.type() === 'error') errors.push(`console: ${m.text()} (${m.location()?.url || ''})`); });
+  ({ page, errors, close: closeBrowser } = await launch({ acceptDownloads: true }));
   page.on('dialog', (d) => d.accept());
   page.on('request', (r) => { if (/\/sandboxes\/[^/]+\/logs\b/.test(new URL(r.url()).pathname)) auditRequests++; });
 });
@@ -138,8 +104,7 @@ after(async () => {
     await fetch(`${URL_}/sandboxes/${sandboxID}`, { method: 'DELETE', headers: { 'X-API-Key': KEY } }).catch(() => {});
   }
   for (const id of extra) await call('DELETE', `/sandboxes/${id}`).catch(() => {});
-  await browser?.close();
-  if (profile) rmSync(profile, { recursive: true, force: true });
+  await closeBrowser();
   console.log(`screenshots: ${SHOTS}`);
 });
 

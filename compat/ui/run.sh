@@ -40,7 +40,7 @@ for _ in $(seq 1 600); do
 done
 export CELLA_UI_URL="http://127.0.0.1:$PORT" CELLA_UI_KEY=$(cat "$DATA_DIR/admin.key") CELLA_UI_SHOTS="$SHOTS" CELLA_UI_CHROMIUM="$CHROMIUM"
 set +e
-node --test --test-concurrency=1 --test-reporter=spec console.test.mjs
+node --test --test-concurrency=1 --test-reporter=spec console.test.mjs desktop.test.mjs
 status=$?
 set -e
 exit "$status"

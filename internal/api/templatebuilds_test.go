@@ -407,7 +407,7 @@ func TestTemplateBuildRoutes(t *testing.T) {
 		if msg := errMessage(t, b); !strings.HasPrefix(msg, "Invalid template name") {
 			t.Errorf("bad name: %q", msg)
 		}
-		for _, alias := range []string{"base", "code-interpreter-v1"} {
+		for _, alias := range []string{"base", "code-interpreter-v1", "desktop"} {
 			st, _, b := e.do(t, "POST", "/v3/templates", key, map[string]any{"name": alias}, nil)
 			if st != 409 || !strings.Contains(errMessage(t, b), "Alias '"+alias+"' is already used") {
 				t.Errorf("%s: %d %s, want 409", alias, st, b)

@@ -185,17 +185,6 @@ func (o Options) Owner() tenant.Owner { return tenant.Owner{Team: o.TeamID, Key:
 
 var templateNameRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`)
 
-// templateDefault is a limit a create leaves unset: what the builtin
-// template asks for (0: nothing), else the daemon's default; never above
-// the daemon's maximum unless the default itself is (which Normalize then
-// refuses, naming the flag).
-func templateDefault(builtin, def, maximum int64) int64 {
-	if builtin > def {
-		return max(def, min(builtin, maximum))
-	}
-	return def
-}
-
 // Normalize fills defaults and rejects values cella cannot honour or the
 // operator does not allow (max, resolved), with a message that says which
 // field and what is allowed.
@@ -229,10 +218,24 @@ func (o *Options) Normalize(max Maxima) error {
 		builtin = template.Builtins[template.DockerName]
 	}
 	if o.MemoryMB == 0 {
-		o.MemoryMB = templateDefault(builtin.MemoryMB, DefaultMemoryMB, max.MemoryMB)
+		// A builtin template may need more than the default (the desktop,
+		// docker); a build on docker gets what docker does.
+		o.MemoryMB = DefaultMemoryMB
+		if builtin.MemoryMB > o.MemoryMB {
+			o.MemoryMB = builtin.MemoryMB
+		}
+		if o.MemoryMB > max.MemoryMB && o.MemoryMB != DefaultMemoryMB {
+			return errdefs.InvalidArgument("the %s template's default memory of %d MiB is above this daemon's maximum of %d MiB (raise cella serve --max-memory, or ask for less memory)", o.TemplateID, o.MemoryMB, max.MemoryMB)
+		}
 	}
 	if o.DiskMB == 0 {
-		o.DiskMB = templateDefault(builtin.DiskMB, DefaultDiskMB, max.DiskMB)
+		o.DiskMB = DefaultDiskMB
+		if builtin.DiskMB > o.DiskMB {
+			o.DiskMB = builtin.DiskMB
+		}
+		if o.DiskMB > max.DiskMB && o.DiskMB != DefaultDiskMB {
+			return errdefs.InvalidArgument("the %s template's default disk of %d MiB is above this daemon's maximum of %d MiB (raise cella serve --max-disk, or ask for less disk)", o.TemplateID, o.DiskMB, max.DiskMB)
+		}
 	}
 	if o.Pids == 0 {
 		o.Pids = DefaultPids

@@ -72,29 +72,58 @@ func TestResolveMaxima(t *testing.T) {
 	}
 }
 
-// TestNormalizeTemplateDefaults: a create of the docker template that names
-// no memory or disk gets the template's, capped by the daemon's maxima
-// (never below the daemon's defaults); what a create names wins; other
-// templates get the daemon's defaults.
+// TestNormalizeTemplateDefaults: a create of the docker template (or a
+// build step on it) that names no memory or disk gets the template's; what
+// a create names wins; a default above the daemon's maximum is refused
+// naming the template and the flag; other templates get the daemon's.
 func TestNormalizeTemplateDefaults(t *testing.T) {
 	for _, c := range []struct {
 		o            Options
-		max          Maxima
 		memory, disk int64
 	}{
-		{Options{TemplateID: "docker"}, testMaxima, template.DockerMemoryMB, template.DockerDiskMB},
-		{Options{TemplateID: "docker", MemoryMB: 700, DiskMB: 900}, testMaxima, 700, 900},
-		{Options{TemplateID: "docker"}, Maxima{CPUs: 4, MemoryMB: 1000, DiskMB: 3000, Pids: 4096}, 1000, 3000},
-		{Options{TemplateID: "docker"}, Maxima{CPUs: 4, MemoryMB: DefaultMemoryMB, DiskMB: DefaultDiskMB, Pids: 4096}, DefaultMemoryMB, DefaultDiskMB},
-		{Options{}, testMaxima, DefaultMemoryMB, DefaultDiskMB},
-		{Options{TemplateID: "code-interpreter-v1"}, testMaxima, DefaultMemoryMB, DefaultDiskMB},
+		{Options{TemplateID: "docker"}, template.DockerMemoryMB, template.DockerDiskMB},
+		{Options{TemplateID: "built-on-docker", Image: "r-x", Services: []string{template.ServiceDocker}}, template.DockerMemoryMB, template.DockerDiskMB},
+		{Options{TemplateID: "docker", MemoryMB: 700, DiskMB: 900}, 700, 900},
+		{Options{}, DefaultMemoryMB, DefaultDiskMB},
+		{Options{TemplateID: "code-interpreter-v1"}, DefaultMemoryMB, DefaultDiskMB},
 	} {
 		o := c.o
-		if err := o.Normalize(c.max); err != nil {
+		if err := o.Normalize(testMaxima); err != nil {
 			t.Fatalf("%+v: %v", c.o, err)
 		}
 		if o.MemoryMB != c.memory || o.DiskMB != c.disk {
-			t.Errorf("%+v under %+v: memory %d disk %d, want %d %d", c.o, c.max, o.MemoryMB, o.DiskMB, c.memory, c.disk)
+			t.Errorf("%+v: memory %d disk %d, want %d %d", c.o, o.MemoryMB, o.DiskMB, c.memory, c.disk)
 		}
+	}
+	small := Maxima{CPUs: 4, MemoryMB: 8192, DiskMB: 3000, Pids: 4096}
+	o := Options{TemplateID: "docker"}
+	if err := o.Normalize(small); err == nil || !errdefs.Is(err, errdefs.KindInvalidArgument) || !strings.Contains(err.Error(), "the docker template's default disk of 4096 MiB is above this daemon's maximum of 3000 MiB (raise cella serve --max-disk") {
+		t.Errorf("docker default disk above the maximum: %v", err)
+	}
+}
+
+// A builtin template with a memory default of its own (the desktop) gets
+// it when the create asks for none; an explicit limit wins; a default above
+// the daemon's maximum is refused naming the template and the flag.
+func TestNormalizeTemplateMemory(t *testing.T) {
+	for _, c := range []struct {
+		o    Options
+		want int64
+	}{
+		{Options{TemplateID: template.DesktopName}, template.DesktopMemoryMB},
+		{Options{TemplateID: template.DesktopName, MemoryMB: 1024}, 1024},
+		{Options{}, DefaultMemoryMB},
+		{Options{TemplateID: template.CodeInterpreterName}, DefaultMemoryMB},
+	} {
+		o := c.o
+		if err := o.Normalize(testMaxima); err != nil || o.MemoryMB != c.want {
+			t.Errorf("%+v: memory %d MiB, %v; want %d MiB", c.o, o.MemoryMB, err, c.want)
+		}
+	}
+	small := testMaxima
+	small.MemoryMB = 2048
+	o := Options{TemplateID: template.DesktopName}
+	if err := o.Normalize(small); err == nil || !errdefs.Is(err, errdefs.KindInvalidArgument) || !strings.Contains(err.Error(), "the desktop template's default memory of 4096 MiB is above this daemon's maximum of 2048 MiB (raise cella serve --max-memory") {
+		t.Errorf("desktop default above the maximum: %v", err)
 	}
 }

@@ -121,3 +121,76 @@ func TestDockerRecipe(t *testing.T) {
 		t.Fatalf("a recipe's setup was read from JSON: %q %v", r.Setup, err)
 	}
 }
+
+// The desktop recipe is base plus what @e2b/desktop runs, and recipe files
+// leave the keys of recipes without files (base, code-interpreter) as they
+// were: their cached images stay valid.
+func TestDesktopRecipe(t *testing.T) {
+	for _, p := range append(slices.Clone(BaseRecipe.Packages), "xvfb", "xdotool", "scrot", "x11vnc", "novnc", "websockify", "xfce4-session", "net-tools", "x11-xserver-utils", "x11-utils") {
+		if !slices.Contains(DesktopRecipe.Packages, p) {
+			t.Errorf("desktop recipe lacks %s", p)
+		}
+	}
+	if err := DesktopRecipe.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if BaseRecipe.Key() != "r-90ec4ee5dbe247685efb" || CodeInterpreterRecipe.Key() != "r-9a841ac9846148abd3ea" {
+		t.Fatalf("the keys of base (%s) and code-interpreter-v1 (%s) changed", BaseRecipe.Key(), CodeInterpreterRecipe.Key())
+	}
+	noFiles := DesktopRecipe
+	noFiles.Files = nil
+	if noFiles.Key() == DesktopRecipe.Key() {
+		t.Fatal("recipe files are not part of the key")
+	}
+	if !IsBuiltin(DesktopName) || BuiltinMemoryMB(DesktopName) != DesktopMemoryMB || BuiltinMemoryMB(BaseName) != 0 {
+		t.Fatal("desktop builtin")
+	}
+	for _, bad := range []RecipeFile{{Path: "opt/x", Link: "/y"}, {Path: "/opt/../etc/x", Content: "x"}, {Path: "/"}, {Path: "/x", Link: "/y", Content: "z"}, {Path: "/x", CopyOf: "rel"}} {
+		r := BaseRecipe
+		r.Files = []RecipeFile{bad}
+		if err := r.Validate(); err == nil {
+			t.Errorf("recipe file %+v accepted", bad)
+		}
+	}
+}
+
+// Recipe files are made inside the image: a link, a copy of the image's
+// own file, content with its mode; a path through the image's symlink to
+// outside it is refused and writes nothing there.
+func TestAddRecipeFiles(t *testing.T) {
+	root, outside := t.TempDir(), t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "etc/xdg/panel"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc/xdg/panel/default.xml"), []byte("<panel/>"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(root, "escape")); err != nil {
+		t.Fatal(err)
+	}
+	err := addRecipeFiles(root, []RecipeFile{
+		{Path: "/opt/noVNC", Link: "/usr/share/novnc"},
+		{Path: "/etc/xdg/conf/panel.xml", CopyOf: "/etc/xdg/panel/default.xml"},
+		{Path: "/usr/local/bin/tool", Content: "#!/bin/sh\n", Mode: 0o755},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := os.Readlink(filepath.Join(root, "opt/noVNC")); l != "/usr/share/novnc" {
+		t.Errorf("link = %q", l)
+	}
+	if b, _ := os.ReadFile(filepath.Join(root, "etc/xdg/conf/panel.xml")); string(b) != "<panel/>" {
+		t.Errorf("copy = %q", b)
+	}
+	if st, err := os.Stat(filepath.Join(root, "usr/local/bin/tool")); err != nil || st.Mode().Perm() != 0o755 {
+		t.Errorf("content file: %v %v", st, err)
+	}
+	for _, f := range []RecipeFile{{Path: "/escape/planted", Content: "x"}, {Path: "/etc/x", CopyOf: "/escape/../../etc/passwd"}} {
+		if err := addRecipeFiles(root, []RecipeFile{f}); err == nil {
+			t.Errorf("%+v: written through the image's symlink", f)
+		}
+	}
+	if ents, _ := os.ReadDir(outside); len(ents) != 0 {
+		t.Fatalf("written outside the image: %v", ents)
+	}
+}

@@ -126,17 +126,23 @@ type Builtin struct {
 	Services []string
 	// MemoryMB and DiskMB, when set, are what a sandbox of the template
 	// gets when its create names none, instead of the daemon's defaults
-	// (a Docker engine needs more than 512 MiB).
+	// (the desktop and a Docker engine need more than 512 MiB).
 	MemoryMB, DiskMB int64
 }
 
 // Builtins are the templates a daemon builds when a sandbox first asks for
-// them: E2B's default template and its code-interpreter template.
+// them: E2B's default template, its code-interpreter template and its
+// desktop template (desktop.go).
 var Builtins = map[string]Builtin{
 	BaseName:            {Recipe: BaseRecipe},
 	CodeInterpreterName: {Recipe: CodeInterpreterRecipe, Services: []string{ServiceCodeInterpreter}},
+	DesktopName:         {Recipe: DesktopRecipe, MemoryMB: DesktopMemoryMB},
 	DockerName:          {Recipe: DockerRecipe, Services: []string{ServiceDocker}, MemoryMB: DockerMemoryMB, DiskMB: DockerDiskMB},
 }
+
+// BuiltinMemoryMB is the default memory limit of sandboxes of the builtin
+// name, 0 for names without one of their own.
+func BuiltinMemoryMB(name string) int64 { return Builtins[name].MemoryMB }
 
 // IsBuiltin reports whether name is built on first use (EnsureNamed).
 func IsBuiltin(name string) bool {
@@ -152,11 +158,25 @@ type Recipe struct {
 	// DefaultMirror. It is not part of the cache key: every mirror serves
 	// the same packages.
 	Mirror string `json:"mirror,omitempty"`
+	// Files are made in the image once the packages are installed (the
+	// layout an SDK expects beyond what the packages give).
+	Files []RecipeFile `json:"files,omitempty"`
 	// Setup is a shell script run in the image's chroot after the packages
-	// are installed and the user is made (what a builtin needs beyond
-	// packages: DockerRecipe's). Builtin recipes only: never read from
+	// are installed, the files made and the user made (what a builtin needs
+	// beyond files: DockerRecipe's). Builtin recipes only: never read from
 	// JSON, so no request can run a script on the host. Part of the key.
 	Setup string `json:"-"`
+}
+
+// RecipeFile is one file a recipe adds to its image: a symlink to Link, a
+// copy of the image's own file CopyOf, or Content; its parent directories
+// are created. Paths are absolute paths inside the image.
+type RecipeFile struct {
+	Path    string      `json:"path"`
+	Link    string      `json:"link,omitempty"`
+	CopyOf  string      `json:"copyOf,omitempty"`
+	Content string      `json:"content,omitempty"`
+	Mode    fs.FileMode `json:"mode,omitempty"` // of a copy or Content; 0 = 0644
 }
 
 var (
@@ -176,6 +196,17 @@ func (r Recipe) Validate() error {
 			return fmt.Errorf("invalid package name %q", p)
 		}
 	}
+	for _, f := range r.Files {
+		if !filepath.IsAbs(f.Path) || filepath.Clean(f.Path) != f.Path || f.Path == "/" {
+			return fmt.Errorf("invalid recipe file path %q: want a clean absolute path", f.Path)
+		}
+		if f.CopyOf != "" && (!filepath.IsAbs(f.CopyOf) || filepath.Clean(f.CopyOf) != f.CopyOf) {
+			return fmt.Errorf("invalid recipe file %s: copyOf %q is not a clean absolute path", f.Path, f.CopyOf)
+		}
+		if (f.Link != "") && (f.CopyOf != "" || f.Content != "") || (f.CopyOf != "" && f.Content != "") {
+			return fmt.Errorf("invalid recipe file %s: give one of link, copyOf and content", f.Path)
+		}
+	}
 	if r.Mirror != "" && !strings.HasPrefix(r.Mirror, "http://") && !strings.HasPrefix(r.Mirror, "https://") && !strings.HasPrefix(r.Mirror, "file://") {
 		return fmt.Errorf("invalid mirror %q: want an http, https or file URL", r.Mirror)
 	}
@@ -190,6 +221,10 @@ func (r Recipe) Key() string {
 	h := sha256.New()
 	// v2: images tuned by fastLoginShell.
 	fmt.Fprintf(h, "cella-template-v2\x00%s\x00%s", r.Suite, strings.Join(pkgs, "\x00"))
+	if len(r.Files) > 0 { // recipes without files keep the keys they had
+		b, _ := json.Marshal(r.Files)
+		fmt.Fprintf(h, "\x00files\x00%s", b)
+	}
 	if r.Setup != "" { // recipes without one keep the keys they had
 		fmt.Fprintf(h, "\x00setup\x00%s", r.Setup)
 	}
@@ -705,6 +740,12 @@ func (s *Store) buildImage(ctx context.Context, name, key string, r Recipe, prog
 			return "", fmt.Errorf("install packages: %w", err)
 		}
 	}
+	if len(r.Files) > 0 {
+		step("add %d files", len(r.Files))
+		if err := addRecipeFiles(root, r.Files); err != nil {
+			return "", err
+		}
+	}
 	step("create user %s (uid %d)", DefaultUser, DefaultUID)
 	if err := EnsureUser(root); err != nil {
 		return "", err
@@ -736,6 +777,44 @@ func (s *Store) buildImage(ctx context.Context, name, key string, r Recipe, prog
 	step("done: image %s, %d MiB", key, meta.Size>>20)
 	ok = true
 	return tmp, nil
+}
+
+// addRecipeFiles makes files in the image at root, every path resolved
+// inside it (os.Root): the packages' symlinks cannot lead a file out.
+func addRecipeFiles(root string, files []RecipeFile) error {
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		return fmt.Errorf("recipe files: %w", err)
+	}
+	defer r.Close()
+	for _, f := range files {
+		rel := strings.TrimPrefix(f.Path, "/")
+		if err := r.MkdirAll(filepath.Dir(rel), 0o755); err != nil {
+			return fmt.Errorf("recipe file %s: %w", f.Path, err)
+		}
+		mode := f.Mode
+		if mode == 0 {
+			mode = 0o644
+		}
+		switch {
+		case f.Link != "":
+			err = r.Symlink(f.Link, rel)
+		case f.CopyOf != "":
+			var b []byte
+			if b, err = r.ReadFile(strings.TrimPrefix(f.CopyOf, "/")); err == nil {
+				err = r.WriteFile(rel, b, mode)
+			}
+		default:
+			err = r.WriteFile(rel, []byte(f.Content), mode)
+		}
+		if err == nil && f.Link == "" {
+			err = r.Chmod(rel, mode) // WriteFile's mode is masked by the umask
+		}
+		if err != nil {
+			return fmt.Errorf("recipe file %s: %w", f.Path, err)
+		}
+	}
+	return nil
 }
 
 // Import adopts dir as template name: dir is copied (reflinked where the

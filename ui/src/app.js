@@ -10,6 +10,7 @@ import './style.css';
 import { lineChart, chartSVG } from './charts.js';
 import { templatesView, snapshotsView, volumesView, poolsView, keysView, secretsView, hostView } from './pages.js';
 import { buildView } from './build.js';
+import { desktopPanel, isDesktop } from './desktop.js';
 
 const KEY_STORAGE = 'cella.apiKey';
 const ENVD_PORT = '49983';
@@ -387,6 +388,9 @@ function sandboxView(id) {
   const termEl = h('div', { id: 'terminal' });
   const termStatus = h('span', { id: 'term-status', class: 'muted' }, 'not connected');
   const newShellBtn = h('button', { id: 'new-shell-btn', class: 'small', hidden: true }, 'New shell');
+  // A desktop sandbox's live view goes beside the terminal (desktop.js).
+  const termRow = h('div', { id: 'term-row' });
+  let desktop = null;
 
   const actions = async (label, fn) => {
     for (const b of [pauseBtn, resumeBtn, killBtn, snapBtn]) b.disabled = true;
@@ -760,6 +764,12 @@ function sandboxView(id) {
     ];
     facts.replaceChildren(...f.flatMap(([k, v]) => [h('dt', {}, k), h('dd', { dataset: { fact: k.toLowerCase() } }, v || '—')]));
     renderLifecycle();
+    if (!desktop && isDesktop(sb)) {
+      desktop = desktopPanel(id, { h, envd, base: BASE });
+      termRow.className = 'cols';
+      termRow.append(desktop.el);
+    }
+    if (desktop) desktop.update(sb);
     if (sb.state !== lastState) {
       const was = lastState;
       lastState = sb.state;
@@ -788,9 +798,7 @@ function sandboxView(id) {
         h('figure', {}, h('figcaption', {}, 'CPU'), cpuChart),
         h('figure', {}, h('figcaption', {}, 'Memory'), memChart),
         h('figure', {}, h('figcaption', {}, 'Disk'), diskChart))),
-    h('section', { class: 'card' },
-      h('div', { class: 'section-head' }, h('h3', {}, 'Terminal'), termStatus, h('span', { class: 'grow' }), newShellBtn),
-      termEl),
+    termRow,
     h('div', { class: 'cols' },
       h('section', { class: 'card', id: 'file-browser' },
         h('div', { class: 'section-head' }, h('h3', {}, 'Files')),
@@ -814,9 +822,12 @@ function sandboxView(id) {
           + '(allowed or blocked by the egress policy), every command started through the agent and how it ended, '
           + 'files written, moved and removed through the API, and lifecycle changes.'),
         auditScroll, auditStatus))));
+  termRow.append(h('section', { class: 'card' },
+    h('div', { class: 'section-head' }, h('h3', {}, 'Terminal'), termStatus, h('span', { class: 'grow' }), newShellBtn),
+    termEl));
   showFlash(fl);
   flashMsg = null;
-  leaveView.push(() => { if (term) term.dispose(); });
+  leaveView.push(() => { if (term) term.dispose(); if (desktop) desktop.close(); });
   every(REFRESH_MS, load);
   every(REFRESH_MS, loadAudit);
   every(REFRESH_MS, loadResources);
