@@ -72,6 +72,9 @@ func serveSettings(c *serveConfig) []*setting {
 		{flag: "pool", env: "CELLA_POOL", kind: "TEMPLATE=N", list: true, apply: all(&c.Pools, poolSizes),
 			usage: "keep N sandboxes of TEMPLATE started and ready, handed out on create; a size set with cella pool set overrides it",
 			more:  "(see Warm pools)"},
+		{flag: "pool-memory-budget", env: "CELLA_POOL_MEMORY_BUDGET", def: "0", kind: "size", apply: one(&c.PoolMemoryBudget, maxBytes),
+			usage: "memory warm pools may hold beyond their set sizes while recent demand (the most creates within a second over the last minute) grows them, e.g. 4G; 0 = a quarter of the host's RAM",
+			more:  "(see Warm pools)"},
 
 		{flag: "no-network", env: "CELLA_NO_NETWORK", def: "false", kind: "bool", apply: one(&n.Disabled, boolean),
 			usage: "give sandboxes no network at all, not even the egress proxy (loopback only)"},
@@ -188,6 +191,12 @@ func maxMiB(s string) (int64, error) {
 		return 0, nil
 	}
 	return parseMiB(s)
+}
+
+// maxBytes is maxMiB in bytes.
+func maxBytes(s string) (int64, error) {
+	mib, err := maxMiB(s)
+	return mib << 20, err
 }
 
 func bytesOfMiB(s string) (int64, error) {

@@ -56,6 +56,10 @@ const (
 	// ChannelTokenPath takes the credential of the agent's next hello
 	// (POST ChannelTokenRequest: 204). Served on the channel only.
 	ChannelTokenPath = "/cella/channel-token"
+	// SpawnPath times the agent's own starts of an exec's command shape
+	// (POST SpawnRequest: SpawnResult). Served on the channel only; the
+	// daemon's warm pools call it to warm what a first exec needs.
+	SpawnPath = "/cella/spawn"
 	// ProcessLogsPattern is the ServeMux pattern of a process's retained
 	// output (ProcessLogsPath).
 	ProcessLogsPattern = "/cella/processes/{pid}/logs"
@@ -84,6 +88,22 @@ const UnauthorizedMessage = "unauthorized access, please provide a valid access 
 func AuthExempt(method, path string) bool {
 	switch method + " " + path {
 	case "GET " + HealthPath, "GET " + FilesPath, "POST " + FilesPath, "POST " + InitPath, "POST " + ChannelTokenPath:
+		return true
+	}
+	return false
+}
+
+// DaemonOnly reports whether method+path is a route only the daemon itself
+// may call, never traffic through its edge, even with the access token:
+// the spawn timing runs the login shell outside the audit feed, which an
+// owner who edited the login scripts could otherwise use to run them
+// unaudited; the channel's next credential, set by a client, would be a
+// credential someone other than the daemon knows, which a process in the
+// sandbox could dial the daemon with as the agent; and the audit feed is
+// the daemon's record of what happened, read from its store by clients.
+func DaemonOnly(method, path string) bool {
+	switch method + " " + path {
+	case "POST " + SpawnPath, "POST " + ChannelTokenPath, "GET " + EventsPath:
 		return true
 	}
 	return false

@@ -64,6 +64,9 @@ type Config struct {
 	// AuditRetention is how long the audit log of a sandbox that no longer
 	// exists is kept (0: 7 days).
 	AuditRetention time.Duration
+	// PoolMemoryBudget is what warm pools may hold beyond their set sizes
+	// (--pool-memory-budget, bytes; 0: a quarter of the host's RAM).
+	PoolMemoryBudget int64
 	// Maxima bound every sandbox's limits (--max-cpus/memory/disk/pids);
 	// zero fields are the host's (sandbox.HostMaxima of DataDir).
 	Maxima sandbox.Maxima
@@ -184,6 +187,9 @@ func (c *Config) Validate() error {
 		if l.d < 0 || l.d > sandbox.MaxLifecycleDuration {
 			return fieldErr(l.field, "%v is out of range (0 to 10 years)", l.d)
 		}
+	}
+	if c.PoolMemoryBudget < 0 {
+		return fieldErr("pool-memory-budget", "%d: want a size of 0 or more", c.PoolMemoryBudget)
 	}
 	for name, n := range c.Pools {
 		if strings.TrimSpace(name) == "" || n < 0 || n > sandbox.MaxPoolSize {

@@ -212,7 +212,8 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		Agents: agents, Agent: d.Agent,
 		BuildProgress: c.BuildProgress, Volumes: vols, Lifecycle: c.Lifecycle,
 		AgentAudit: agentAudit{al}, Events: evs, Network: sbNet, SecretValue: sm.Get, MetricsInterval: c.MetricsInterval, Maxima: c.Maxima,
-		Metrics: d.Metrics, KeyLimits: keyLimits(st),
+		PoolMemoryBudget: c.PoolMemoryBudget,
+		Metrics:          d.Metrics, KeyLimits: keyLimits(st),
 	})
 	if err != nil {
 		return nil, err

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -62,6 +63,10 @@ type Config struct {
 	// Maxima bound every sandbox's limits; zero fields are the host's
 	// (HostMaxima of DataDir).
 	Maxima Maxima
+	// PoolMemoryBudget is the memory warm pools may hold beyond their set
+	// sizes as recent demand grows them (adapt.go); 0 is
+	// DefaultPoolMemoryBudget, a quarter of the host's RAM.
+	PoolMemoryBudget int64
 	// Metrics receives lifecycle latencies and deaths (nil: none kept).
 	Metrics *metrics.Metrics
 	// KeyLimits returns the quota of an API key (quota.go); nil: no key
@@ -124,7 +129,8 @@ type Manager struct {
 	reaperDone  chan struct{}
 	samplerDone chan struct{}
 
-	pools poolSet // warm pools (pool.go)
+	pools poolSet    // warm pools (pool.go)
+	cold  *coldQueue // cold starts of creates, in turns (coldqueue.go)
 
 	snapsMu sync.Mutex
 	// pendingSnaps are template snapshots whose template does not name
@@ -159,7 +165,9 @@ func NewManager(cfg Config) (*Manager, error) {
 		reaperStop:  make(chan struct{}),
 		reaperDone:  make(chan struct{}),
 		samplerDone: make(chan struct{}),
+		cold:        newColdQueue(coldStartSlots()),
 	}
+	m.pools.budget = cmp.Or(cfg.PoolMemoryBudget, DefaultPoolMemoryBudget()) // adapt.go
 	// Layers of the default size wait ready: a create then takes one in
 	// about 0.1 ms instead of attaching and mounting one (1.5-4 ms).
 	layers.Keep(mib(DefaultDiskMB), readyLayers)
@@ -276,7 +284,19 @@ func (m *Manager) Create(ctx context.Context, p tenant.Principal, opts Options) 
 	sb.endAt = sb.StartedAt.Add(opts.Timeout)
 	sb.Dir = filepath.Join(sandboxesDir(m.cfg.DataDir), sb.ID)
 
-	if err := m.start(ctx, sb, tpl); err != nil {
+	release, err := m.cold.wait(ctx) // coldqueue.go: a burst boots in turns
+	if err != nil {
+		return nil, err
+	}
+	// A refill may have landed while this create waited for its turn.
+	if pooled, ok := m.takePooled(ctx, opts); ok {
+		release()
+		m.cfg.Metrics.Create(metrics.CreatePooled, pooled.TemplateID, time.Since(t0))
+		return pooled, nil
+	}
+	err = m.start(ctx, sb, tpl)
+	release()
+	if err != nil {
 		m.cleanup(context.WithoutCancel(ctx), sb)
 		return nil, err
 	}
