@@ -113,6 +113,7 @@ func newBenchCmd() *cobra.Command {
 	cmd.AddCommand(newBenchStateCmd(&b))   // bench_state.go
 	cmd.AddCommand(newBenchDesktopCmd(&b)) // bench_desktop.go
 	cmd.AddCommand(newBenchSoakCmd(&b))    // bench_soak.go
+	cmd.AddCommand(newBenchClusterCmd(&b)) // bench_cluster.go
 	f := cmd.PersistentFlags()
 	f.IntVar(&b.cfg.N, "n", 20, "iterations per figure")
 	f.StringVar(&b.runtimes, "runtimes", "gvisor,namespaces", "runtimes to measure")

@@ -70,6 +70,11 @@ type Config struct {
 	// Maxima bound every sandbox's limits (--max-cpus/memory/disk/pids);
 	// zero fields are the host's (sandbox.HostMaxima of DataDir).
 	Maxima sandbox.Maxima
+	// Cluster makes the daemon a node of a cluster (--cluster; cluster.go).
+	Cluster ClusterConfig
+	// Archive keeps paused sandboxes in an object store (--archive;
+	// archive.go).
+	Archive ArchiveConfig
 	// Build configures template builds (internal/build).
 	Build BuildConfig
 	// Builder, if set, runs the builds E2B's build API requests
@@ -195,6 +200,12 @@ func (c *Config) Validate() error {
 		if strings.TrimSpace(name) == "" || n < 0 || n > sandbox.MaxPoolSize {
 			return fieldErr("pool", "%q=%d: want a template name and a size between 0 and %d", name, n, sandbox.MaxPoolSize)
 		}
+	}
+	if err := c.Cluster.validate(); err != nil {
+		return err
+	}
+	if err := c.Archive.validate(); err != nil {
+		return err
 	}
 	if c.Runtime == runtime.GVisor {
 		p, err := exec.LookPath(c.RunscPath)
