@@ -12,6 +12,7 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/cluster"
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
+	"github.com/cella-sandbox/cella/internal/clusterdeps"
 	"github.com/cella-sandbox/cella/internal/clustertest"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,8 +31,8 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	if clustertest.Enabled() {
-		bins, err := clustertest.Lookup()
+	if clusterdeps.Enabled() {
+		bins, err := clusterdeps.Lookup()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1

@@ -28,7 +28,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
-	"github.com/cella-sandbox/cella/internal/clustertest"
+	"github.com/cella-sandbox/cella/internal/clusterdeps"
 )
 
 // Server is one running versitygw.
@@ -45,13 +45,13 @@ type Server struct {
 // Binary finds versitygw, skipping the test where it is not built.
 func Binary(t testing.TB) string {
 	t.Helper()
-	b, err := clustertest.Lookup()
+	b, err := clusterdeps.Lookup()
 	if err == nil && b.Versitygw != "" {
 		if _, serr := os.Stat(b.Versitygw); serr == nil {
 			return b.Versitygw
 		}
 	}
-	if clustertest.Enabled() {
+	if clusterdeps.Enabled() {
 		t.Fatalf("versitygw is not built (make cluster-deps): %v", err)
 	}
 	t.Skipf("needs versitygw (make cluster-deps): %v", err)
