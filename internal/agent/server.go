@@ -52,8 +52,9 @@ type Server struct {
 	procs    procTable
 	watchers watcherTable
 	watchdog watchdog
-	logs     logStore  // per-process output logs (proclog.go)
-	audit    auditFeed // what the daemon's audit log follows (audit.go)
+	logs     logStore     // per-process output logs (proclog.go)
+	audit    auditFeed    // what the daemon's audit log follows (audit.go)
+	docker   dockerEngine // the sandbox's Docker engine, if its template has one (docker.go)
 	done     chan struct{}
 	closeMu  sync.Once
 

@@ -133,3 +133,8 @@ const RedialSignal = syscall.SIGUSR1
 // run E2B's code-interpreter server on 127.0.0.1:49999 (the template
 // code-interpreter-v1 names it).
 const ServiceCodeInterpreter = "code-interpreter"
+
+// ServiceDocker is the Config.Services entry that makes the agent start
+// dockerd when the sandbox boots (the template docker names it), and the
+// daemon give the sandbox what a container engine needs inside it.
+const ServiceDocker = "docker"

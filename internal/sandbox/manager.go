@@ -263,6 +263,9 @@ func (m *Manager) Create(ctx context.Context, p tenant.Principal, opts Options) 
 	if err != nil {
 		return nil, err
 	}
+	if err := m.checkEngine(tpl); err != nil { // engine.go
+		return nil, err
+	}
 	if tpl.Snapshot != "" && opts.Image == "" {
 		// A built template with its start command captured running.
 		if sb, ok, err := m.fromTemplateSnapshot(ctx, p, opts, tpl); ok { // build.go
@@ -476,6 +479,8 @@ func (m *Manager) spec(sb *Sandbox, agent string) runtime.Spec {
 		LogPath:     agentLog(sb),
 		Mounts:      m.volumeMounts(sb), // volumes.go
 		NetNSPath:   sb.netNSPath(),
+		// engine.go
+		ContainerEngine: m.engineOf(sb),
 	}
 }
 

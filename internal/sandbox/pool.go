@@ -525,6 +525,9 @@ func (m *Manager) makePooled(ctx context.Context, base Options) (*pooled, error)
 	if err != nil {
 		return nil, err
 	}
+	if err := m.checkEngine(tpl); err != nil { // engine.go
+		return nil, err
+	}
 	sb := &Sandbox{
 		ID:              store.NewID(),
 		TemplateID:      base.TemplateID,
