@@ -51,7 +51,7 @@ func TestCLITemplateNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	machine := "cli-names-" + run
-	if _, err := tpls.Name(machine, base.Image, ""); err != nil {
+	if _, err := tpls.Name(machine, base.Image, "", nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tpls.Delete(machine) })
