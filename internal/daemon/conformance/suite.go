@@ -39,6 +39,7 @@ func Run(t *testing.T, runtimeName string) {
 	t.Run("RunDirReadOnly", func(t *testing.T) { testRunDirReadOnly(t, env) })
 	t.Run("FakeDaemon", func(t *testing.T) { testFakeDaemon(t, env) })
 	t.Run("Limits", func(t *testing.T) { testLimits(t, env) })
+	t.Run("Localhost", func(t *testing.T) { testLocalhost(t, env) }) // hosts.go
 	t.Run("PauseResume", func(t *testing.T) { testPauseResume(t, env) })
 	t.Run("PauseSurvivesDaemonRestart", func(t *testing.T) { testPauseRestart(t, env) })
 	t.Run("PauseSurvivesHostReboot", func(t *testing.T) { testPauseReboot(t, env) })
