@@ -223,6 +223,51 @@ type guestCharge struct {
 	mu    sync.Mutex
 	tried bool
 	dir   int // the guest cgroup root, -1 when there is none
+
+	// The sampling loop's own (no lock): the last reading and when the
+	// next may be taken.
+	last   int64
+	lastOK bool
+	next   time.Time
+	// killedAt is the charge at the last kill, until the charge is below
+	// the limit again: the sentry counts a killed process's pages until
+	// its releaser has returned them, so until then a charge that is not
+	// above the one at the kill is the dead command's, not a new one's.
+	killedAt int64
+}
+
+// over reports whether charge c over limit calls for a kill (which the
+// caller then makes).
+func (g *guestCharge) over(c, limit int64) bool {
+	switch {
+	case c <= limit:
+		g.killedAt = 0
+		return false
+	case g.killedAt > 0 && c <= g.killedAt:
+		return false // still releasing what the last kill freed
+	}
+	g.killedAt = c
+	return true
+}
+
+// chargeCostRatio bounds the reads of memory.current to 1/chargeCostRatio
+// of a CPU. A read makes the sentry look for newly committed pages of the
+// sandbox (mincore over what it does not know to be committed yet):
+// measured 0.5 ms idle, 0.9 ms with 1.2 GiB in use and 2.1 ms with a 3 GiB
+// mapping touched every 2 MiB, so at 20 ms samples it is never skipped but
+// in extreme cases.
+const chargeCostRatio = 8
+
+// current returns the sandbox's charge, read anew unless the last read was
+// so slow that the loop must wait for the next (then the last reading).
+func (g *guestCharge) current(dir int, buf []byte) (int64, bool) {
+	start := time.Now()
+	if start.Before(g.next) {
+		return g.last, g.lastOK
+	}
+	g.last, g.lastOK = readCharge(dir, buf)
+	g.next = start.Add(chargeCostRatio * time.Since(start))
+	return g.last, g.lastOK
 }
 
 // open opens the guest cgroup root once, under gVisor only (elsewhere the
@@ -389,7 +434,7 @@ func (w *watchdog) sample(live []*proc, buf []byte) {
 	usage, members, total := scanSessions(buf, w.s.opts.SandboxWide, bySID, limits.MemoryBytes > 0 && !charged)
 	if limits.MemoryBytes > 0 && charged {
 		total.rss = 0
-		if c, ok := readCharge(chargeFD, buf); ok && c > limits.MemoryBytes {
+		if c, ok := w.charge.current(chargeFD, buf); ok && w.charge.over(c, limits.MemoryBytes) {
 			total.rss = c
 			sessionRSS(usage, members, buf)
 		}
