@@ -7,7 +7,7 @@ export CELLA_TEST_BIN=$PWD/bin/cella
 export CELLA_TEST_RUNSC=$PWD/bin/runsc
 # Builtin templates are built once per machine (minutes on a new one), before
 # any test asks for them: an SDK create would time out waiting for a build.
-./bin/cella template ensure base code-interpreter-v1 desktop
+./bin/cella template ensure base code-interpreter-v1 desktop docker
 go test -count=1 -timeout 25m ./...
 compat/mcp/run.sh    # MCP: the official TypeScript MCP SDK over stdio and streamable HTTP
 compat/e2b/run.sh    # E2B SDK conformance: real e2b JS SDKs against a daemon of its own

@@ -1,6 +1,5 @@
 // Command cella-agent is the agent that runs as PID 1 inside every cella
-// sandbox, and the helper it re-executes to put a command under Landlock
-// (the namespaces runtime). It is its own small binary, not a subcommand of
+// sandbox. It is its own small binary, not a subcommand of
 // cella, because a sandbox pays for every page of its agent's binary and
 // every package init at each cold start (under gVisor each page comes
 // through the sentry): it links internal/agent and what that needs, none of
@@ -19,12 +18,6 @@ import (
 func main() {
 	args := os.Args[1:]
 	switch {
-	case len(args) > 0 && args[0] == agent.ExecHelperCommand:
-		err := agent.ExecHelperMain(args[1:])
-		// ExecHelperMain only returns on failure; 126 is the shell's
-		// "found but could not be executed".
-		fmt.Fprintln(os.Stderr, "cella-agent:", err)
-		os.Exit(126)
 	case len(args) == 0 || len(args) == 1 && args[0] == "agent":
 		// "agent" is the argument sandboxes made when the agent was
 		// cella's subcommand were booted with; a cold boot of one that was
@@ -34,7 +27,7 @@ func main() {
 			os.Exit(1)
 		}
 	default:
-		fmt.Fprintf(os.Stderr, "usage: cella-agent [agent]\n       cella-agent %s MODE EXECUTABLE ARGV0 [ARG...]\n(the agent runs as PID 1 of a cella sandbox; it is not a command for people)\n", agent.ExecHelperCommand)
+		fmt.Fprintln(os.Stderr, "usage: cella-agent [agent]\n(the agent runs as PID 1 of a cella sandbox; it is not a command for people)")
 		os.Exit(2)
 	}
 }

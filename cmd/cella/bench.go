@@ -84,6 +84,8 @@ func newBenchCmd() *cobra.Command {
 			func(ctx context.Context) ([]bench.Figure, error) { return bench.Files(ctx, b.cfg, b.smoke) }),
 		sub("egress", "1000 small HTTP and 1000 HTTPS requests through the egress proxy, beside the same requests without it",
 			func(ctx context.Context) ([]bench.Figure, error) { return bench.Egress(ctx, b.cfg, b.egress) }),
+		sub("docker", "the docker template beside base: create → first exec, create → docker info answers, docker run --rm beside an exec, idle memory",
+			func(ctx context.Context) ([]bench.Figure, error) { return bench.Docker(ctx, b.cfg) }),
 		sub("template", "pull of a 5-layer image from a local registry (cold, then cached), create from it beside create from base, a template build, its cached rebuild, and create from a start-command snapshot",
 			func(ctx context.Context) ([]bench.Figure, error) { return bench.Template(ctx, b.cfg) }),
 	}
@@ -97,6 +99,7 @@ func newBenchCmd() *cobra.Command {
 			func(ctx context.Context) ([]bench.Figure, error) { return bench.Files(ctx, b.cfg, b.smoke) },
 			func(ctx context.Context) ([]bench.Figure, error) { return bench.Egress(ctx, b.cfg, b.egress) },
 			func(ctx context.Context) ([]bench.Figure, error) { return bench.Template(ctx, b.cfg) },
+			func(ctx context.Context) ([]bench.Figure, error) { return bench.Docker(ctx, b.cfg) },
 		} {
 			got, err := f(ctx)
 			if err != nil {
@@ -110,6 +113,7 @@ func newBenchCmd() *cobra.Command {
 	cmd.AddCommand(newBenchStateCmd(&b))   // bench_state.go
 	cmd.AddCommand(newBenchDesktopCmd(&b)) // bench_desktop.go
 	cmd.AddCommand(newBenchSoakCmd(&b))    // bench_soak.go
+	cmd.AddCommand(newBenchClusterCmd(&b)) // bench_cluster.go
 	f := cmd.PersistentFlags()
 	f.IntVar(&b.cfg.N, "n", 20, "iterations per figure")
 	f.StringVar(&b.runtimes, "runtimes", "gvisor,namespaces", "runtimes to measure")

@@ -15,6 +15,8 @@ func newRootCmd() *cobra.Command {
 	}
 	root.AddCommand(
 		newServeCmd(),
+		newGatewayCmd(), // gateway.go
+		newNodeCmd(),    // node.go
 		newCreateCmd(),
 		newExecCmd(),
 		newRunCmd(),

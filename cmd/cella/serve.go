@@ -74,6 +74,9 @@ func serve(ctx context.Context, c serveConfig, set *settings) error {
 			return err
 		}
 	}
+	if c.Cluster.Kubeconfig != "" && c.Cluster.Endpoint == "" {
+		c.Cluster.Endpoint = "http://" + c.Listen
+	}
 	// daemon.New validates again, but only here can a bad value be named
 	// by the flag or variable it came from.
 	if err := c.Validate(); err != nil {

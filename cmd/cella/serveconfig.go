@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/build"
+	"github.com/cella-sandbox/cella/internal/cluster"
 	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/image"
@@ -34,7 +35,7 @@ type serveConfig struct {
 // what needs the whole config (paths absolute, ranges, the egress lists,
 // the CA file, the maxima against the host) daemon.Config.Validate checks.
 func serveSettings(c *serveConfig) []*setting {
-	l, n, mx := &c.Lifecycle, &c.Network, &c.Maxima
+	l, n, mx, cl := &c.Lifecycle, &c.Network, &c.Maxima, &c.Cluster
 	list := []*setting{
 		{flag: "data-dir", env: "CELLA_DATA_DIR", def: "/var/lib/cella", kind: "path", apply: one(&c.DataDir, text),
 			usage: "state directory: SQLite (cella.db), admin.key, sandboxes, volumes"},
@@ -49,8 +50,7 @@ func serveSettings(c *serveConfig) []*setting {
 			usage: "path of runsc (default: next to the cella binary, then $PATH)"},
 		{flag: "runsc-debug-dir", env: "CELLA_RUNSC_DEBUG_DIR", kind: "path", apply: one(&c.RunscDebugDir, text),
 			usage: "write runsc debug logs here (diagnostics)"},
-		{flag: "log-level", env: "CELLA_LOG_LEVEL", def: "info", kind: "level", apply: one(&c.LogLevel, logLevel),
-			usage: "debug, info, warn or error"},
+		logLevelSetting(&c.LogLevel),
 		{flag: "access-log", env: "CELLA_ACCESS_LOG", kind: "path", apply: one(&c.AccessLog, text),
 			usage: "append one JSON line per API request to this file (key name, route, status, latency, sandbox and request IDs; never a key, token or secret); - = stderr; default: none"},
 		{flag: "mcp-max-calls", env: "CELLA_MCP_MAX_CALLS", def: "0", kind: "int", apply: one(&c.MCPMaxCalls, integer[int64]),
@@ -71,6 +71,9 @@ func serveSettings(c *serveConfig) []*setting {
 			usage: "how often each running sandbox's CPU, memory and disk use is sampled, 100ms to 1h (an hour of samples is kept)"},
 		{flag: "pool", env: "CELLA_POOL", kind: "TEMPLATE=N", list: true, apply: all(&c.Pools, poolSizes),
 			usage: "keep N sandboxes of TEMPLATE started and ready, handed out on create; a size set with cella pool set overrides it",
+			more:  "(see Warm pools)"},
+		{flag: "pool-memory-budget", env: "CELLA_POOL_MEMORY_BUDGET", def: "0", kind: "size", apply: one(&c.PoolMemoryBudget, maxBytes),
+			usage: "memory warm pools may hold beyond their set sizes while recent demand (the most creates within a second over the last minute) grows them, e.g. 4G; 0 = a quarter of the host's RAM",
 			more:  "(see Warm pools)"},
 
 		{flag: "no-network", env: "CELLA_NO_NETWORK", def: "false", kind: "bool", apply: one(&n.Disabled, boolean),
@@ -108,8 +111,37 @@ func serveSettings(c *serveConfig) []*setting {
 			usage: "largest writable layer a sandbox may ask for, e.g. 8G; 0 = the smaller of the host's RAM and the data dir's free space at start"},
 		{flag: "max-pids", env: "CELLA_MAX_PIDS", def: "0", kind: "int", apply: one(&mx.Pids, integer[int64]),
 			usage: fmt.Sprintf("most processes a sandbox may ask for; 0 = %d", sandbox.DefaultMaxPids)},
+
+		{flag: "cluster", env: "CELLA_CLUSTER", kind: "path", apply: one(&cl.Kubeconfig, text),
+			usage: "join a cella cluster whose state is in Kubernetes: a kubeconfig file, or in-cluster (the pod's service account); none = a standalone daemon",
+			more:  "(see Run on Kubernetes)"},
+		{flag: "node-name", env: "CELLA_NODE_NAME", kind: "name", apply: one(&cl.NodeName, text),
+			usage: "this daemon's name in the cluster (its Lease cella-node-NAME); a-z, 0-9 and '-', unique per daemon"},
+		clusterNamespaceSetting(&cl.Namespace),
+		{flag: "advertise-url", env: "CELLA_ADVERTISE_URL", kind: "URL", apply: one(&cl.Endpoint, text),
+			usage: "the URL gateways reach this daemon at (default: http://LISTEN)"},
+		{flag: "lease-duration", env: "CELLA_LEASE_DURATION", def: "10s", kind: "duration", apply: one(&cl.LeaseDuration, time.ParseDuration),
+			usage: "how long one renewal of the node's Lease keeps it alive (renewed every third of it), 3s to 10m"},
+		{flag: "archive", env: "CELLA_ARCHIVE", kind: "URL", apply: one(&c.Archive.URL, text),
+			usage: "keep paused sandboxes in this S3 bucket (s3://BUCKET/PREFIX; credentials and region from the usual AWS environment and files), sealed with the archive key (the cluster's, or derived from master.key): a pause uploads, a resume on any node pulls; none = paused sandboxes stay on this host",
+			more:  "(see Sandboxes that outlive their node)"},
+		{flag: "archive-endpoint", env: "CELLA_ARCHIVE_ENDPOINT", kind: "URL", apply: one(&c.Archive.Endpoint, text),
+			usage: "the URL of an S3-compatible server for --archive (addressed path-style); none = AWS"},
 	}
 	return append(list, registrySettings(&c.Registry, &c.MaxLayerSize)...)
+}
+
+// logLevelSetting is --log-level, of cella serve and cella gateway.
+func logLevelSetting(dst *slog.Level) *setting {
+	return &setting{flag: "log-level", env: "CELLA_LOG_LEVEL", def: "info", kind: "level", apply: one(dst, logLevel),
+		usage: "debug, info, warn or error"}
+}
+
+// clusterNamespaceSetting is --cluster-namespace, of cella serve and cella
+// gateway.
+func clusterNamespaceSetting(dst *string) *setting {
+	return &setting{flag: "cluster-namespace", env: "CELLA_CLUSTER_NAMESPACE", def: cluster.DefaultNamespace, kind: "name", apply: one(dst, text),
+		usage: "the Kubernetes namespace of the cluster's Leases and records"}
 }
 
 // cacheDirSetting is --cache-dir, of cella serve and cella template.
@@ -188,6 +220,12 @@ func maxMiB(s string) (int64, error) {
 		return 0, nil
 	}
 	return parseMiB(s)
+}
+
+// maxBytes is maxMiB in bytes.
+func maxBytes(s string) (int64, error) {
+	mib, err := maxMiB(s)
+	return mib << 20, err
 }
 
 func bytesOfMiB(s string) (int64, error) {

@@ -358,6 +358,11 @@ func TestServeRefusesBadConfigAtOnce(t *testing.T) {
 		{env: "CELLA_EGRESS_MAX_CONNS=many", want: `cella serve: CELLA_EGRESS_MAX_CONNS: "many" is not a whole number`},
 		{env: "CELLA_AUDIT_RETENTION=bad", want: `cella serve: CELLA_AUDIT_RETENTION: invalid duration "bad"`},
 		{env: "CELLA_RUNSC=/bin/true", want: "cella serve: CELLA_RUNSC: gvisor: /bin/true is dynamically linked"},
+		{args: []string{"--node-name", "n1"}, want: "cella serve: --node-name: \"n1\": needs --cluster"},
+		{args: []string{"--cluster", "/nonexistent/kubeconfig"}, want: "cella serve: --node-name: required with --cluster"},
+		{args: []string{"--cluster", "/nonexistent/kubeconfig", "--node-name", "Bad_Name"}, want: "cella serve: --node-name: node name \"Bad_Name\": want 1-42 characters"},
+		{args: []string{"--cluster", "/nonexistent/kubeconfig", "--node-name", "n1", "--advertise-url", "http://0.0.0.0:3000"}, want: "cella serve: --advertise-url: \"http://0.0.0.0:3000\": want the http(s)://HOST:PORT"},
+		{env: "CELLA_LEASE_DURATION=1s", args: []string{"--cluster", "/nonexistent/kubeconfig", "--node-name", "n1"}, want: "cella serve: CELLA_LEASE_DURATION: 1s is out of range (3s to 10m)"},
 	} {
 		name := tc.env
 		if name == "" {

@@ -227,7 +227,7 @@ recipe).`,
 	ensure := &cobra.Command{
 		Use:     "ensure [NAME...]",
 		Aliases: []string{"ensure-base"},
-		Short:   "Build builtin templates (base, code-interpreter-v1) this machine does not have yet (default: base)",
+		Short:   "Build builtin templates (base, code-interpreter-v1, desktop, docker) this machine does not have yet (default: base)",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			s, err := store()
 			if err != nil {

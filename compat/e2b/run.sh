@@ -7,7 +7,7 @@
 #   CELLA_E2B_SKIP_TEMPLATES=1 compat/e2b/run.sh         # without the template build suite and its registry
 #
 # Needs: root, bin/cella + bin/runsc (make build), the base template in the
-# cache dir (cella template ensure base code-interpreter-v1), Node >= 20.11 with npm.
+# cache dir (cella template ensure base code-interpreter-v1 docker), Node >= 20.11 with npm.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -127,6 +127,7 @@ SUITES=(
   fidelity.test.mjs
   cli.test.mjs
   desktop.test.mjs
+  docker.test.mjs
 )
 node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" "${SUITES[@]}"
 status=$?

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"strconv"
 	"syscall"
 
@@ -79,21 +78,12 @@ func (s *Server) spawnInterpreter(p codeinterp.Proc) (int, <-chan unix.WaitStatu
 	if err != nil {
 		return 0, nil, fmt.Errorf("interpreter user: %w", err)
 	}
-	sys := s.sysProcAttr() // limits.go
-	if u.UID != uint32(os.Geteuid()) || u.GID != uint32(os.Getegid()) || u.UID != 0 {
-		sys.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
-	}
-	argv0, argv := p.Argv[0], p.Argv
-	if helper, mode := s.execHelper(u); helper != "" {
-		argv = append([]string{helper, ExecHelperCommand, mode, argv0}, argv...)
-		argv0 = helper
-	}
 	fds := make([]uintptr, len(p.Files))
 	for i, f := range p.Files {
 		fds[i] = f.Fd()
 	}
-	attr := &syscall.ProcAttr{Dir: p.Dir, Env: p.Env, Files: fds, Sys: sys}
-	pid, wait, err := s.reaper.start(func() (int, error) { return syscall.ForkExec(argv0, argv, attr) })
+	attr := &syscall.ProcAttr{Dir: p.Dir, Env: p.Env, Files: fds, Sys: s.sysProcAttr()} // limits.go
+	pid, wait, err := s.spawn(u, p.Argv[0], p.Argv, attr, nil)
 	if err != nil {
 		return 0, nil, fmt.Errorf("fork interpreter: %w", err)
 	}

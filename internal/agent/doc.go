@@ -19,6 +19,6 @@
 // sandbox's nominal limits below the host's cgroup ceilings so that a
 // runaway command is killed with an error that names the limit and the flag
 // that raises it (limits.go); under the namespaces runtime every command is
-// additionally confined with Landlock through the agent-exec helper
-// (landlock.go).
+// additionally confined with Landlock, forked from a thread that restricted
+// itself (landlock.go).
 package agent

@@ -36,16 +36,7 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	// The test binary doubles as the Landlock exec helper and as the
-	// PID-1-like agent of the reaping test.
-	if len(os.Args) > 1 && os.Args[1] == ExecHelperCommand {
-		if d := os.Getenv("CELLA_TEST_PRIVATE_DIR"); d != "" {
-			privateRunDir = d
-		}
-		err := ExecHelperMain(os.Args[2:])
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(126)
-	}
+	// The test binary doubles as the PID-1-like agent of the reaping test.
 	if os.Getenv("CELLA_TEST_AGENT_SOCKET") != "" {
 		os.Exit(runTestAgent())
 	}

@@ -5,20 +5,19 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/landlock-lsm/go-landlock/landlock"
 	llsys "github.com/landlock-lsm/go-landlock/landlock/syscall"
 )
 
-// ExecHelperCommand is the hidden subcommand of the cella binary that runs
-// ExecHelperMain: `cella agent-exec <mode> <executable> <argv0> [args...]`.
-const ExecHelperCommand = "agent-exec"
-
 const (
-	helperModeUser = "user"
-	helperModeRoot = "root"
+	landlockModeUser = "user"
+	landlockModeRoot = "root"
 )
 
 // privateRunDir is what no command may ever touch: the daemon's socket and
@@ -26,17 +25,11 @@ const (
 // variable only so that tests can point it at a temporary directory.
 var privateRunDir = "/run/cella"
 
-// ExecHelperMain is the body of `cella agent-exec`. The agent starts every
-// command through it when the sandbox runs on the namespaces runtime: it
-// applies a Landlock ruleset to itself and then execs the command, so the
-// ruleset is in force from the command's first instruction (Go cannot run
-// code between fork and exec in the child). args are the arguments after
-// the subcommand name: <mode> <executable> <argv0> [args...], mode "user"
-// or "root". The environment, credentials, cwd and fds were already set up
-// by the agent and pass through the exec unchanged.
+// commandRuleset is the Landlock ruleset a command starts under when the
+// sandbox runs on the namespaces runtime (gVisor needs none: the sentry
+// interposes every syscall, and runsc does not implement Landlock).
 //
-// The ruleset is defence in depth under the namespaces runtime (gVisor
-// needs none):
+// The ruleset is defence in depth under the namespaces runtime:
 //   - user: read/execute everywhere, read/write under /home, /tmp,
 //     /var/tmp and /dev;
 //   - root: read/write everywhere;
@@ -45,28 +38,104 @@ var privateRunDir = "/run/cella"
 //     (Landlock grants whole trees and cannot carve one out); what keeps
 //     root from changing it is its read-only mount (oci).
 //
+// It is in force from the command's first instruction: the agent forks
+// the command from a thread of its own that restricted itself first
+// (forkExec), so the child inherits the domain and no_new_privs with its
+// credentials, and no helper binary is exec'd in between (that re-exec of
+// the agent's binary was most of a command's start under this runtime).
 // Landlock is applied best-effort: on kernels without it the command runs
-// unrestricted. Landlock sets no_new_privs, so setuid binaries (sudo) do
-// not gain privileges in commands started this way.
-//
-// On success it does not return.
-func ExecHelperMain(args []string) error {
-	if len(args) < 3 {
-		return fmt.Errorf("usage: %s <user|root> <executable> <argv0> [args...]", ExecHelperCommand)
+// unrestricted. no_new_privs means setuid binaries (sudo) do not gain
+// privileges in commands started this way.
+type commandRuleset struct {
+	fd    int
+	flags uint32
+}
+
+// landlockRuleset builds the ruleset for commands of user u, or returns
+// nil when commands run without one (not the namespaces runtime, or a
+// kernel without Landlock). The rules are made again for every command:
+// they follow the entries of / and /run and the sandbox's volume mounts as
+// they are now.
+func (s *Server) landlockRuleset(u *sandboxUser) (*commandRuleset, error) {
+	if s.config().Runtime != "namespaces" {
+		return nil, nil
 	}
-	mode, exe, argv := args[0], args[1], args[2:]
-	if mode != helperModeUser && mode != helperModeRoot {
-		return fmt.Errorf("%s: unknown mode %q", ExecHelperCommand, mode)
+	mode := landlockModeUser
+	if u.UID == 0 {
+		mode = landlockModeRoot
 	}
 	rules, err := landlockRules(mode, "/")
 	if err != nil {
-		return fmt.Errorf("%s: build landlock rules: %w", ExecHelperCommand, err)
+		return nil, fmt.Errorf("build landlock rules: %w", err)
 	}
-	if err := landlock.V6.BestEffort().RestrictPaths(rules...); err != nil {
-		return fmt.Errorf("%s: apply landlock: %w", ExecHelperCommand, err)
+	fd, flags, err := fsOnly.NewRulesetFD(rules...)
+	if err != nil {
+		return nil, fmt.Errorf("make landlock ruleset: %w", err)
 	}
-	err = syscall.Exec(exe, argv, os.Environ())
-	return fmt.Errorf("%s: exec %s: %w", ExecHelperCommand, exe, err)
+	if fd < 0 {
+		return nil, nil // nothing to restrict on this kernel
+	}
+	return &commandRuleset{fd: fd, flags: flags}, nil
+}
+
+// fsOnly restricts what Landlock ABI 6 can restrict of the file system,
+// and nothing else: TCP ports and IPC scopes stay as the namespaces and the
+// seccomp profile leave them.
+var fsOnly = landlock.Config{HandledAccessFS: landlock.V6.HandledAccessFS}.BestEffort()
+
+// Close releases the ruleset's descriptor (a nil ruleset holds none).
+func (r *commandRuleset) Close() {
+	if r != nil {
+		_ = unix.Close(r.fd)
+	}
+}
+
+// forkExec starts a command under the ruleset (a nil ruleset: as it is).
+// Landlock and no_new_privs are per thread until a thread forks, so the
+// command is forked from an OS thread that restricts itself first and is
+// never given back to the Go scheduler: its goroutine ends without
+// unlocking it, which makes the runtime end the thread. (The runtime never
+// clones new threads from a locked one, so the restriction cannot spread
+// to the agent's other threads either.)
+func (r *commandRuleset) forkExec(argv0 string, argv []string, attr *syscall.ProcAttr) (int, error) {
+	if r == nil {
+		return syscall.ForkExec(argv0, argv, attr)
+	}
+	done := make(chan forkResult, 1)
+	go r.forkOnOwnThread(argv0, argv, attr, done)
+	res := <-done
+	return res.pid, res.err
+}
+
+type forkResult struct {
+	pid int
+	err error
+}
+
+func (r *commandRuleset) forkOnOwnThread(argv0 string, argv []string, attr *syscall.ProcAttr, done chan<- forkResult) {
+	runtime.LockOSThread()
+	if unix.Gettid() == unix.Getpid() {
+		// The main thread never ends (the runtime parks it instead), so
+		// it must not be the one restricted. Holding it, the goroutine
+		// started here runs on another thread; this one is given back
+		// untouched.
+		inner := make(chan forkResult, 1)
+		go r.forkOnOwnThread(argv0, argv, attr, inner)
+		done <- <-inner
+		runtime.UnlockOSThread()
+		return
+	}
+	// Never unlocked from here on: the thread dies with this goroutine.
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		done <- forkResult{err: fmt.Errorf("set no_new_privs: %w", err)}
+		return
+	}
+	if err := llsys.LandlockRestrictSelf(r.fd, r.flags); err != nil {
+		done <- forkResult{err: fmt.Errorf("apply landlock: %w", err)}
+		return
+	}
+	pid, err := syscall.ForkExec(argv0, argv, attr)
+	done <- forkResult{pid, err}
 }
 
 // landlockRules lists what a command may access. Landlock only allows, and
@@ -81,7 +150,7 @@ func landlockRules(mode, root string) ([]landlock.Rule, error) {
 	private := filepath.Join(root, privateRunDir)
 	isAncestor := func(p string) bool { return p == root || strings.HasPrefix(private, strings.TrimSuffix(p, "/")+"/") }
 	var rw []string
-	if mode == helperModeUser {
+	if mode == landlockModeUser {
 		for _, p := range []string{"/home", "/tmp", "/var/tmp", "/dev"} {
 			rw = append(rw, filepath.Join(root, p))
 		}
@@ -113,7 +182,7 @@ func landlockRules(mode, root string) ([]landlock.Rule, error) {
 	}
 	var walk func(dir string) error
 	walk = func(dir string) error {
-		if mode == helperModeRoot {
+		if mode == landlockModeRoot {
 			rules = append(rules, landlock.PathAccess(ancestorRights, dir).IgnoreIfMissing())
 		}
 		entries, err := os.ReadDir(dir)
@@ -130,7 +199,7 @@ func landlockRules(mode, root string) ([]landlock.Rule, error) {
 					return err
 				}
 			default:
-				add(p, mode == helperModeRoot)
+				add(p, mode == landlockModeRoot)
 			}
 		}
 		return nil

@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,15 +23,16 @@ func landlockABI() int {
 	return int(v)
 }
 
-// TestLandlockHelper runs commands through the exec helper (this test
-// binary, see TestMain) the way the agent does under the namespaces runtime.
-func TestLandlockHelper(t *testing.T) {
+// TestLandlock runs commands under the Landlock ruleset the way the agent
+// does under the namespaces runtime: forked from a thread that restricted
+// itself, with no helper in between.
+func TestLandlock(t *testing.T) {
 	if landlockABI() < 1 {
 		t.Skip("kernel without landlock")
 	}
-	// The helper must be executable by the test user; the test binary's
-	// own directory is private to root.
-	helperDir, err := os.MkdirTemp("/var/cache", "cella-landlock-helper-")
+	// The places the test makes must be reachable by the test user; the
+	// default temp dir may be private to root.
+	helperDir, err := os.MkdirTemp("/var/cache", "cella-landlock-")
 	if err != nil {
 		t.Skip("no /var/cache to test with")
 	}
@@ -37,18 +40,7 @@ func TestLandlockHelper(t *testing.T) {
 	if err := os.Chmod(helperDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	helper := filepath.Join(helperDir, "cella")
-	bin, err := os.ReadFile(os.Args[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(helper, bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	e := newTestEnv(t, func(c *agentapi.Config, o *Options) {
-		c.Runtime = "namespaces"
-		o.ExecHelper = helper
-	})
+	e := newTestEnv(t, func(c *agentapi.Config, o *Options) { c.Runtime = "namespaces" })
 	ctx := ctxT(t, 20*time.Second)
 
 	// A private dir standing in for /run/cella (outside /tmp, which users
@@ -64,7 +56,9 @@ func TestLandlockHelper(t *testing.T) {
 	}
 	writeFile(t, filepath.Join(e.rootDir, "readable.txt"), "readable")
 
-	env := map[string]string{"CELLA_TEST_PRIVATE_DIR": private}
+	old := privateRunDir
+	privateRunDir = private
+	t.Cleanup(func() { privateRunDir = old })
 	script := strings.Join([]string{
 		"cat " + filepath.Join(private, "config.json") + " >/dev/null 2>&1 && echo private=yes || echo private=no",
 		"cat " + filepath.Join(e.rootDir, "readable.txt") + " >/dev/null 2>&1 && echo read=yes || echo read=no",
@@ -75,9 +69,7 @@ func TestLandlockHelper(t *testing.T) {
 
 	// root: everything but the private dir's contents. (Its names can be
 	// listed: the rights on its ancestors are inherited.)
-	req := bashReq(script)
-	req.Process.Envs = env
-	r := e.run(ctx, req)
+	r := e.run(ctx, bashReq(script))
 	for _, want := range []string{"private=no", "read=yes", "openw=yes", "tmpw=yes"} {
 		if !strings.Contains(r.stdout, want+"\n") {
 			t.Errorf("root: want %s in %q (stderr %q)", want, r.stdout, r.stderr)
@@ -98,29 +90,68 @@ func TestLandlockHelper(t *testing.T) {
 		"cat " + filepath.Join(private, "config.json") + " >/dev/null 2>&1 && echo private=yes || echo private=no; " +
 		"touch /tmp/cella-landlock-user-$$ 2>/dev/null && echo tmpw=yes && rm -f /tmp/cella-landlock-user-$$ || echo tmpw=no; " +
 		"echo dev=$(echo x > /dev/null && echo yes)"
-	req = bashReq(script)
-	req.Process.Envs = env
-	r = e.run(ctx, req, "Authorization", basicAuth("user"))
+	r = e.run(ctx, bashReq(script), "Authorization", basicAuth("user"))
 	for _, want := range []string{"outw=no", "private=no", "tmpw=yes", "dev=yes"} {
 		if !strings.Contains(r.stdout, want+"\n") {
 			t.Errorf("user: want %s in %q (stderr %q)", want, r.stdout, r.stderr)
 		}
 	}
 
-	// Without the helper (gvisor runtime) the same write succeeds, which
+	// Without a ruleset (gvisor runtime) the same write succeeds, which
 	// shows the denial above came from Landlock, not file modes.
 	plain := newTestEnv(t)
 	r = plain.run(ctx, bashReq("touch "+filepath.Join(outside, "g")+" && echo outw=yes"), "Authorization", basicAuth("user"))
 	if r.stdout != "outw=yes\n" {
 		t.Fatalf("without landlock: %q %q", r.stdout, r.stderr)
 	}
+
+	// Only the file system is restricted: a command still connects over
+	// TCP (the namespaces and the host's egress rules govern that).
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	r = e.run(ctx, bashReq("exec 3<>/dev/tcp/127.0.0.1/"+port+" && echo tcp=yes"), "Authorization", basicAuth("user"))
+	if r.stdout != "tcp=yes\n" {
+		t.Errorf("user: TCP connect under landlock: %q %q", r.stdout, r.stderr)
+	}
+
+	// The agent itself stays unrestricted: the threads that restricted
+	// themselves to fork the commands above are gone, none went back to
+	// the scheduler (no_new_privs is the per-thread trace Landlock leaves),
+	// and the agent still reads the private dir.
+	eventually(t, 10*time.Second, "every restricted thread to end", func() bool { return len(noNewPrivsThreads(t)) == 0 })
+	if _, err := os.ReadFile(filepath.Join(private, "config.json")); err != nil {
+		t.Fatalf("the agent lost access to its private dir: %v", err)
+	}
 }
 
-func TestExecHelperArgs(t *testing.T) {
-	if err := ExecHelperMain([]string{"user"}); err == nil {
-		t.Fatal("short args accepted")
+// noNewPrivsThreads lists the threads of this process with no_new_privs set.
+func noNewPrivsThreads(t *testing.T) []string {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := ExecHelperMain([]string{"admin", "/bin/true", "true"}); err == nil {
-		t.Fatal("bad mode accepted")
+	var out []string
+	for _, task := range tasks {
+		b, err := os.ReadFile(filepath.Join("/proc/self/task", task.Name(), "status"))
+		if err != nil {
+			continue // the thread ended meanwhile
+		}
+		if strings.Contains(string(b), "\nNoNewPrivs:\t1\n") {
+			out = append(out, task.Name())
+		}
 	}
+	return out
 }

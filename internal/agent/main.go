@@ -95,6 +95,16 @@ func Main(ctx context.Context) error {
 		}
 	}
 
+	if cfg.HasService(agentapi.ServiceDocker) {
+		// Before the daemon can send a command: none sees an engine of an
+		// earlier boot, or none at all (docker.go); held until the hello.
+		if pid, err := srv.startDocker(); err != nil {
+			slog.Error("docker engine not started", "err", err)
+		} else {
+			slog.Info("docker engine started", "pid", pid, "log", dockerdLog)
+		}
+	}
+
 	var wg sync.WaitGroup
 	// In-sandbox loopback listener. Failing to bind is not fatal: the
 	// daemon's channel is what matters.
@@ -115,6 +125,13 @@ func Main(ctx context.Context) error {
 				f()
 			}
 		})
+		if cfg.HasService(agentapi.ServiceDocker) {
+			// The engine held at boot goes on; a session after the first
+			// follows a lost one, which a restore from memory always is
+			// (docker.go).
+			srv.releaseDocker()
+			srv.repairDocker()
+		}
 	})
 	wg.Wait()
 	slog.Info("agent stopped")

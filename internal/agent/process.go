@@ -42,6 +42,7 @@ type proc struct {
 	// ptmx is the pty master of a PTY process, else nil.
 	ptmx   *os.File
 	outCap int64
+	quiet  bool // startSpec.quiet
 	// log keeps the last output for the logs endpoint (proclog.go).
 	log *procLog
 

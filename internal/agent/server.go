@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
 	"net/http"
 	"strings"
@@ -30,10 +29,6 @@ type Options struct {
 	GroupPath  string
 	// Reaper waits for started processes; nil waits per pid (tests).
 	Reaper *Reaper
-	// ExecHelper is the binary re-executed as "agent-exec" to apply
-	// Landlock before exec (default /.cella/cella). It is only used when
-	// the config's runtime is "namespaces".
-	ExecHelper string
 	// SandboxWide makes the watchdog count every process but the agent
 	// (true inside a sandbox). Otherwise only the sessions of commands the
 	// server started count, which is what a test on a shared host needs.
@@ -48,9 +43,6 @@ type Options struct {
 	DrainGrace time.Duration
 }
 
-// DefaultExecHelper is where the cella binary is mounted in a sandbox.
-const DefaultExecHelper = "/.cella/cella"
-
 // Server is the agent's API: envd's process and filesystem services plus
 // its plain HTTP endpoints and cella's extensions.
 type Server struct {
@@ -60,8 +52,9 @@ type Server struct {
 	procs    procTable
 	watchers watcherTable
 	watchdog watchdog
-	logs     logStore  // per-process output logs (proclog.go)
-	audit    auditFeed // what the daemon's audit log follows (audit.go)
+	logs     logStore     // per-process output logs (proclog.go)
+	audit    auditFeed    // what the daemon's audit log follows (audit.go)
+	docker   dockerEngine // the sandbox's Docker engine, if its template has one (docker.go)
 	done     chan struct{}
 	closeMu  sync.Once
 
@@ -78,9 +71,6 @@ func NewServer(cfg agentapi.Config, opts Options) *Server {
 	}
 	if opts.GroupPath == "" {
 		opts.GroupPath = "/etc/group"
-	}
-	if opts.ExecHelper == "" {
-		opts.ExecHelper = DefaultExecHelper
 	}
 	if opts.DiskPath == "" {
 		opts.DiskPath = "/"
@@ -128,24 +118,6 @@ func (s *Server) globalEnv() map[string]string {
 	env["E2B_SANDBOX_ID"] = cfg.SandboxID
 	env["E2B_TEMPLATE_ID"] = cfg.TemplateID
 	return env
-}
-
-// execHelper returns the helper binary and its mode when commands must be
-// started through the Landlock helper.
-func (s *Server) execHelper(u *sandboxUser) (string, string) {
-	if s.config().Runtime != "namespaces" {
-		// gVisor already interposes every syscall; Landlock adds nothing
-		// there (and runsc does not implement it).
-		return "", ""
-	}
-	if !isExecutable(s.opts.ExecHelper) {
-		slog.Warn("landlock helper missing; commands run without landlock", "helper", s.opts.ExecHelper)
-		return "", ""
-	}
-	if u.UID == 0 {
-		return s.opts.ExecHelper, helperModeRoot
-	}
-	return s.opts.ExecHelper, helperModeUser
 }
 
 // requestUser is the Linux user of an RPC: the Basic-auth user name (the
@@ -230,10 +202,11 @@ func (s *Server) handler(trusted bool) http.Handler {
 	mux.HandleFunc("POST "+agentapi.TarPath, s.handleTarPut)
 	s.registerCellaExtras(mux)
 	if trusted {
-		// Only the daemon follows the audit feed and hands out the
-		// channel's next credential (credential.go).
+		// Only the daemon follows the audit feed, hands out the channel's
+		// next credential (credential.go) and times spawns (spawn.go).
 		mux.HandleFunc("GET "+agentapi.EventsPath, s.handleEvents)
 		mux.HandleFunc("POST "+agentapi.ChannelTokenPath, s.handleChannelToken)
+		mux.HandleFunc("POST "+agentapi.SpawnPath, s.handleSpawn)
 	}
 	return s.withAuth(mux)
 }

@@ -34,6 +34,9 @@ type startSpec struct {
 	timeout time.Duration
 	config  *process.ProcessConfig
 	tag     *string
+	// quiet starts a command of the agent's own (SpawnPath): not in the
+	// process table, the process logs or the audit feed.
+	quiet bool
 }
 
 // resolveStart turns a request into a startSpec: user, cwd, env, executable.
@@ -111,6 +114,7 @@ func (s *Server) startProcess(spec *startSpec) (*proc, *subscriber, error) {
 		config: spec.config,
 		outCap: outCap,
 		subs:   map[*subscriber]struct{}{},
+		quiet:  spec.quiet,
 	}
 
 	var (
@@ -173,32 +177,17 @@ func (s *Server) startProcess(spec *startSpec) (*proc, *subscriber, error) {
 			func() { p.readLoop(errR, outStderr) })
 	}
 
-	if spec.user.UID != uint32(os.Geteuid()) || spec.user.GID != uint32(os.Getegid()) || spec.user.UID != 0 {
-		sys.Credential = &syscall.Credential{Uid: spec.user.UID, Gid: spec.user.GID, Groups: spec.user.Groups}
-	}
-
-	argv0, argv := spec.argv0, spec.argv
-	if helper, mode := s.execHelper(spec.user); helper != "" {
-		// Landlock must be applied in the child between fork and exec,
-		// which Go cannot do; the helper applies it and execs the command.
-		argv = append([]string{helper, ExecHelperCommand, mode, argv0}, argv...)
-		argv0 = helper
-	}
-
 	attr := &syscall.ProcAttr{Dir: spec.cwd, Env: spec.env, Files: files[:], Sys: sys}
 	var sub *subscriber
-	pid, waitCh, err := s.reaper.start(func() (int, error) {
-		pid, err := syscall.ForkExec(argv0, argv, attr)
-		if err != nil {
-			return 0, err
-		}
+	pid, waitCh, err := s.spawn(spec.user, spec.argv0, spec.argv, attr, func(pid int) {
 		// Register and subscribe while the reaper waits on its mutex, so
 		// neither the exit nor the first byte of output can be missed.
 		p.pid = pid
 		sub = p.subscribe()
-		s.procs.add(p)
-		s.logs.attach(p)
-		return pid, nil
+		if !p.quiet {
+			s.procs.add(p)
+			s.logs.attach(p)
+		}
 	})
 	closeAll(childFiles)
 	if err != nil {
@@ -212,8 +201,10 @@ func (s *Server) startProcess(spec *startSpec) (*proc, *subscriber, error) {
 		return nil, nil, errdefs.Internal("start %s: %w", spec.argv[0], err)
 	}
 	adjustOOM(pid)
-	slog.Info("process started", "pid", pid, "cmd", spec.config.GetCmd(), "user", spec.user.Name, "cwd", spec.cwd)
-	s.audit.emit(agentapi.AuditEvent{Kind: "process.start", PID: pid, Cmd: auditCmd(append([]string{spec.config.GetCmd()}, spec.config.GetArgs()...)), User: spec.user.Name, Cwd: spec.cwd})
+	if !p.quiet {
+		slog.Info("process started", "pid", pid, "cmd", spec.config.GetCmd(), "user", spec.user.Name, "cwd", spec.cwd)
+		s.audit.emit(agentapi.AuditEvent{Kind: "process.start", PID: pid, Cmd: auditCmd(append([]string{spec.config.GetCmd()}, spec.config.GetArgs()...)), User: spec.user.Name, Cwd: spec.cwd})
+	}
 
 	var readWG sync.WaitGroup
 	for _, r := range readers {
@@ -228,6 +219,35 @@ func (s *Server) startProcess(spec *startSpec) (*proc, *subscriber, error) {
 	s.watchdog.kick()
 	go s.waitProcess(p, waitCh, &readWG)
 	return p, sub, nil
+}
+
+// spawn forks argv as user u, under the Landlock ruleset of its commands
+// when there is one (landlock.go), and hands the child to the reaper.
+// registered, if not nil, runs with the child's pid before the reaper can
+// reap it.
+func (s *Server) spawn(u *sandboxUser, argv0 string, argv []string, attr *syscall.ProcAttr, registered func(pid int)) (int, <-chan unix.WaitStatus, error) {
+	attr.Sys.Credential = credentialOf(u)
+	rs, err := s.landlockRuleset(u)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer rs.Close()
+	return s.reaper.start(func() (int, error) {
+		pid, err := rs.forkExec(argv0, argv, attr)
+		if err == nil && registered != nil {
+			registered(pid)
+		}
+		return pid, err
+	})
+}
+
+// credentialOf is what a command of user u is started with: nil when that
+// is the agent's own (root).
+func credentialOf(u *sandboxUser) *syscall.Credential {
+	if u.UID != uint32(os.Geteuid()) || u.GID != uint32(os.Getegid()) || u.UID != 0 {
+		return &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
+	}
+	return nil
 }
 
 // waitProcess turns the exit status into the end event.
@@ -267,8 +287,10 @@ func (s *Server) waitProcess(p *proc, waitCh <-chan unix.WaitStatus, readWG *syn
 	p.log.finish(end)
 	// The audit feed hears of the exit before any client does, so that a
 	// client looking up the command's span right after its end finds it.
-	code := end.ExitCode
-	s.audit.emit(agentapi.AuditEvent{Kind: "process.exit", PID: p.pid, ExitCode: &code, Status: end.Status, Error: end.GetError()})
+	if !p.quiet {
+		code := end.ExitCode
+		s.audit.emit(agentapi.AuditEvent{Kind: "process.exit", PID: p.pid, ExitCode: &code, Status: end.Status, Error: end.GetError()})
+	}
 	ev := endEvent(end)
 	for sub := range p.subs {
 		sub.push(ev, true)
@@ -276,7 +298,9 @@ func (s *Server) waitProcess(p *proc, waitCh <-chan unix.WaitStatus, readWG *syn
 	p.subs = nil
 	p.mu.Unlock()
 	s.watchdog.track(p.pid)
-	slog.Info("process ended", "pid", p.pid, "status", end.Status, "error", end.GetError())
+	if !p.quiet {
+		slog.Info("process ended", "pid", p.pid, "status", end.Status, "error", end.GetError())
+	}
 
 	time.AfterFunc(endRetention, func() { s.procs.forget(p) })
 }

@@ -56,6 +56,10 @@ const (
 	// ChannelTokenPath takes the credential of the agent's next hello
 	// (POST ChannelTokenRequest: 204). Served on the channel only.
 	ChannelTokenPath = "/cella/channel-token"
+	// SpawnPath times the agent's own starts of an exec's command shape
+	// (POST SpawnRequest: SpawnResult). Served on the channel only; the
+	// daemon's warm pools call it to warm what a first exec needs.
+	SpawnPath = "/cella/spawn"
 	// ProcessLogsPattern is the ServeMux pattern of a process's retained
 	// output (ProcessLogsPath).
 	ProcessLogsPattern = "/cella/processes/{pid}/logs"
@@ -89,6 +93,22 @@ func AuthExempt(method, path string) bool {
 	return false
 }
 
+// DaemonOnly reports whether method+path is a route only the daemon itself
+// may call, never traffic through its edge, even with the access token:
+// the spawn timing runs the login shell outside the audit feed, which an
+// owner who edited the login scripts could otherwise use to run them
+// unaudited; the channel's next credential, set by a client, would be a
+// credential someone other than the daemon knows, which a process in the
+// sandbox could dial the daemon with as the agent; and the audit feed is
+// the daemon's record of what happened, read from its store by clients.
+func DaemonOnly(method, path string) bool {
+	switch method + " " + path {
+	case "POST " + SpawnPath, "POST " + ChannelTokenPath, "GET " + EventsPath:
+		return true
+	}
+	return false
+}
+
 // UserAuthorization is the Authorization header that names the sandbox user
 // a request acts as: Basic auth with the user name and no password, as the
 // SDKs send it (the agent ignores the password).
@@ -113,3 +133,8 @@ const RedialSignal = syscall.SIGUSR1
 // run E2B's code-interpreter server on 127.0.0.1:49999 (the template
 // code-interpreter-v1 names it).
 const ServiceCodeInterpreter = "code-interpreter"
+
+// ServiceDocker is the Config.Services entry that makes the agent start
+// dockerd when the sandbox boots (the template docker names it), and the
+// daemon give the sandbox what a container engine needs inside it.
+const ServiceDocker = "docker"

@@ -26,6 +26,26 @@ type ChannelTokenRequest struct {
 	Token string `json:"token"`
 }
 
+// SpawnRequest is the body of POST SpawnPath: Count times, the agent
+// starts `bash -l -c true` (E2B's command shape) as the request's user,
+// with the environment and working directory an exec gets, twice: once
+// bare (fork, exec, wait: the spawn floor) and once through the path an
+// exec's command takes (its Landlock ruleset or commands cgroup, pipes,
+// output readers, the end event), neither in the process table, the
+// process logs nor the audit feed.
+type SpawnRequest struct {
+	Count int `json:"count"`
+}
+
+// MaxSpawnCount bounds SpawnRequest.Count.
+const MaxSpawnCount = 200
+
+// SpawnResult has the wall time of each start, in nanoseconds.
+type SpawnResult struct {
+	FloorNs []int64 `json:"floorNs"`
+	PathNs  []int64 `json:"pathNs"`
+}
+
 // MinChannelToken is the shortest credential the agent takes.
 const MinChannelToken = 32
 

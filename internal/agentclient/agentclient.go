@@ -185,7 +185,22 @@ func (c *Client) SetChannelToken(ctx context.Context, token string) error {
 	return c.post(ctx, agentapi.ChannelTokenPath, agentapi.ChannelTokenRequest{Token: token}, "agent channel token")
 }
 
+// Spawn has the agent time count starts of an exec's command shape as
+// user ("" = the sandbox's default user), bare and through its exec path
+// (POST /cella/spawn, served on the channel only).
+func (c *Client) Spawn(ctx context.Context, user string, count int) (agentapi.SpawnResult, error) {
+	var res agentapi.SpawnResult
+	err := c.call(ctx, agentapi.SpawnPath, user, agentapi.SpawnRequest{Count: count}, &res, "agent spawn")
+	return res, err
+}
+
 func (c *Client) post(ctx context.Context, path string, body any, what string) error {
+	return c.call(ctx, path, "", body, nil, what)
+}
+
+// call posts body as JSON to path as user and decodes a 2xx answer into
+// out (nil: the answer is not read).
+func (c *Client) call(ctx context.Context, path, user string, body, out any, what string) error {
 	b, err := json.Marshal(body)
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
@@ -195,12 +210,18 @@ func (c *Client) post(ctx context.Context, path string, body any, what string) e
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.HTTP("").Do(req)
+	resp, err := c.HTTP(user).Do(req)
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	defer resp.Body.Close()
-	return answered(resp, what)
+	if err := answered(resp, what); err != nil || out == nil {
+		return err
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("%s: read the answer: %w", what, err)
+	}
+	return nil
 }
 
 // answered is nil for a 2xx answer, else an error with its status and the

@@ -41,14 +41,15 @@ func (a apiT) pools(t *testing.T) map[string]poolInfo {
 	return out
 }
 
-// waitPool waits until the template's pool has ready sandboxes and no fill
-// in progress.
+// waitPool waits until the template's pool has at least ready sandboxes
+// and no fill in progress (a pool that recent creates grew holds more than
+// its size: sandbox/adapt.go).
 func (a apiT) waitPool(t *testing.T, tpl string, ready int) poolInfo {
 	t.Helper()
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		p := a.pools(t)[tpl]
-		if p.Ready == ready && p.Filling == 0 {
+		if p.Ready >= ready && p.Filling == 0 {
 			return p
 		}
 		if time.Now().After(deadline) {
@@ -314,10 +315,10 @@ func TestPool(t *testing.T) {
 		for _, d := range list {
 			env.Client.Kill(ctx, d.SandboxID)
 		}
-		a.waitPool(t, "base", 2)
+		held := a.waitPool(t, "base", 2).Ready
 		pooledNow := poolDirs(t, env)
-		if len(pooledNow) != 2 {
-			t.Fatalf("sandbox dirs: %v", pooledNow)
+		if len(pooledNow) != held {
+			t.Fatalf("sandbox dirs: %v, pool %d", pooledNow, held)
 		}
 		// A daemon that starts after a crash reconciles the data dir: a
 		// second manager over the same runtime, store and directory (no
@@ -350,7 +351,7 @@ func TestPool(t *testing.T) {
 		for {
 			now := poolDirs(t, env)
 			p := a.pools(t)["base"]
-			if p.Ready == 2 && p.Filling == 0 && len(now) == 2 && !slices.Contains(now, pooledNow[0]) && !slices.Contains(now, pooledNow[1]) {
+			if p.Ready >= 2 && p.Filling == 0 && len(now) == p.Ready && !slices.ContainsFunc(now, func(id string) bool { return slices.Contains(pooledNow, id) }) {
 				break
 			}
 			if time.Now().After(deadline) {

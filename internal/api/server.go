@@ -60,6 +60,9 @@ type Config struct {
 	Builds *builds.Service
 	// Events serves /events (events.go); nil answers 501.
 	Events *events.Service
+	// GatewayKey, on a cluster node, is the key of the gateways'
+	// assertions (gateway.go); nil: assertions are refused.
+	GatewayKey []byte
 }
 
 // Server serves the REST API and the sandbox proxy on one listener.
@@ -171,22 +174,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.serveAPI(w, r) // accesslog.go
 }
 
-// requireKey checks X-API-Key (or a bearer token) against the stored hashes.
+// requireKey checks X-API-Key (or a bearer token) against the stored hashes
+// (or a cluster gateway's assertion: gateway.go).
 func (s *Server) requireKey(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := r.Header.Get("X-API-Key")
-		if key == "" {
-			if a := r.Header.Get("Authorization"); strings.HasPrefix(a, "Bearer ") {
-				key = strings.TrimPrefix(a, "Bearer ")
-			}
-		}
-		if key == "" {
-			s.writeErr(w, r, errdefs.Unauthenticated("missing API key: send it in the X-API-Key header"))
-			return
-		}
-		k, err := s.cfg.Store.LookupAPIKey(r.Context(), key)
+		k, err := s.authenticate(r)
 		if err != nil {
-			s.writeErr(w, r, errdefs.Unauthenticated("invalid API key"))
+			s.writeErr(w, r, err)
 			return
 		}
 		noteKey(r, k) // accesslog.go
@@ -199,6 +193,28 @@ func (s *Server) requireKey(h http.HandlerFunc) http.Handler {
 		ctx = context.WithValue(ctx, principalCtx{}, s.principal(k))
 		h(w, r.WithContext(ctx))
 	})
+}
+
+// authenticate finds the key of r: a cluster gateway's assertion, or the
+// key the request carries.
+func (s *Server) authenticate(r *http.Request) (store.APIKey, error) {
+	if k, ok, err := s.asserted(r); ok || err != nil { // gateway.go
+		return k, err
+	}
+	key := r.Header.Get("X-API-Key")
+	if key == "" {
+		if a := r.Header.Get("Authorization"); strings.HasPrefix(a, "Bearer ") {
+			key = strings.TrimPrefix(a, "Bearer ")
+		}
+	}
+	if key == "" {
+		return store.APIKey{}, errdefs.Unauthenticated("missing API key: send it in the X-API-Key header")
+	}
+	k, err := s.cfg.Store.LookupAPIKey(r.Context(), key)
+	if err != nil {
+		return store.APIKey{}, errdefs.Unauthenticated("invalid API key")
+	}
+	return k, nil
 }
 
 // principal is who a key is: its team, whether it is the admin, which

@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -47,6 +46,9 @@ type Figure struct {
 	Baseline string        `json:"baseline,omitempty"`
 	// Ratio is P50 divided by the baseline's P50.
 	Ratio float64 `json:"ratio,omitempty"`
+	// Floors are the same P50 as ratios of further baselines (an exec
+	// against the in-sandbox spawn floor and raw runsc/crun exec).
+	Floors []Versus `json:"floors,omitempty"`
 	// Extra is a figure that is not a latency (creates/s, MB per sandbox).
 	Extra string `json:"extra,omitempty"`
 	Err   string `json:"error,omitempty"`
@@ -57,6 +59,19 @@ func (f *Figure) against(b Figure) {
 	f.Baseline = b.Name
 	if b.P50 > 0 {
 		f.Ratio = float64(f.P50) / float64(b.P50)
+	}
+}
+
+// Versus is a figure's P50 as a ratio of another figure's.
+type Versus struct {
+	Baseline string  `json:"baseline"`
+	Ratio    float64 `json:"ratio"`
+}
+
+// alsoAgainst adds b to f's floors (nothing when either has no P50).
+func (f *Figure) alsoAgainst(b Figure) {
+	if b.P50 > 0 && f.P50 > 0 {
+		f.Floors = append(f.Floors, Versus{Baseline: b.Name, Ratio: float64(f.P50) / float64(b.P50)})
 	}
 }
 
@@ -105,6 +120,7 @@ func Create(ctx context.Context, cfg Config) ([]Figure, error) {
 			call.against(raw)
 			figs = append(figs, call)
 		}
+		figs = append(figs, poolExecs[rt]...)
 	}
 	return figs, nil
 }
@@ -196,31 +212,55 @@ func createThenExec(ctx context.Context, c *client.Client) (total, create time.D
 
 // createThenExecOf is createThenExec with a create request of its own.
 func createThenExecOf(ctx context.Context, c *client.Client, req client.CreateRequest) (total, create time.Duration, err error) {
+	t, err := createExecs(ctx, c, req, 1)
+	return t.total, t.create, err
+}
+
+// createTimes are the times of createExecs.
+type createTimes struct {
+	total  time.Duration // create called → the first exec done
+	create time.Duration // the create call alone
+	execs  []time.Duration
+}
+
+// createExecs creates a sandbox, runs E2B's command shape in it n times
+// as its SDKs do (sdkExec) and kills it.
+func createExecs(ctx context.Context, c *client.Client, req client.CreateRequest, n int) (createTimes, error) {
+	var t createTimes
 	t0 := time.Now()
 	sb, err := c.Create(ctx, req)
 	if err != nil {
-		return 0, 0, err
+		return t, err
 	}
-	create = time.Since(t0)
+	t.create = time.Since(t0)
 	defer func() { _ = c.Kill(ctx, sb.SandboxID) }()
 	conn, err := c.Sandbox(ctx, sb.SandboxID)
 	if err != nil {
-		return 0, 0, err
+		return t, err
 	}
-	res, err := conn.Exec(ctx, "true", client.ExecOptions{})
-	if err == nil && res.ExitCode != 0 {
-		err = fmt.Errorf("true exited %d", res.ExitCode)
+	for i := range n {
+		start := time.Now()
+		if err := sdkExec(ctx, conn); err != nil {
+			return t, err
+		}
+		t.execs = append(t.execs, time.Since(start))
+		if i == 0 {
+			t.total = time.Since(t0)
+		}
 	}
-	return time.Since(t0), create, err
+	return t, nil
 }
 
-// rawBundle writes a minimal OCI bundle running /bin/true on a read-only
-// root, for the runtimes' own baseline.
-func rawBundle(dir, rootfs string) error {
+// rawBundle writes a minimal OCI bundle running args (default /bin/true)
+// on a read-only root, for the runtimes' own baseline.
+func rawBundle(dir, rootfs string, args ...string) error {
+	if len(args) == 0 {
+		args = []string{"/bin/true"}
+	}
 	spec := map[string]any{
 		"ociVersion": "1.0.2",
 		"process": map[string]any{
-			"user": map[string]int{"uid": 0, "gid": 0}, "args": []string{"/bin/true"},
+			"user": map[string]int{"uid": 0, "gid": 0}, "args": args,
 			"env": []string{"PATH=/usr/bin:/bin"}, "cwd": "/",
 		},
 		"root":     map[string]any{"path": rootfs, "readonly": true},
@@ -270,14 +310,7 @@ func rawRunner(ctx context.Context, cfg Config, rt, rootfs string) (run func(i i
 		}
 	case runtime.Namespaces:
 		run = func(i int) error {
-			// crun refuses the hybrid cgroup layout; hide cgroup2 in a
-			// private mount namespace, exactly as cella's namespaces
-			// runtime does.
-			cmd := exec.CommandContext(ctx, "/bin/sh", "-c",
-				`mount -t tmpfs -o size=4k,mode=0755 cella /sys/fs/cgroup/unified && exec crun --root "$0" run --bundle "$1" "$2"`,
-				root, dir, id(i))
-			cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
-			if out, err := cmd.CombinedOutput(); err != nil {
+			if out, err := crunCommand(ctx, root, "run", "--bundle", dir, id(i)).CombinedOutput(); err != nil {
 				return fmt.Errorf("crun run: %v: %s", err, out)
 			}
 			return nil
@@ -303,6 +336,9 @@ func Print(w io.Writer, figs []Figure, asJSON bool) error {
 		vs := ""
 		if f.Ratio > 0 {
 			vs = fmt.Sprintf("%.2f× %s", f.Ratio, f.Baseline)
+		}
+		for _, x := range f.Floors {
+			vs = strings.TrimPrefix(vs+fmt.Sprintf("; %.2f× %s", x.Ratio, x.Baseline), "; ")
 		}
 		if f.Extra != "" {
 			vs = strings.TrimPrefix(vs+"; "+f.Extra, "; ")

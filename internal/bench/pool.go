@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/cella-sandbox/cella/internal/client"
 )
 
 // poolBenchSize is the warm pool of the pooled create figure.
@@ -12,6 +14,10 @@ const poolBenchSize = 2
 // poolCreateCall keeps, per runtime, the create calls of the last pooled
 // run timed alone (the API's answer, before any exec).
 var poolCreateCall = map[string]Figure{}
+
+// poolExecs keeps, per runtime, the first and second exec in the
+// sandboxes of the last pooled run.
+var poolExecs = map[string][]Figure{}
 
 // apiCreatePooled times create + exec of true on a daemon with a warm pool
 // of base, waiting for the pool to be full again before each create: the
@@ -50,19 +56,33 @@ func apiCreatePooled(ctx context.Context, cfg Config, rt string) (Figure, error)
 		}
 	}
 	var lastErr error
-	var ds, createOnly []time.Duration
-	defer func() { poolCreateCall[rt] = summarize("cella create call alone (warm pool)", rt, createOnly) }()
+	var ds, createOnly, first, second []time.Duration
+	defer func() {
+		poolCreateCall[rt] = summarize("cella create call alone (warm pool)", rt, createOnly)
+		// The first exec in a handed-out sandbox against its second: what
+		// the pool's warm-up leaves cold.
+		f, s := summarize("first exec after a pool hand-out", rt, first), summarize("second exec in the same sandbox", rt, second)
+		f.against(s)
+		figs := []Figure{s, f}
+		if floor, err := l.poolSpawnFloor(ctx, rt); err == nil {
+			f.alsoAgainst(floor)
+			s.alsoAgainst(floor)
+			figs = []Figure{floor, s, f}
+		}
+		poolExecs[rt] = figs
+	}()
 	for i := 0; i < cfg.N; i++ {
 		if err := waitFull(); err != nil {
 			return summarize(name, rt, ds), err
 		}
-		took, create, err := createThenExec(ctx, c)
+		t, err := createExecs(ctx, c, client.CreateRequest{}, 2)
 		if err != nil {
 			lastErr = err
 			continue
 		}
-		createOnly = append(createOnly, create)
-		ds = append(ds, took)
+		createOnly = append(createOnly, t.create)
+		ds = append(ds, t.total)
+		first, second = append(first, t.execs[0]), append(second, t.execs[1])
 	}
 	f := summarize(name, rt, ds)
 	if ps, err := c.ListPools(ctx); err == nil && len(ps) == 1 {
@@ -72,4 +92,16 @@ func apiCreatePooled(ctx context.Context, cfg Config, rt string) (Figure, error)
 		return f, lastErr
 	}
 	return f, nil
+}
+
+// poolSpawnFloor is the in-sandbox spawn floor in a sandbox of the pool
+// (its first spawn, which the warm-up already paid, included).
+func (l *local) poolSpawnFloor(ctx context.Context, rt string) (Figure, error) {
+	sb, err := l.Client.Create(ctx, client.CreateRequest{})
+	if err != nil {
+		return Figure{}, err
+	}
+	defer func() { _ = l.Client.Kill(ctx, sb.SandboxID) }()
+	floor, _, err := l.spawnFloors(ctx, sb.SandboxID, 10)
+	return summarize(spawnFloorName, rt, floor), err
 }

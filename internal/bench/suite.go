@@ -18,18 +18,35 @@ import (
 	"github.com/cella-sandbox/cella/internal/client"
 )
 
-// Exec measures the round trip of `true` in a running sandbox through the
-// API, beside a local fork+exec of /bin/true in the same run.
+// Exec measures the round trip of E2B's command shape (bash -l -c true)
+// in a running sandbox through the API, beside its floors measured in the
+// same run: the agent's own fork/exec/wait of the same command inside the
+// same sandbox, the runtime's raw exec into a container of the same root,
+// and a local fork+exec of /bin/true.
 func Exec(ctx context.Context, cfg Config) ([]Figure, error) {
 	n := max(cfg.N, 50)
-	figs := []Figure{summarize("fork+exec /bin/true", "", repeat(n, func() error { return exec.Command("/bin/true").Run() }))}
+	_, base, err := ensureBase(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	local := summarize("fork+exec /bin/true", "", repeat(n, func() error { return exec.Command("/bin/true").Run() }))
+	figs := []Figure{local}
 	for _, rt := range runtimesOf(cfg) {
-		f, err := execOne(ctx, cfg, rt, n)
+		raw, err := rawExecFloor(ctx, cfg, rt, base.RootFS, n)
 		if err != nil {
-			f.Err = err.Error()
+			raw.Err = err.Error()
 		}
-		f.against(figs[0])
-		figs = append(figs, f)
+		got, err := execOne(ctx, cfg, rt, n)
+		if err != nil {
+			figs = append(figs, raw, Figure{Name: "exec round trip", Runtime: rt, Err: err.Error()})
+			continue
+		}
+		api := got[len(got)-1]
+		api.alsoAgainst(raw)
+		api.alsoAgainst(local)
+		figs = append(figs, raw)
+		figs = append(figs, got[:len(got)-1]...)
+		figs = append(figs, api)
 	}
 	return figs, nil
 }
@@ -41,34 +58,51 @@ func runtimesOf(cfg Config) []string {
 	return cfg.Runtimes
 }
 
-func execOne(ctx context.Context, cfg Config, rt string, n int) (Figure, error) {
-	name := "exec `true` round trip (API)"
+// execOne returns, for one runtime and one sandbox, the spawn floor, the
+// agent's exec path and (last) the API round trip against the floor,
+// measured in turns so that load changes hit each alike.
+func execOne(ctx context.Context, cfg Config, rt string, n int) ([]Figure, error) {
 	l, err := startLocal(ctx, cfg, rt)
 	if err != nil {
-		return Figure{Name: name, Runtime: rt}, err
+		return nil, err
 	}
 	defer l.Close()
 	conn, err := l.sandbox(ctx, client.CreateRequest{})
 	if err != nil {
-		return Figure{Name: name, Runtime: rt}, err
+		return nil, err
 	}
-	// The first exec warms the agent's connection pool; it is not measured.
-	if _, err := conn.Exec(ctx, "true", client.ExecOptions{}); err != nil {
-		return Figure{Name: name, Runtime: rt}, err
+	// The first exec warms the client's and the agent's connections; it is
+	// not measured.
+	if err := sdkExec(ctx, conn); err != nil {
+		return nil, err
 	}
-	// bash -l -c is E2B's command shape; `true` as argv[0] is the minimum.
-	ds := repeat(n, func() error {
-		res, err := conn.Exec(ctx, "true", client.ExecOptions{})
-		if err == nil && res.ExitCode != 0 {
-			err = fmt.Errorf("true exited %d", res.ExitCode)
+	var floorD, pathD, apiD []time.Duration
+	const turn = 10
+	for len(apiD) < n {
+		k := min(turn, n-len(apiD))
+		floor, path, err := l.spawnFloors(ctx, conn.ID, k)
+		if err != nil {
+			return nil, fmt.Errorf("spawn floor: %w", err)
 		}
-		return err
-	})
-	return summarize(name, rt, ds), nil
+		floorD, pathD = append(floorD, floor...), append(pathD, path...)
+		ds, err := repeatErr(k, func() error { return sdkExec(ctx, conn) })
+		if len(ds) == 0 {
+			return nil, fmt.Errorf("exec: %w", err)
+		}
+		apiD = append(apiD, ds...)
+	}
+	floor := summarize(spawnFloorName, rt, floorD)
+	path := summarize(execPathName, rt, pathD)
+	path.against(floor)
+	api := summarize("exec bash -l -c true round trip (API, one process.Start stream as E2B's SDKs)", rt, apiD)
+	api.against(floor)
+	return []Figure{floor, path, api}, nil
 }
 
 // Burst creates 50 sandboxes at once and reports per-create latency and
-// creates per second, beside a single cold create measured in the same run.
+// creates per second, beside a single cold create measured in the same run:
+// cold (options no pool serves), and from an adaptive warm pool of set size
+// 1 after a first burst taught it the demand.
 func Burst(ctx context.Context, cfg Config, concurrent int) ([]Figure, error) {
 	if concurrent <= 0 {
 		concurrent = 50
@@ -87,45 +121,90 @@ func Burst(ctx context.Context, cfg Config, concurrent int) ([]Figure, error) {
 			}
 			return err
 		}))
-		var mu sync.Mutex
-		var ds []time.Duration
-		var ids []string
-		var firstErr error
-		var wg sync.WaitGroup
-		t0 := time.Now()
-		for i := 0; i < concurrent; i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				s := time.Now()
-				sb, err := l.Client.Create(ctx, client.CreateRequest{MemoryMB: 128})
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					if firstErr == nil {
-						firstErr = err
-					}
-					return
-				}
-				ds = append(ds, time.Since(s))
-				ids = append(ids, sb.SandboxID)
-			}()
-		}
-		wg.Wait()
-		wall := time.Since(t0)
-		f := summarize(fmt.Sprintf("%d concurrent creates", concurrent), rt, ds)
-		f.against(single)
-		f.Extra = fmt.Sprintf("%.1f creates/s", float64(len(ds))/wall.Seconds())
-		if firstErr != nil {
-			f.Err = fmt.Sprintf("%d of %d failed: %v", concurrent-len(ds), concurrent, firstErr)
-		}
-		for _, id := range ids {
-			_ = l.Client.Kill(ctx, id)
-		}
+		// 128 MiB: limits no pool serves, so every create is cold.
+		cold := burst(ctx, l, rt, concurrent, client.CreateRequest{MemoryMB: 128}, fmt.Sprintf("%d concurrent creates (cold)", concurrent))
+		cold.against(single)
+		figs = append(figs, single, cold)
+		figs = append(figs, pooledBurst(ctx, l, rt, concurrent, single)...)
 		l.Close()
-		figs = append(figs, single, f)
 	}
 	return figs, nil
+}
+
+// pooledBurst sets a pool of 1 for base, sends one burst (which the pool
+// learns from), waits until the pool has grown toward it, and measures a
+// second burst.
+func pooledBurst(ctx context.Context, l *local, rt string, concurrent int, single Figure) []Figure {
+	name := fmt.Sprintf("%d concurrent creates (adaptive warm pool, set size 1)", concurrent)
+	if _, err := l.Client.SetPool(ctx, "base", 1); err != nil {
+		return []Figure{{Name: name, Runtime: rt, Err: err.Error()}}
+	}
+	first := burst(ctx, l, rt, concurrent, client.CreateRequest{}, "the burst the pool learns from")
+	// Wait for the pool to grow toward the burst (within its budget), as
+	// far as it will: until it holds the burst or stops growing.
+	deadline := time.Now().Add(5 * time.Minute)
+	grown, last, still := 0, -1, 0
+	lastErr := ""
+	for time.Now().Before(deadline) && grown < concurrent && still < 300 {
+		ps, err := l.Client.ListPools(ctx)
+		if err != nil || len(ps) != 1 {
+			break
+		}
+		grown, lastErr = ps[0].Ready, ps[0].LastError
+		if grown == last && ps[0].Filling == 0 {
+			still++
+		} else {
+			still = 0
+		}
+		last = grown
+		time.Sleep(100 * time.Millisecond)
+	}
+	f := burst(ctx, l, rt, concurrent, client.CreateRequest{}, name)
+	f.against(single)
+	f.Extra = fmt.Sprintf("%s; the pool held %d after the first burst", f.Extra, grown)
+	if lastErr != "" {
+		f.Extra += "; its last fill error: " + lastErr
+	}
+	return []Figure{first, f}
+}
+
+// burst sends concurrent creates of req at once, then kills them.
+func burst(ctx context.Context, l *local, rt string, concurrent int, req client.CreateRequest, name string) Figure {
+	var mu sync.Mutex
+	var ds []time.Duration
+	var ids []string
+	var firstErr error
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for range concurrent {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := time.Now()
+			sb, err := l.Client.Create(ctx, req)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				if firstErr == nil {
+					firstErr = err
+				}
+				return
+			}
+			ds = append(ds, time.Since(s))
+			ids = append(ids, sb.SandboxID)
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(t0)
+	f := summarize(name, rt, ds)
+	f.Extra = fmt.Sprintf("%.1f creates/s", float64(len(ds))/wall.Seconds())
+	if firstErr != nil {
+		f.Err = fmt.Sprintf("%d of %d failed: %v", concurrent-len(ds), concurrent, firstErr)
+	}
+	for _, id := range ids {
+		_ = l.Client.Kill(ctx, id)
+	}
+	return f
 }
 
 // Files uploads and downloads 1 MB and (unless short) 1 GB through the API,

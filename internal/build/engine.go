@@ -357,7 +357,9 @@ func (r *run) finalize(ctx context.Context) (*template.Template, string, error) 
 		}
 	}
 	prev, _ := r.e.cfg.Templates.Get(r.spec.Name)
-	t, err := r.e.cfg.Templates.Name(r.spec.Name, img.Image, snap)
+	// A template built on another runs what it runs (the docker
+	// template's engine); one built on an image runs nothing extra.
+	t, err := r.e.cfg.Templates.Name(r.spec.Name, img.Image, snap, r.parentServices())
 	if err != nil {
 		r.dropSnapshot(snap)
 		return nil, "", err

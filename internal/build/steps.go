@@ -39,7 +39,7 @@ func (r *run) boot(ctx context.Context, img *template.Template) (*box, error) {
 		name = "build"
 	}
 	opts := sandbox.Options{
-		TemplateID: name, Image: img.Image,
+		TemplateID: name, Image: img.Image, Services: r.parentServices(),
 		CPUs: float64(r.spec.CPUs), MemoryMB: int64(r.spec.MemoryMB), DiskMB: int64(r.spec.DiskMB),
 		Egress:   r.e.egressFor(r.p),
 		Metadata: map[string]string{"cella.build": r.spec.Name, "cella.build.team": r.p.Team},
@@ -52,6 +52,15 @@ func (r *run) boot(ctx context.Context, img *template.Template) (*box, error) {
 		return nil, fmt.Errorf("start build sandbox: %w", err)
 	}
 	return &box{r: r, sb: sb}, nil
+}
+
+// parentServices are the services of the template the build is on, which
+// its steps run too (the docker template's engine); none on an image.
+func (r *run) parentServices() []string {
+	if r.parent == nil {
+		return nil
+	}
+	return r.parent.Services
 }
 
 func (b *box) kill() {

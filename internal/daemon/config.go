@@ -64,9 +64,17 @@ type Config struct {
 	// AuditRetention is how long the audit log of a sandbox that no longer
 	// exists is kept (0: 7 days).
 	AuditRetention time.Duration
+	// PoolMemoryBudget is what warm pools may hold beyond their set sizes
+	// (--pool-memory-budget, bytes; 0: a quarter of the host's RAM).
+	PoolMemoryBudget int64
 	// Maxima bound every sandbox's limits (--max-cpus/memory/disk/pids);
 	// zero fields are the host's (sandbox.HostMaxima of DataDir).
 	Maxima sandbox.Maxima
+	// Cluster makes the daemon a node of a cluster (--cluster; cluster.go).
+	Cluster ClusterConfig
+	// Archive keeps paused sandboxes in an object store (--archive;
+	// archive.go).
+	Archive ArchiveConfig
 	// Build configures template builds (internal/build).
 	Build BuildConfig
 	// Builder, if set, runs the builds E2B's build API requests
@@ -185,10 +193,19 @@ func (c *Config) Validate() error {
 			return fieldErr(l.field, "%v is out of range (0 to 10 years)", l.d)
 		}
 	}
+	if c.PoolMemoryBudget < 0 {
+		return fieldErr("pool-memory-budget", "%d: want a size of 0 or more", c.PoolMemoryBudget)
+	}
 	for name, n := range c.Pools {
 		if strings.TrimSpace(name) == "" || n < 0 || n > sandbox.MaxPoolSize {
 			return fieldErr("pool", "%q=%d: want a template name and a size between 0 and %d", name, n, sandbox.MaxPoolSize)
 		}
+	}
+	if err := c.Cluster.validate(); err != nil {
+		return err
+	}
+	if err := c.Archive.validate(); err != nil {
+		return err
 	}
 	if c.Runtime == runtime.GVisor {
 		p, err := exec.LookPath(c.RunscPath)

@@ -34,6 +34,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/template"
 	"github.com/cella-sandbox/cella/internal/volume"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // Daemon is a running cella daemon without its listener.
@@ -68,6 +69,8 @@ type Daemon struct {
 
 	log     *slog.Logger
 	closers []closer
+	// cluster is the Kubernetes client of a cluster node (nil: standalone).
+	cluster client.Client
 
 	// servingPorts are the ports the API is served on (Serving): the egress
 	// proxy never dials them on loopback, where a name an operator mapped
@@ -117,7 +120,18 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	}
 	d.Store = st
 	d.add("store", st.Close)
-	if d.AdminKeyPath, err = ensureAdminKey(ctx, st, c.DataDir, log); err != nil {
+	var clusterKey string
+	var keys apiKeys = st // a cluster node's keys are the cluster's (cluster.go)
+	var gatewayKey []byte
+	if c.Cluster.Kubeconfig != "" {
+		if d.cluster, err = clusterClient(c.Cluster); err != nil {
+			return nil, err
+		}
+		if clusterKey, keys, gatewayKey, err = clusterAuth(ctx, d.cluster, c.Cluster, st); err != nil {
+			return nil, err
+		}
+	}
+	if d.AdminKeyPath, err = ensureAdminKey(ctx, st, c.DataDir, clusterKey, log); err != nil {
 		return nil, err
 	}
 
@@ -171,11 +185,22 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	d.Volumes = vols
 	d.add("volumes", vols.Close)
 
-	sm, err := secrets.NewManager(ctx, st, box)
+	var secretRecs secrets.Records = st // a cluster node's are the cluster's (cluster.go)
+	secretBox := box
+	if d.cluster != nil {
+		if secretRecs, secretBox, err = clusterSecrets(ctx, d.cluster, c.Cluster); err != nil {
+			return nil, err
+		}
+	}
+	sm, err := secrets.NewManager(ctx, secretRecs, secretBox)
 	if err != nil {
 		return nil, err
 	}
 	d.Secrets = sm
+	if d.cluster != nil {
+		stop := reloadSecrets(sm, log)
+		d.add("cluster secrets", func() error { stop(); return nil })
+	}
 	al, err := audit.New(filepath.Join(c.DataDir, "audit"), audit.Options{Redact: sm.Redact, Log: log})
 	if err != nil {
 		return nil, err
@@ -192,6 +217,11 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("read recorded network slots: %w", err)
 		}
+		if d.cluster != nil {
+			if err := clusterEgressCA(ctx, d.cluster, c, log); err != nil { // archive.go
+				return nil, err
+			}
+		}
 		n, closeNet, err := newNetwork(c, log, al, sm, d.selfUpstream, &d.egressCounts, adoptable)
 		if err != nil {
 			return nil, err
@@ -207,12 +237,18 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	d.add("events", evs.Close) // closed after the sandboxes: a shutdown's kills are still queued, not blocked
 
 	d.Metrics = newMetrics(rt.Name(), tpls) // observe.go
+	arch, err := d.openArchive(ctx, c)      // archive.go
+	if err != nil {
+		return nil, err
+	}
 	mgr, err := sandbox.NewManager(sandbox.Config{
 		DataDir: c.DataDir, Runtime: rt, Templates: tpls, Store: st, Log: log,
 		Agents: agents, Agent: d.Agent,
 		BuildProgress: c.BuildProgress, Volumes: vols, Lifecycle: c.Lifecycle,
 		AgentAudit: agentAudit{al}, Events: evs, Network: sbNet, SecretValue: sm.Get, MetricsInterval: c.MetricsInterval, Maxima: c.Maxima,
-		Metrics: d.Metrics, KeyLimits: keyLimits(st),
+		PoolMemoryBudget: c.PoolMemoryBudget,
+		Metrics:          d.Metrics, KeyLimits: keyLimits(keys),
+		Archive: arch, Claim: d.claim(c.Cluster), NodeName: c.Cluster.NodeName,
 	})
 	if err != nil {
 		return nil, err
@@ -220,6 +256,9 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	d.Manager = mgr
 	mx := mgr.Maxima()
 	log.Info("sandbox maxima", "cpus", mx.CPUs, "memory_mib", mx.MemoryMB, "disk_mib", mx.DiskMB, "pids", mx.Pids)
+	if d.cluster != nil { // closes after "sandboxes": the records then say what is left (paused ones)
+		d.add("cluster records (last)", func() error { return lastRecords(d.cluster, c.Cluster, mgr) })
+	}
 	d.add("sandboxes", func() error {
 		sctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
@@ -230,6 +269,11 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	}
 	if err := mgr.StartPools(ctx, c.Pools); err != nil { // after Reconcile: pooled sandboxes have no record
 		return nil, fmt.Errorf("warm pools: %w", err)
+	}
+	if c.Cluster.Kubeconfig != "" { // after Reconcile: the first beat counts the adopted sandboxes
+		if err := d.joinCluster(ctx, c.Cluster, mgr, tpls); err != nil {
+			return nil, err
+		}
 	}
 	if d.BuildEngine, err = build.New(build.Config{Sandboxes: mgr, Templates: tpls, Egress: c.buildEgress(d.Ceiling),
 		Timeout: c.Build.Timeout, ReadyTimeout: c.Build.ReadyTimeout, Log: log}); err != nil {
@@ -254,7 +298,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	}
 	d.Builds = bsvc
 	d.add("template builds", func() error { bsvc.Close(); return nil })
-	srv := api.New(api.Config{Manager: mgr, Pools: mgr, Store: st, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
+	srv := api.New(api.Config{Manager: mgr, Pools: mgr, Store: keys, GatewayKey: gatewayKey, Templates: tpls, Domain: c.Domain, Log: log, MCPMaxCalls: c.MCPMaxCalls,
 		Volumes: vols, Secrets: sm, Audit: al, EgressCeiling: ceilingPtr(c, d.Ceiling), Egress: &d.egressCounts,
 		Metrics: d.Metrics, AccessLog: accessLog, Builds: bsvc, Events: evs})
 	d.Handler = srv
@@ -302,9 +346,10 @@ func newRuntime(c Config) (runtime.Runtime, error) {
 	return nil, fmt.Errorf("unknown runtime %q", c.Runtime)
 }
 
-// ensureAdminKey creates the admin API key on first start. Only its hash is
-// stored; the key itself goes to <data-dir>/admin.key, readable by root only.
-func ensureAdminKey(ctx context.Context, st *store.Store, dataDir string, log *slog.Logger) (string, error) {
+// ensureAdminKey creates the admin API key on first start (preset: the
+// cluster's, else a new one). Only its hash is stored; the key itself goes
+// to <data-dir>/admin.key, readable by root only.
+func ensureAdminKey(ctx context.Context, st *store.Store, dataDir, preset string, log *slog.Logger) (string, error) {
 	path := filepath.Join(dataDir, "admin.key")
 	n, err := st.CountAPIKeys(ctx)
 	if err != nil {
@@ -314,9 +359,11 @@ func ensureAdminKey(ctx context.Context, st *store.Store, dataDir string, log *s
 		log.Info("admin API key", "file", path)
 		return path, nil
 	}
-	key, err := store.NewKeySecret()
-	if err != nil {
-		return "", err
+	key := preset
+	if key == "" {
+		if key, err = store.NewKeySecret(); err != nil {
+			return "", err
+		}
 	}
 	if err := os.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
 		return "", fmt.Errorf("write admin key: %w", err)

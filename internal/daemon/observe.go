@@ -29,7 +29,9 @@ func newMetrics(runtimeName string, tpls *template.Store) *metrics.Metrics {
 
 // keyLimits is the sandbox manager's view of the keys' quotas: the admin
 // key, and a key deleted since it made its sandboxes, are unlimited.
-func keyLimits(st *store.Store) func(context.Context, string) (sandbox.KeyQuota, error) {
+func keyLimits(st interface {
+	GetAPIKey(ctx context.Context, id string) (store.APIKey, error)
+}) func(context.Context, string) (sandbox.KeyQuota, error) {
 	return func(ctx context.Context, id string) (sandbox.KeyQuota, error) {
 		if id == store.AdminKeyID {
 			return sandbox.KeyQuota{}, nil

@@ -27,6 +27,9 @@ func (r *refusal) Error() string { return http.StatusText(r.status) }
 // the traffic token for the others, when the sandbox has one.
 func admit(r *http.Request, sb Sandbox, port int) error {
 	if port == agentapi.Port {
+		if agentapi.DaemonOnly(r.Method, r.URL.Path) {
+			return &refusal{http.StatusNotFound, errorBody{Code: http.StatusNotFound, Message: "not found: " + r.URL.Path + " is the daemon's own"}}
+		}
 		return admitEnvd(r, sb)
 	}
 	want := sb.TrafficAccessToken()
@@ -48,8 +51,9 @@ func admit(r *http.Request, sb Sandbox, port int) error {
 // request carries the sandbox's access token, except the health check and
 // /files requests authorized by a URL signature (uploadUrl/downloadUrl),
 // which the agent verifies itself. Narrower than agentapi.AuthExempt on
-// purpose: /init and the channel's credential check their callers
-// themselves inside the agent, and from outside they need the token first.
+// purpose: /init checks its callers itself inside the agent, and from
+// outside it needs the token first (the channel's credential never passes
+// the edge: agentapi.DaemonOnly).
 // A refusal reads as the agent's.
 func admitEnvd(r *http.Request, sb Sandbox) error {
 	want := sb.EnvdAccessToken()

@@ -71,6 +71,13 @@ func target(r *http.Request, domain string) (t Target, ok bool, err error) {
 	return Target{ID: id, Port: port}, true, nil
 }
 
+// TargetOf is target for a front that routes sandbox traffic elsewhere (a
+// gateway forwarding to the sandbox's node): the same decision, so both
+// hops agree on what is sandbox traffic.
+func TargetOf(r *http.Request, domain string) (t Target, ok bool, err error) {
+	return target(r, domain)
+}
+
 // genericHost is a Host that names no sandbox: an IP, localhost or
 // sandbox.<domain> (E2B's shared sandbox host), where the routing headers
 // (or a signed URL's signature) say which sandbox is meant.

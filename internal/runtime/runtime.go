@@ -74,6 +74,12 @@ type Spec struct {
 	// that the container joins; its eth0 is its only way out. Empty means a
 	// new namespace with loopback only: no network at all.
 	NetNSPath string
+	// ContainerEngine says the sandbox runs a container engine of its own
+	// (the docker template): its root may make namespaces, mounts, bridges
+	// and raw sockets, which gVisor serves in its sentry and netstack
+	// without touching the host kernel. A runtime whose sandboxes talk to
+	// the host kernel refuses it (ErrNotSupported).
+	ContainerEngine bool
 }
 
 // Stats is a container's resource use and limit hits, as the host accounts

@@ -29,6 +29,9 @@ type AgentBinaries interface {
 	Prune(keep map[string]bool) ([]string, error)
 	// Hashes lists the binaries stored.
 	Hashes() ([]string, error)
+	// Add stores a binary (one carried from another node with a sandbox's
+	// memory: remote.go) and returns its hash.
+	Add(bin []byte) (string, error)
 }
 
 // agentOf is the agent a record names. Records and snapshots from before

@@ -33,7 +33,7 @@ func (m *Manager) templateFor(ctx context.Context, opts Options) (*template.Temp
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", opts.Image, err)
 	}
-	t.Name = opts.TemplateID
+	t.Name, t.Services = opts.TemplateID, opts.Services
 	return t, nil
 }
 

@@ -94,6 +94,7 @@ type lifecycleState struct {
 	pausedAt    time.Time
 	archived    bool
 	archivePath string // set with archived
+	remote      bool   // objects may be in the archive store (remote.go)
 }
 
 // Touch records activity on the sandbox now (it resets the idle timer).
@@ -227,21 +228,37 @@ func (m *Manager) archiveFile(sb *Sandbox) string {
 
 // Archive packs a paused sandbox's state into one file: its checkpoint
 // image (if any) and its writable layer's files go into one tar.gz under
-// <data>/archive, and its overlay and layer are unmounted, the layer's
-// image deleted. A frozen sandbox
-// loses its memory first (its container is destroyed; resume boots it cold).
-// Resume unpacks the archive again. Archiving a running sandbox is a
-// Conflict.
+// <data>/archive (with an archive store, remote.go: sealed objects there),
+// and its overlay and layer are unmounted, the layer's image deleted. A
+// frozen sandbox loses its memory first (its container is destroyed;
+// resume boots it cold). Resume unpacks the archive again. Archiving a
+// running sandbox is a Conflict.
 func (m *Manager) Archive(ctx context.Context, id string) error {
-	sb, err := m.get(id)
+	sb, unlock, err := m.opLocked(id)
 	if err != nil {
 		return err
 	}
-	sb.opMu.Lock()
-	defer sb.opMu.Unlock()
-	if !m.isTracked(sb) {
-		return errdefs.NotFound("sandbox %q not found", id)
+	defer unlock()
+	return m.archiveLocked(ctx, sb)
+}
+
+// opLocked finds a tracked sandbox (whoever owns it) and takes its opMu,
+// which unlock releases; one killed meanwhile is not found.
+func (m *Manager) opLocked(id string) (sb *Sandbox, unlock func(), err error) {
+	if sb, err = m.get(id); err != nil {
+		return nil, nil, err
 	}
+	sb.opMu.Lock()
+	if !m.isTracked(sb) {
+		sb.opMu.Unlock()
+		return nil, nil, errdefs.NotFound("sandbox %q not found", id)
+	}
+	return sb, sb.opMu.Unlock, nil
+}
+
+// archiveLocked is Archive's work; sb.opMu is held.
+func (m *Manager) archiveLocked(ctx context.Context, sb *Sandbox) error {
+	id := sb.ID
 	sb.mu.Lock()
 	state, mode, archived, layer := sb.state, sb.pauseMode, sb.lc.archived, sb.layer
 	sb.mu.Unlock()
@@ -262,32 +279,25 @@ func (m *Manager) Archive(ctx context.Context, id string) error {
 		m.detachNetwork(sb) // network.go: its slot went with the container
 		mode = m.setPauseMode(ctx, sb, PauseStopped)
 	}
-	if err := os.MkdirAll(archiveDir(m.cfg.DataDir), 0o700); err != nil {
-		return fmt.Errorf("archive sandbox %s: %w", id, err)
-	}
-	dst := m.archiveFile(sb)
-	tmp := dst + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return fmt.Errorf("archive sandbox %s: %w", id, err)
-	}
 	dirs := [][2]string{{"upper", layer.Upper}}
 	if mode == PauseCheckpoint {
 		dirs = append(dirs, [2]string{"checkpoint", checkpointDir(sb)})
 	}
-	err = writeArchive(f, dirs)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, dst)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("archive sandbox %s: %w", id, err)
+	var dst string
+	var size int64
+	if m.cfg.Archive != nil {
+		dst = m.cfg.Archive.String() + "/sandboxes/" + id
+		if err := m.archiveRemote(ctx, sb, dirs, mode); err != nil { // remote.go
+			return fmt.Errorf("archive sandbox %s to %s: %w", id, m.cfg.Archive.String(), err)
+		}
+	} else {
+		dst = m.archiveFile(sb)
+		if err := writeArchiveFile(dst, dirs); err != nil {
+			return fmt.Errorf("archive sandbox %s: %w", id, err)
+		}
+		if st, err := os.Stat(dst); err == nil {
+			size = st.Size()
+		}
 	}
 	sb.mu.Lock()
 	sb.lc.archived, sb.lc.archivePath = true, dst
@@ -305,12 +315,35 @@ func (m *Manager) Archive(ctx context.Context, id string) error {
 	if err := os.RemoveAll(checkpointDir(sb)); err != nil {
 		m.log.Warn("remove archived checkpoint", "id", id, "err", err)
 	}
-	var size int64
-	if st, err := os.Stat(dst); err == nil {
-		size = st.Size()
-	}
-	m.log.Info("sandbox archived", "id", id, "mode", mode, "file", dst, "bytes", size, "took", time.Since(start).Round(time.Millisecond))
+	m.log.Info("sandbox archived", "id", id, "mode", mode, "to", dst, "bytes", size, "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// writeArchiveFile writes the archive of dirs to dst through a temporary
+// file, synced before it takes dst's name.
+func writeArchiveFile(dst string, dirs [][2]string) error {
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		return err
+	}
+	tmp := dst + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	err = writeArchive(f, dirs)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, dst)
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
 }
 
 // unarchive brings an archived sandbox's layer (and checkpoint) back from
@@ -323,16 +356,20 @@ func (m *Manager) unarchive(ctx context.Context, sb *Sandbox) error {
 		return nil
 	}
 	start := time.Now()
+	remote := m.cfg.Archive != nil && sb.lc.remote
+	if remote {
+		if err := m.claim(ctx, sb.ID); err != nil { // remote.go
+			if errors.Is(err, ErrMoved) {
+				m.forgetLocked(ctx, sb)
+				return notFound(sb.ID)
+			}
+			return fmt.Errorf("unarchive sandbox %s: %w", sb.ID, err)
+		}
+	}
 	tpl, err := m.templateOf(ctx, sb.Dir, sb.TemplateID)
 	if err != nil {
 		return fmt.Errorf("unarchive sandbox %s: %w", sb.ID, err)
 	}
-	src := m.archiveFile(sb)
-	f, err := os.Open(src)
-	if err != nil {
-		return fmt.Errorf("unarchive sandbox %s: %w", sb.ID, err)
-	}
-	defer f.Close()
 	// A sandbox made from a snapshot stacks on the snapshot's layers too
 	// (origin.json): without them its upper would float over the bare
 	// template.
@@ -353,7 +390,14 @@ func (m *Manager) unarchive(ctx context.Context, sb *Sandbox) error {
 		layer.Unmount()
 		return fmt.Errorf("unarchive sandbox %s: %w", sb.ID, err)
 	}
-	if err := extractArchive(f, map[string]string{"upper": layer.Upper, "checkpoint": ckpt}); err != nil {
+	dests := map[string]string{"upper": layer.Upper, "checkpoint": ckpt}
+	src := m.archiveFile(sb)
+	if remote {
+		err = m.unarchiveRemote(ctx, sb, dests) // remote.go
+	} else {
+		err = extractArchiveFile(src, dests)
+	}
+	if err != nil {
 		layer.Unmount()
 		os.RemoveAll(ckpt)
 		if errors.Is(err, os.ErrNotExist) || strings.Contains(err.Error(), "no space") {
@@ -368,11 +412,23 @@ func (m *Manager) unarchive(ctx context.Context, sb *Sandbox) error {
 	if err := m.persist(context.WithoutCancel(ctx), sb); err != nil {
 		return err
 	}
-	if err := os.Remove(src); err != nil {
-		m.log.Warn("remove archive", "file", src, "err", err)
+	if !remote {
+		if err := os.Remove(src); err != nil {
+			m.log.Warn("remove archive", "file", src, "err", err)
+		}
 	}
-	m.log.Info("sandbox unarchived", "id", sb.ID, "took", time.Since(start).Round(time.Millisecond))
+	m.log.Info("sandbox unarchived", "id", sb.ID, "remote", remote, "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// extractArchiveFile unpacks the archive file src into dests.
+func extractArchiveFile(src string, dests map[string]string) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return extractArchive(f, dests)
 }
 
 // markPaused and markResumed keep the lifecycle clock; sb.mu is held.
@@ -387,16 +443,24 @@ func (s *Sandbox) markResumedLocked() {
 func (s *Sandbox) restoreLifecycle(r record) {
 	s.lc.pausedAt = r.PausedAt
 	s.lc.archived = r.Archived
+	s.lc.remote = r.Remote
 	s.Touch()
 }
 
 // adoptArchived keeps an archived sandbox across a daemon restart: all it
 // needs is its archive file.
 func (m *Manager) adoptArchived(sb *Sandbox) error {
-	if _, err := os.Stat(m.archiveFile(sb)); err != nil {
-		return fmt.Errorf("its archive is gone: %w", err)
+	switch {
+	case sb.lc.remote && m.cfg.Archive != nil:
+		sb.lc.archivePath = m.cfg.Archive.String() + "/sandboxes/" + sb.ID
+	case sb.lc.remote:
+		return errors.New("its archive is in an object store, and this daemon has no --archive")
+	default:
+		if _, err := os.Stat(m.archiveFile(sb)); err != nil {
+			return fmt.Errorf("its archive is gone: %w", err)
+		}
+		sb.lc.archivePath = m.archiveFile(sb)
 	}
-	sb.lc.archivePath = m.archiveFile(sb)
 	m.mu.Lock()
 	m.sandboxes[sb.ID] = sb
 	m.mu.Unlock()

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -62,11 +63,23 @@ type Config struct {
 	// Maxima bound every sandbox's limits; zero fields are the host's
 	// (HostMaxima of DataDir).
 	Maxima Maxima
+	// PoolMemoryBudget is the memory warm pools may hold beyond their set
+	// sizes as recent demand grows them (adapt.go); 0 is
+	// DefaultPoolMemoryBudget, a quarter of the host's RAM.
+	PoolMemoryBudget int64
 	// Metrics receives lifecycle latencies and deaths (nil: none kept).
 	Metrics *metrics.Metrics
 	// KeyLimits returns the quota of an API key (quota.go); nil: no key
 	// has one.
 	KeyLimits func(ctx context.Context, keyID string) (KeyQuota, error)
+	// Archive, when set, is where paused sandboxes go so that they outlive
+	// this node (cella serve --archive; remote.go). Claim, when set, takes
+	// a sandbox for this node before its archive is restored or deleted
+	// (a cluster's record moves here; ErrMoved: another node holds it);
+	// NodeName names this node in manifests.
+	Archive  Archive
+	Claim    func(ctx context.Context, id string) error
+	NodeName string
 }
 
 // Validate checks the config.
@@ -124,7 +137,8 @@ type Manager struct {
 	reaperDone  chan struct{}
 	samplerDone chan struct{}
 
-	pools poolSet // warm pools (pool.go)
+	pools poolSet    // warm pools (pool.go)
+	cold  *coldQueue // cold starts of creates, in turns (coldqueue.go)
 
 	snapsMu sync.Mutex
 	// pendingSnaps are template snapshots whose template does not name
@@ -137,6 +151,10 @@ type Manager struct {
 	// (agents.go); agentHolds counts the holds per hash.
 	agentsMu   sync.Mutex
 	agentHolds map[string]int
+	// agentUpMu guards agentUp: the agent binaries (by hash) this daemon
+	// put in the archive store (remote.go).
+	agentUpMu sync.Mutex
+	agentUp   map[string]bool
 }
 
 // NewManager makes a manager; call Reconcile before serving.
@@ -159,7 +177,9 @@ func NewManager(cfg Config) (*Manager, error) {
 		reaperStop:  make(chan struct{}),
 		reaperDone:  make(chan struct{}),
 		samplerDone: make(chan struct{}),
+		cold:        newColdQueue(coldStartSlots()),
 	}
+	m.pools.budget = cmp.Or(cfg.PoolMemoryBudget, DefaultPoolMemoryBudget()) // adapt.go
 	// Layers of the default size wait ready: a create then takes one in
 	// about 0.1 ms instead of attaching and mounting one (1.5-4 ms).
 	layers.Keep(mib(DefaultDiskMB), readyLayers)
@@ -194,6 +214,9 @@ type record struct {
 	// Lifecycle state (lifecycle.go): when it was paused, whether archived.
 	PausedAt time.Time `json:"paused_at,omitempty"`
 	Archived bool      `json:"archived,omitempty"`
+	// Remote: objects of the sandbox may be in the archive store
+	// (remote.go), which its kill deletes.
+	Remote bool `json:"remote,omitempty"`
 	// NetSlot is the network slot its container runs in (network.go), so
 	// that a daemon restarting after a crash can adopt it with the sandbox.
 	NetSlot string `json:"net_slot,omitempty"`
@@ -240,6 +263,9 @@ func (m *Manager) Create(ctx context.Context, p tenant.Principal, opts Options) 
 	if err != nil {
 		return nil, err
 	}
+	if err := m.checkEngine(tpl); err != nil { // engine.go
+		return nil, err
+	}
 	if tpl.Snapshot != "" && opts.Image == "" {
 		// A built template with its start command captured running.
 		if sb, ok, err := m.fromTemplateSnapshot(ctx, p, opts, tpl); ok { // build.go
@@ -273,7 +299,19 @@ func (m *Manager) Create(ctx context.Context, p tenant.Principal, opts Options) 
 	sb.endAt = sb.StartedAt.Add(opts.Timeout)
 	sb.Dir = filepath.Join(sandboxesDir(m.cfg.DataDir), sb.ID)
 
-	if err := m.start(ctx, sb, tpl); err != nil {
+	release, err := m.cold.wait(ctx) // coldqueue.go: a burst boots in turns
+	if err != nil {
+		return nil, err
+	}
+	// A refill may have landed while this create waited for its turn.
+	if pooled, ok := m.takePooled(ctx, opts); ok {
+		release()
+		m.cfg.Metrics.Create(metrics.CreatePooled, pooled.TemplateID, time.Since(t0))
+		return pooled, nil
+	}
+	err = m.start(ctx, sb, tpl)
+	release()
+	if err != nil {
 		m.cleanup(context.WithoutCancel(ctx), sb)
 		return nil, err
 	}
@@ -444,6 +482,8 @@ func (m *Manager) spec(sb *Sandbox, agent string) runtime.Spec {
 		LogPath:     agentLog(sb),
 		Mounts:      m.volumeMounts(sb), // volumes.go
 		NetNSPath:   sb.netNSPath(),
+		// engine.go
+		ContainerEngine: m.engineOf(sb),
 	}
 }
 
@@ -512,9 +552,18 @@ func (m *Manager) persist(ctx context.Context, sb *Sandbox) error {
 	if sb.recordGone {
 		return nil // killed meanwhile: a late write must not bring it back
 	}
+	row, err := m.rowOf(sb)
+	if err != nil {
+		return err
+	}
+	return m.cfg.Store.PutSandbox(ctx, row)
+}
+
+// rowOf is the store's row of sb as it is now, its record included.
+func (m *Manager) rowOf(sb *Sandbox) (store.Sandbox, error) {
 	sb.mu.Lock()
 	rec := record{Options: sb.Options, EnvdAccessToken: sb.EnvdAccessToken,
-		Error: sb.err, PauseMode: sb.pauseMode, PausedAt: sb.lc.pausedAt, Archived: sb.lc.archived, Agent: sb.agent}
+		Error: sb.err, PauseMode: sb.pauseMode, PausedAt: sb.lc.pausedAt, Archived: sb.lc.archived, Remote: sb.lc.remote, Agent: sb.agent}
 	if t := sb.channelTokens; len(t) > 0 {
 		rec.ChannelToken = t[0]
 		if len(t) > 1 {
@@ -529,10 +578,10 @@ func (m *Manager) persist(ctx context.Context, sb *Sandbox) error {
 	sb.mu.Unlock()
 	b, err := json.Marshal(rec)
 	if err != nil {
-		return err
+		return row, err
 	}
 	row.Record = b
-	return m.cfg.Store.PutSandbox(ctx, row)
+	return row, nil
 }
 
 // persistNew stores the record of a sandbox that has just been made, and
@@ -742,7 +791,12 @@ func (m *Manager) List(p tenant.Principal) []*Sandbox {
 
 // Kill destroys a sandbox and forgets it.
 func (m *Manager) Kill(ctx context.Context, p tenant.Principal, id string) error {
-	return m.kill(ctx, p, id, metrics.DeathKilled)
+	err := m.kill(ctx, p, id, metrics.DeathKilled)
+	if errdefs.Is(err, errdefs.KindNotFound) && m.cfg.Archive != nil {
+		// Archived by a node that is gone: its objects go (remote.go).
+		return m.killArchived(ctx, p, id)
+	}
+	return err
 }
 
 // kill is Kill counting the end of a running or paused sandbox as cause (a
@@ -847,14 +901,21 @@ func (m *Manager) releaseHost(ctx context.Context, sb *Sandbox) {
 	conn, ln := sb.conn, sb.listener
 	sb.setConnLocked(nil)
 	sb.listener = nil
+	archived := sb.lc.archived
 	sb.mu.Unlock()
 	if conn != nil {
 		conn.Close()
 	}
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	if err := retryShortOfFDs(func() error { return m.cfg.Runtime.Destroy(dctx, sb.ID) }); err != nil { // fdretry.go
-		m.log.Error("destroy container", "id", sb.ID, "err", err)
+	// An archived sandbox has no container (Archive drops a frozen one),
+	// and what its ID names on this host may be another daemon's: the
+	// daemon it moved to (remote.go), whose container has the same ID and
+	// so the same cgroups, which Destroy removes with what is in them.
+	if !archived {
+		if err := retryShortOfFDs(func() error { return m.cfg.Runtime.Destroy(dctx, sb.ID) }); err != nil { // fdretry.go
+			m.log.Error("destroy container", "id", sb.ID, "err", err)
+		}
 	}
 	if ln != nil {
 		ln.Close()
@@ -875,7 +936,8 @@ func (m *Manager) releaseHost(ctx context.Context, sb *Sandbox) {
 		}
 		m.releaseTemplate(sb.Dir)
 	}
-	m.removeArchive(sb) // lifecycle.go
+	m.removeArchive(sb)     // lifecycle.go
+	m.deleteRemote(ctx, sb) // remote.go
 }
 
 // Shutdown stops every running sandbox (SIGTERM of the daemon) and removes

@@ -6,6 +6,7 @@ import (
 	"math"
 	"regexp"
 	goruntime "runtime"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -153,6 +154,10 @@ type Options struct {
 	// the template store to start on instead of TemplateID's (build.go);
 	// never taken from a request.
 	Image string `json:"image,omitempty"`
+	// Services, set only by template builds with Image, are the services
+	// of the template the build is on: its steps run what its sandboxes
+	// will (the docker template's engine). Never taken from a request.
+	Services []string `json:"services,omitempty"`
 
 	// APIKeyID and TeamID own the sandbox (tenant.Owner): set by Create
 	// from the caller, never from the request.
@@ -208,11 +213,16 @@ func (o *Options) Normalize(max Maxima) error {
 	if o.CPUs == 0 {
 		o.CPUs = DefaultCPUs
 	}
+	builtin := template.Builtins[o.TemplateID]
+	if slices.Contains(o.Services, template.ServiceDocker) { // a build on docker
+		builtin = template.Builtins[template.DockerName]
+	}
 	if o.MemoryMB == 0 {
-		// A builtin template may need more than the default (the desktop).
+		// A builtin template may need more than the default (the desktop,
+		// docker); a build on docker gets what docker does.
 		o.MemoryMB = DefaultMemoryMB
-		if m := template.BuiltinMemoryMB(o.TemplateID); m > o.MemoryMB {
-			o.MemoryMB = m
+		if builtin.MemoryMB > o.MemoryMB {
+			o.MemoryMB = builtin.MemoryMB
 		}
 		if o.MemoryMB > max.MemoryMB && o.MemoryMB != DefaultMemoryMB {
 			return errdefs.InvalidArgument("the %s template's default memory of %d MiB is above this daemon's maximum of %d MiB (raise cella serve --max-memory, or ask for less memory)", o.TemplateID, o.MemoryMB, max.MemoryMB)
@@ -220,6 +230,12 @@ func (o *Options) Normalize(max Maxima) error {
 	}
 	if o.DiskMB == 0 {
 		o.DiskMB = DefaultDiskMB
+		if builtin.DiskMB > o.DiskMB {
+			o.DiskMB = builtin.DiskMB
+		}
+		if o.DiskMB > max.DiskMB && o.DiskMB != DefaultDiskMB {
+			return errdefs.InvalidArgument("the %s template's default disk of %d MiB is above this daemon's maximum of %d MiB (raise cella serve --max-disk, or ask for less disk)", o.TemplateID, o.DiskMB, max.DiskMB)
+		}
 	}
 	if o.Pids == 0 {
 		o.Pids = DefaultPids

@@ -72,6 +72,36 @@ func TestResolveMaxima(t *testing.T) {
 	}
 }
 
+// TestNormalizeTemplateDefaults: a create of the docker template (or a
+// build step on it) that names no memory or disk gets the template's; what
+// a create names wins; a default above the daemon's maximum is refused
+// naming the template and the flag; other templates get the daemon's.
+func TestNormalizeTemplateDefaults(t *testing.T) {
+	for _, c := range []struct {
+		o            Options
+		memory, disk int64
+	}{
+		{Options{TemplateID: "docker"}, template.DockerMemoryMB, template.DockerDiskMB},
+		{Options{TemplateID: "built-on-docker", Image: "r-x", Services: []string{template.ServiceDocker}}, template.DockerMemoryMB, template.DockerDiskMB},
+		{Options{TemplateID: "docker", MemoryMB: 700, DiskMB: 900}, 700, 900},
+		{Options{}, DefaultMemoryMB, DefaultDiskMB},
+		{Options{TemplateID: "code-interpreter-v1"}, DefaultMemoryMB, DefaultDiskMB},
+	} {
+		o := c.o
+		if err := o.Normalize(testMaxima); err != nil {
+			t.Fatalf("%+v: %v", c.o, err)
+		}
+		if o.MemoryMB != c.memory || o.DiskMB != c.disk {
+			t.Errorf("%+v: memory %d disk %d, want %d %d", c.o, o.MemoryMB, o.DiskMB, c.memory, c.disk)
+		}
+	}
+	small := Maxima{CPUs: 4, MemoryMB: 8192, DiskMB: 3000, Pids: 4096}
+	o := Options{TemplateID: "docker"}
+	if err := o.Normalize(small); err == nil || !errdefs.Is(err, errdefs.KindInvalidArgument) || !strings.Contains(err.Error(), "the docker template's default disk of 4096 MiB is above this daemon's maximum of 3000 MiB (raise cella serve --max-disk") {
+		t.Errorf("docker default disk above the maximum: %v", err)
+	}
+}
+
 // A builtin template with a memory default of its own (the desktop) gets
 // it when the create asks for none; an explicit limit wins; a default above
 // the daemon's maximum is refused naming the template and the flag.

@@ -109,6 +109,14 @@ func (m *Manager) Pause(ctx context.Context, p tenant.Principal, id string, keep
 	m.log.Info("sandbox paused", "id", id, "mode", mode, "took", time.Since(start).Round(time.Millisecond))
 	m.lifecycleEvent(id, "paused (%s)", mode)
 	m.emit(sb, EventPaused, mode)
+	if m.cfg.Archive != nil && mode != PauseFrozen {
+		// With an archive store the paused state lives there, so that any
+		// node can resume it (remote.go). A failed upload leaves the
+		// sandbox paused here, whole.
+		if err := m.archiveLocked(context.WithoutCancel(ctx), sb); err != nil { // lifecycle.go
+			m.log.Error("paused sandbox not archived: it resumes on this node only", "id", id, "err", err)
+		}
+	}
 	return nil
 }
 
@@ -138,6 +146,10 @@ func (m *Manager) pauseFailed(sb *Sandbox, mode string, cause error) {
 // what it was paused with is still there.
 func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, keepMemory bool) (resumed bool, err error) {
 	sb, err := m.Lookup(p, id)
+	if errdefs.Is(err, errdefs.KindNotFound) && m.cfg.Archive != nil {
+		// Archived by another node, or by this one before it forgot it.
+		sb, err = m.importArchived(ctx, p, id) // remote.go
+	}
 	if err != nil {
 		return false, err
 	}
@@ -269,6 +281,9 @@ func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, kee
 			m.log.Warn("remove checkpoint image", "id", id, "err", err)
 		}
 	}
+	// Running again: an archived copy would be a past state another node
+	// could resume (remote.go).
+	m.deleteRemote(ctx, sb)
 	if err := m.persist(context.WithoutCancel(ctx), sb); err != nil {
 		return true, err
 	}

@@ -32,6 +32,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/agentclient"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/template"
@@ -59,8 +60,9 @@ const (
 // PoolStatus is one template's warm pool.
 type PoolStatus struct {
 	Template string
-	// Size is the target; Ready the sandboxes waiting; Filling the ones
-	// being made (0 or 1: one refill at a time across all pools).
+	// Size is the set size; Ready the sandboxes waiting (more than Size
+	// while recent demand grew the pool: adapt.go); Filling the ones being
+	// made (up to fillWorkers at a time across all pools).
 	Size    int
 	Ready   int
 	Filling int
@@ -80,9 +82,16 @@ type poolSet struct {
 	mu     sync.Mutex
 	byTpl  map[string]*pool
 	closed bool
+	// budget is the memory pools may hold beyond their set sizes
+	// (adapt.go; Config.PoolMemoryBudget).
+	budget int64
+	// destroying counts pooled sandboxes taken out of their pools (a trim,
+	// a fill no pool wants) whose destruction has not ended: SetPool
+	// answers only once they are gone.
+	destroying inflight
 
-	// The filler: one goroutine, started by StartPools or the first
-	// SetPool, ended by stopPools.
+	// The filler: workers started by StartPools or the first SetPool,
+	// ended by stopPools.
 	kickC  chan struct{}
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -100,19 +109,53 @@ type pool struct {
 	base      Options // the options pooled sandboxes are made with
 	ready     []*pooled
 	filling   int
-	fillDone  chan struct{} // closed when the fill in progress ends
+	fills     inflight // the fills in progress
 	handedOut int64
 	misses    int64
 	lastErr   string
 	failures  int
 	retryAt   time.Time
+	demand    demandMeter // the creates it could serve, recently (adapt.go)
+	memEach   int64       // what its last pooled sandbox was charged, 0 = not measured
 }
 
 // pooled is a ready sandbox and the template it was made from.
 type pooled struct {
-	sb   *Sandbox
-	tpl  *template.Template
-	made time.Time
+	sb     *Sandbox
+	tpl    *template.Template
+	made   time.Time
+	memory int64 // its memory charge once booted and warmed (0: unknown)
+}
+
+// inflight counts work in progress (guarded by its owner's mutex) and
+// says when none is left.
+type inflight struct {
+	n    int
+	idle chan struct{} // closed when n drops to 0; nil while n is 0
+}
+
+func (f *inflight) begin() {
+	if f.n == 0 {
+		f.idle = make(chan struct{})
+	}
+	f.n++
+}
+
+func (f *inflight) end() {
+	f.n--
+	if f.n == 0 {
+		close(f.idle)
+		f.idle = nil
+	}
+}
+
+// doneDestroying ends what destroying.begin started.
+func (ps *poolSet) doneDestroying(n int) {
+	ps.mu.Lock()
+	for range n {
+		ps.destroying.end()
+	}
+	ps.mu.Unlock()
 }
 
 // creating marks a create in progress; call the result when it ends.
@@ -266,7 +309,7 @@ func (m *Manager) SetPool(ctx context.Context, name string, size int) (PoolStatu
 	case size == 0 && p != nil:
 		delete(ps.byTpl, name)
 		extra, p.ready = p.ready, nil
-		waitFill = p.fillDone
+		waitFill = p.fills.idle
 		p.size = 0
 	case size > 0 && p == nil:
 		p = &pool{template: name, size: size, base: base}
@@ -278,7 +321,7 @@ func (m *Manager) SetPool(ctx context.Context, name string, size int) (PoolStatu
 			p.ready = p.ready[:size]
 		}
 		if len(p.ready)+p.filling > size {
-			waitFill = p.fillDone
+			waitFill = p.fills.idle
 		}
 		p.failures, p.retryAt = 0, time.Time{} // a new setting retries now
 	}
@@ -289,9 +332,21 @@ func (m *Manager) SetPool(ctx context.Context, name string, size int) (PoolStatu
 	ps.kick()
 	m.destroyPooled(ctx, extra)
 	if waitFill != nil {
-		// The fill in progress will not fit: it is discarded when it ends.
+		// The fills in progress will not fit: they are discarded when
+		// they end.
 		select {
 		case <-waitFill:
+		case <-ctx.Done():
+		}
+	}
+	// Whatever a trim or a discarded fill took out of a pool is gone too
+	// before the answer.
+	ps.mu.Lock()
+	destroying := ps.destroying.idle
+	ps.mu.Unlock()
+	if destroying != nil {
+		select {
+		case <-destroying:
 		case <-ctx.Done():
 		}
 	}
@@ -344,6 +399,17 @@ func (p *pool) cannotServe(o Options) string {
 // means the create goes cold (no pool, options it cannot serve, empty, or a
 // failed hand-out).
 func (m *Manager) fromPool(ctx context.Context, opts Options) (*Sandbox, bool) {
+	return m.handOutFrom(ctx, opts, true)
+}
+
+// takePooled is fromPool for a create that already went cold and waited
+// for its turn (coldqueue.go): a refill that landed meanwhile serves it,
+// and an empty pool is no new miss.
+func (m *Manager) takePooled(ctx context.Context, opts Options) (*Sandbox, bool) {
+	return m.handOutFrom(ctx, opts, false)
+}
+
+func (m *Manager) handOutFrom(ctx context.Context, opts Options, first bool) (*Sandbox, bool) {
 	ps := &m.pools
 	ps.mu.Lock()
 	p := ps.byTpl[opts.TemplateID]
@@ -352,15 +418,22 @@ func (m *Manager) fromPool(ctx context.Context, opts Options) (*Sandbox, bool) {
 		return nil, false
 	}
 	if why := p.cannotServe(opts); why != "" {
-		p.misses++
+		if first {
+			p.misses++
+			m.log.Info("warm pool cannot serve this create (its "+why+" differs): cold start", "template", opts.TemplateID)
+		}
 		ps.mu.Unlock()
-		m.log.Info("warm pool cannot serve this create (its "+why+" differs): cold start", "template", opts.TemplateID)
 		return nil, false
 	}
+	if first {
+		p.demand.add(time.Now()) // what the pool grows toward (adapt.go)
+	}
 	if len(p.ready) == 0 {
-		p.misses++
+		if first {
+			p.misses++
+			m.log.Info("warm pool empty: cold start", "template", opts.TemplateID)
+		}
 		ps.mu.Unlock()
-		m.log.Info("warm pool empty: cold start", "template", opts.TemplateID)
 		return nil, false
 	}
 	pd := p.ready[0] // the oldest first
@@ -452,6 +525,9 @@ func (m *Manager) makePooled(ctx context.Context, base Options) (*pooled, error)
 	if err != nil {
 		return nil, err
 	}
+	if err := m.checkEngine(tpl); err != nil { // engine.go
+		return nil, err
+	}
 	sb := &Sandbox{
 		ID:              store.NewID(),
 		TemplateID:      base.TemplateID,
@@ -468,19 +544,58 @@ func (m *Manager) makePooled(ctx context.Context, base Options) (*pooled, error)
 		m.cleanup(context.WithoutCancel(ctx), sb)
 		return nil, err
 	}
-	return &pooled{sb: sb, tpl: tpl, made: time.Now()}, nil
+	m.warmPooled(ctx, sb)
+	pd := &pooled{sb: sb, tpl: tpl, made: time.Now()}
+	if st, err := m.cfg.Runtime.Stats(ctx, sb.ID); err == nil {
+		pd.memory = st.Memory
+	}
+	return pd, nil
 }
 
-// fillPools is the filler: one sandbox at a time, for the pool furthest
-// from full, never while a create is in progress (up to poolDeferMax).
+// warmPooled runs an exec's command shape once in a pooled sandbox, so that
+// the first exec after its hand-out costs what later ones do: bash, its
+// libraries and the login scripts paged in (under gVisor each through the
+// sentry), the agent's exec path run once and the channel's stream to the
+// agent open. A sandbox whose warm-up fails is still handed out: its first
+// exec is merely cold.
+func (m *Manager) warmPooled(ctx context.Context, sb *Sandbox) {
+	conn := sb.currentConn()
+	if conn == nil {
+		return
+	}
+	if _, err := agentclient.New(sb.ID, agentclient.On(conn), sb.EnvdAccessToken).Spawn(ctx, "", 1); err != nil {
+		m.log.Warn("warm pool: warming a pooled sandbox's exec path failed; its first exec will be slower", "id", sb.ID, "err", err)
+	}
+}
+
+// fillPools is the filler: fillWorkers workers, each making one sandbox
+// at a time for the pool furthest below its target, never while a create
+// is in progress (up to poolDeferMax).
 func (m *Manager) fillPools(ctx context.Context, done chan struct{}) {
 	defer close(done)
+	var wg sync.WaitGroup
+	for i := range fillWorkers() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m.fillWorker(ctx, i == 0)
+		}()
+	}
+	wg.Wait()
+}
+
+// fillWorker is one of the filler's workers; the first also prunes and
+// trims.
+func (m *Manager) fillWorker(ctx context.Context, first bool) {
 	ps := &m.pools
 	ps.mu.Lock()
 	kick := ps.kickC
 	ps.mu.Unlock()
 	for ctx.Err() == nil {
-		m.prunePools(ctx)
+		if first {
+			m.prunePools(ctx)
+			m.trimPools(ctx)
+		}
 		m.waitCreates(ctx)
 		p, wait := ps.next(time.Now())
 		if p == nil {
@@ -492,10 +607,13 @@ func (m *Manager) fillPools(ctx context.Context, done chan struct{}) {
 			}
 			continue
 		}
+		// Another worker may have a pool to fill too: pass the word on.
+		ps.kick()
 		start := time.Now()
 		pd, err := m.makePooled(ctx, p.base)
 		if discard := ps.put(p, pd, err, ctx.Err() != nil); discard != nil {
 			m.cleanup(context.Background(), discard.sb)
+			ps.doneDestroying(1)
 			continue
 		}
 		if err != nil {
@@ -505,6 +623,32 @@ func (m *Manager) fillPools(ctx context.Context, done chan struct{}) {
 			continue
 		}
 		m.log.Info("warm pool refilled", "template", p.template, "id", pd.sb.ID, "took", time.Since(start).Round(time.Millisecond))
+	}
+}
+
+// trimPools destroys the ready sandboxes above each pool's target, the
+// newest first: what recent demand grew a pool by, once it has fallen.
+func (m *Manager) trimPools(ctx context.Context) {
+	ps := &m.pools
+	now := time.Now()
+	var extra []*pooled
+	ps.mu.Lock()
+	for _, p := range ps.byTpl {
+		if t := p.target(now, ps.spareLocked()); len(p.ready) > t && len(p.ready) > p.size {
+			keep := max(t, p.size)
+			extra = append(extra, p.ready[keep:]...)
+			clear(p.ready[keep:])
+			p.ready = p.ready[:keep]
+		}
+	}
+	for range extra {
+		ps.destroying.begin()
+	}
+	ps.mu.Unlock()
+	if len(extra) > 0 {
+		m.log.Info("warm pools shrunk: demand fell", "destroyed", len(extra))
+		m.destroyPooled(context.WithoutCancel(ctx), extra)
+		ps.doneDestroying(len(extra))
 	}
 }
 
@@ -532,21 +676,24 @@ func (ps *poolSet) next(now time.Time) (*pool, time.Duration) {
 	defer ps.mu.Unlock()
 	wait := poolPrune
 	var best *pool
+	bestGap := 0
+	spare := ps.spareLocked()
 	for _, p := range ps.byTpl {
-		if ps.closed || len(p.ready)+p.filling >= p.size {
+		gap := p.target(now, spare) - len(p.ready) - p.filling
+		if ps.closed || gap <= 0 {
 			continue
 		}
 		if now.Before(p.retryAt) {
 			wait = min(wait, p.retryAt.Sub(now))
 			continue
 		}
-		if best == nil || len(p.ready) < len(best.ready) || (len(p.ready) == len(best.ready) && p.template < best.template) {
-			best = p
+		if best == nil || gap > bestGap || (gap == bestGap && p.template < best.template) {
+			best, bestGap = p, gap
 		}
 	}
 	if best != nil {
 		best.filling++
-		best.fillDone = make(chan struct{})
+		best.fills.begin()
 	}
 	return best, wait
 }
@@ -557,8 +704,7 @@ func (ps *poolSet) put(p *pool, pd *pooled, err error, stopping bool) (discard *
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	p.filling--
-	close(p.fillDone)
-	p.fillDone = nil
+	p.fills.end()
 	if err != nil {
 		if !stopping {
 			p.failures++
@@ -567,8 +713,12 @@ func (ps *poolSet) put(p *pool, pd *pooled, err error, stopping bool) (discard *
 		}
 		return nil
 	}
-	if ps.closed || ps.byTpl[p.template] != p || len(p.ready) >= p.size {
+	if ps.closed || ps.byTpl[p.template] != p || len(p.ready) >= p.target(time.Now(), ps.spareLocked()) {
+		ps.destroying.begin() // the caller destroys it, then doneDestroying
 		return pd
+	}
+	if pd.memory > 0 {
+		p.memEach = pd.memory
 	}
 	p.ready = append(p.ready, pd)
 	p.failures, p.lastErr, p.retryAt = 0, "", time.Time{}

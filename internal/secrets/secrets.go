@@ -152,10 +152,23 @@ type entry struct {
 	value string
 }
 
+// Records is where a Manager keeps its secrets, sealed: a node's store
+// (store.Store), or a cluster's Kubernetes Secret (cluster.SecretRecords).
+type Records interface {
+	ListSecrets(ctx context.Context) ([]store.Secret, error)
+	// CreateSecret reports a taken name as store.ErrSecretExists.
+	CreateSecret(ctx context.Context, sec store.Secret) error
+	// UpdateSecret reports an unknown ID as store.ErrNotFound.
+	UpdateSecret(ctx context.Context, sec store.Secret) error
+	DeleteSecret(ctx context.Context, id string) error
+}
+
+var _ Records = (*store.Store)(nil)
+
 // Manager stores secrets encrypted in the store and serves their
 // plaintexts from memory.
 type Manager struct {
-	store *store.Store
+	store Records
 	box   *Box
 
 	// mu is held across a write's database call too, so the cache and the
@@ -172,22 +185,37 @@ type Manager struct {
 // NewManager decrypts every stored secret. A secret that does not open is an error: it means master.key is
 // not the key the secrets were stored under, and serving without them would
 // break every rule that injects one.
-func NewManager(ctx context.Context, st *store.Store, box *Box) (*Manager, error) {
-	recs, err := st.ListSecrets(ctx)
-	if err != nil {
+func NewManager(ctx context.Context, st Records, box *Box) (*Manager, error) {
+	m := &Manager{store: st, box: box}
+	if err := m.Reload(ctx); err != nil {
 		return nil, err
 	}
-	m := &Manager{store: st, box: box, entries: make(map[string]entry, len(recs)), byID: make(map[string]string, len(recs))}
-	for _, rec := range recs {
-		pt, err := box.Open(rec.Name, rec.Ciphertext)
-		if err != nil {
-			return nil, fmt.Errorf("decrypt secret %q: %w", rec.Name, err)
-		}
-		m.entries[rec.Name] = entry{info: infoOf(rec), value: string(pt)}
-		m.byID[rec.ID] = rec.Name
-	}
-	m.rebuildLocked()
 	return m, nil
+}
+
+// Reload reads every secret again: a cluster node's view of what other
+// nodes changed in the records they share. On a failure (a secret that
+// does not open, the records unreadable) the secrets served stay as they
+// were.
+func (m *Manager) Reload(ctx context.Context) error {
+	recs, err := m.store.ListSecrets(ctx)
+	if err != nil {
+		return err
+	}
+	entries, byID := make(map[string]entry, len(recs)), make(map[string]string, len(recs))
+	for _, rec := range recs {
+		pt, err := m.box.Open(rec.Name, rec.Ciphertext)
+		if err != nil {
+			return fmt.Errorf("decrypt secret %q: %w", rec.Name, err)
+		}
+		entries[rec.Name] = entry{info: infoOf(rec), value: string(pt)}
+		byID[rec.ID] = rec.Name
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.entries, m.byID = entries, byID
+	m.rebuildLocked()
+	return nil
 }
 
 func infoOf(rec store.Secret) Info {

@@ -2,6 +2,7 @@ package template
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io/fs"
 	"os"
@@ -94,6 +95,30 @@ func TestGrantSudo(t *testing.T) {
 	b, _ := os.ReadFile(filepath.Join(root, sudoersFile))
 	if string(b) != "user ALL=(ALL:ALL) NOPASSWD: ALL\n" {
 		t.Fatalf("sudoers = %q", b)
+	}
+}
+
+func TestDockerRecipe(t *testing.T) {
+	for _, p := range BaseRecipe.Packages {
+		if !slices.Contains(DockerRecipe.Packages, p) {
+			t.Errorf("docker recipe lacks base package %s", p)
+		}
+	}
+	if err := DockerRecipe.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	noSetup := DockerRecipe
+	noSetup.Setup = ""
+	if noSetup.Key() == DockerRecipe.Key() {
+		t.Fatal("the setup script is not part of the docker recipe's key")
+	}
+	if !IsBuiltin(DockerName) || !slices.Equal(Builtins[DockerName].Services, []string{ServiceDocker}) {
+		t.Fatalf("docker builtin: %+v", Builtins[DockerName])
+	}
+	// The script never comes from JSON (a request cannot run one on the host).
+	var r Recipe
+	if err := json.Unmarshal([]byte(`{"suite":"bookworm","Setup":"touch /pwned","setup":"touch /pwned"}`), &r); err != nil || r.Setup != "" {
+		t.Fatalf("a recipe's setup was read from JSON: %q %v", r.Setup, err)
 	}
 }
 

@@ -166,9 +166,11 @@ func (s *Store) Derive(holder string, parent *Template, layers []string, d Defau
 }
 
 // Name points name at image key, with the memory snapshot sandboxes of it
-// start from ("" for none); the image the name pointed at before is
+// start from ("" for none) and the services of the template it was built
+// on (nil: the services the name had, if any: a builtin name rebuilt by
+// hand keeps its own); the image the name pointed at before is
 // garbage-collected if nothing uses it now. It returns the named template.
-func (s *Store) Name(name, key, snapshot string) (*Template, error) {
+func (s *Store) Name(name, key, snapshot string, services []string) (*Template, error) {
 	if !nameRE.MatchString(name) {
 		return nil, fmt.Errorf("invalid template name %q", name)
 	}
@@ -182,7 +184,10 @@ func (s *Store) Name(name, key, snapshot string) (*Template, error) {
 	}
 	p := filepath.Join(s.namesDir(), name+".json")
 	prev, _ := readNameRecord(p)
-	b, _ := json.Marshal(nameRecord{Image: key, Services: prev.Services, Snapshot: snapshot})
+	if len(services) == 0 {
+		services = prev.Services
+	}
+	b, _ := json.Marshal(nameRecord{Image: key, Services: services, Snapshot: snapshot})
 	err = writeFileAtomic(p, b, 0o644)
 	unlock()
 	if err != nil {

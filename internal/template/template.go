@@ -124,9 +124,10 @@ type Builtin struct {
 	Recipe Recipe
 	// Services are started by the agent in every sandbox of the template.
 	Services []string
-	// MemoryMB is the memory limit a sandbox of the template gets when its
-	// create asks for none (0: the daemon's default).
-	MemoryMB int64
+	// MemoryMB and DiskMB, when set, are what a sandbox of the template
+	// gets when its create names none, instead of the daemon's defaults
+	// (the desktop and a Docker engine need more than 512 MiB).
+	MemoryMB, DiskMB int64
 }
 
 // Builtins are the templates a daemon builds when a sandbox first asks for
@@ -136,6 +137,7 @@ var Builtins = map[string]Builtin{
 	BaseName:            {Recipe: BaseRecipe},
 	CodeInterpreterName: {Recipe: CodeInterpreterRecipe, Services: []string{ServiceCodeInterpreter}},
 	DesktopName:         {Recipe: DesktopRecipe, MemoryMB: DesktopMemoryMB},
+	DockerName:          {Recipe: DockerRecipe, Services: []string{ServiceDocker}, MemoryMB: DockerMemoryMB, DiskMB: DockerDiskMB},
 }
 
 // BuiltinMemoryMB is the default memory limit of sandboxes of the builtin
@@ -159,6 +161,11 @@ type Recipe struct {
 	// Files are made in the image once the packages are installed (the
 	// layout an SDK expects beyond what the packages give).
 	Files []RecipeFile `json:"files,omitempty"`
+	// Setup is a shell script run in the image's chroot after the packages
+	// are installed, the files made and the user made (what a builtin needs
+	// beyond files: DockerRecipe's). Builtin recipes only: never read from
+	// JSON, so no request can run a script on the host. Part of the key.
+	Setup string `json:"-"`
 }
 
 // RecipeFile is one file a recipe adds to its image: a symlink to Link, a
@@ -217,6 +224,9 @@ func (r Recipe) Key() string {
 	if len(r.Files) > 0 { // recipes without files keep the keys they had
 		b, _ := json.Marshal(r.Files)
 		fmt.Fprintf(h, "\x00files\x00%s", b)
+	}
+	if r.Setup != "" { // recipes without one keep the keys they had
+		fmt.Fprintf(h, "\x00setup\x00%s", r.Setup)
 	}
 	return "r-" + hex.EncodeToString(h.Sum(nil))[:20]
 }
@@ -742,6 +752,12 @@ func (s *Store) buildImage(ctx context.Context, name, key string, r Recipe, prog
 	}
 	if err := grantSudo(root); err != nil {
 		return "", err
+	}
+	if r.Setup != "" {
+		step("setup script")
+		if err := runInChroot(ctx, root, progress, "/bin/sh", "-ec", r.Setup); err != nil {
+			return "", fmt.Errorf("setup script: %w", err)
+		}
 	}
 	step("clean apt caches")
 	if err := runInChroot(ctx, root, progress, "apt-get", "clean"); err != nil {

@@ -53,6 +53,12 @@ func startCounter(t *testing.T, sb *client.SandboxConn) uint32 {
 	return 0
 }
 
+// StartCounter and WaitCountAbove are startCounter and waitCountAbove for
+// the tests of other packages (a sandbox resumed through a gateway, on
+// another node).
+func StartCounter(t *testing.T, sb *client.SandboxConn) uint32       { return startCounter(t, sb) }
+func WaitCountAbove(t *testing.T, sb *client.SandboxConn, n int) int { return waitCountAbove(t, sb, n) }
+
 func readCount(t *testing.T, sb *client.SandboxConn) int {
 	t.Helper()
 	out := mustOK(t, sb, "cat /home/user/count")

@@ -132,6 +132,8 @@ type Options struct {
 	AccessLog string
 	// Builder replaces the daemon's build engine (nil: the daemon's own).
 	Builder build.Builder
+	// Archive keeps paused sandboxes in an object store (--archive).
+	Archive daemon.ArchiveConfig
 	// Agent is the agent binary new sandboxes boot with (nil: the one
 	// built into internal/agentbin, as cella's).
 	Agent []byte
@@ -159,7 +161,7 @@ func Start(t testing.TB, runtimeName string, o Options) *Env {
 		t.Cleanup(func() {
 			// Runs after the daemon stopped (cleanups run last-in first-out):
 			// whatever is still mounted under its data dir leaked.
-			if left := mountsUnder(dataDir); len(left) > 0 {
+			if left := MountsUnder(dataDir); len(left) > 0 {
 				t.Errorf("the daemon left mounts behind: %v", left)
 			}
 			os.RemoveAll(dataDir)
@@ -173,7 +175,7 @@ func Start(t testing.TB, runtimeName string, o Options) *Env {
 	d, err := daemon.New(context.Background(), daemon.Config{
 		DataDir: dataDir, CacheDir: CacheDir(), Runtime: runtimeName, Domain: "cella.test",
 		RunscPath: runsc, Agent: agent, Log: log, Network: o.Network, MetricsInterval: o.MetricsInterval, Maxima: o.Maxima,
-		Build: o.Build, Builder: o.Builder, AccessLog: o.AccessLog,
+		Build: o.Build, Builder: o.Builder, AccessLog: o.AccessLog, Archive: o.Archive,
 	})
 	if err != nil {
 		t.Fatalf("start daemon: %v", err)
@@ -217,8 +219,8 @@ func (l *testLog) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// mountsUnder lists the mount points at or below dir.
-func mountsUnder(dir string) []string {
+// MountsUnder lists the mount points at or below dir.
+func MountsUnder(dir string) []string {
 	out, _ := rootfs.FindMounts(dir)
 	return out
 }

@@ -45,12 +45,22 @@ func Extract(tr *tar.Reader, dests map[string]string) error {
 		if rel != "" && (!filepath.IsLocal(rel) || strings.Contains(rel, "\\")) {
 			return fmt.Errorf("archive entry %q: not a local path", hdr.Name)
 		}
+		if err := beneath(root, rel); err != nil {
+			return fmt.Errorf("archive entry %q: %w", hdr.Name, err)
+		}
 		p := filepath.Join(root, rel)
 		mode := uint32(hdr.Mode & 0o7777)
 		switch hdr.Typeflag {
 		case tar.TypeDir:
-			if err := os.Mkdir(p, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-				return err
+			if err := os.Mkdir(p, 0o700); err != nil {
+				if !errors.Is(err, os.ErrExist) {
+					return err
+				}
+				// Only a directory met again (a prefix's root): chmod and
+				// chown below follow what is there.
+				if st, err := os.Lstat(p); err != nil || !st.IsDir() {
+					return fmt.Errorf("archive entry %q: exists and is not a directory", hdr.Name)
+				}
 			}
 			dirs = append(dirs, dirTime{p, hdr.ModTime})
 		case tar.TypeReg:
@@ -67,7 +77,7 @@ func Extract(tr *tar.Reader, dests map[string]string) error {
 			}
 		case tar.TypeLink:
 			lp, lrel, _ := strings.Cut(hdr.Linkname, "/")
-			if lp != prefix || !filepath.IsLocal(lrel) {
+			if lp != prefix || !filepath.IsLocal(lrel) || beneath(root, lrel) != nil {
 				return fmt.Errorf("archive entry %q: bad hard link %q", hdr.Name, hdr.Linkname)
 			}
 			if err := os.Link(filepath.Join(root, lrel), p); err != nil {
@@ -116,6 +126,29 @@ func Extract(tr *tar.Reader, dests map[string]string) error {
 	for i := len(dirs) - 1; i >= 0; i-- {
 		ts := []unix.Timespec{unix.NsecToTimespec(dirs[i].t.UnixNano()), unix.NsecToTimespec(dirs[i].t.UnixNano())}
 		_ = unix.UtimesNanoAt(unix.AT_FDCWD, dirs[i].path, ts, unix.AT_SYMLINK_NOFOLLOW)
+	}
+	return nil
+}
+
+// beneath checks that rel's parent directories under root are directories,
+// not symlinks: an entry written through a symlink an earlier entry made
+// (a/ -> /etc, then a/passwd) would land outside root. Extract is the only
+// writer of the tree while it runs, so what Lstat sees stays true.
+func beneath(root, rel string) error {
+	dir := filepath.Dir(rel)
+	if dir == "." {
+		return nil
+	}
+	p := root
+	for _, el := range strings.Split(dir, string(filepath.Separator)) {
+		p = filepath.Join(p, el)
+		st, err := os.Lstat(p)
+		if err != nil {
+			return fmt.Errorf("parent %s: %w", el, err)
+		}
+		if !st.IsDir() {
+			return fmt.Errorf("goes through %s, which is not a directory (a symlink?)", el)
+		}
 	}
 	return nil
 }

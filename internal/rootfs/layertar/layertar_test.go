@@ -171,3 +171,65 @@ func TestOCIForm(t *testing.T) {
 		}
 	}
 }
+
+// TestExtractRefusesEscapes: a crafted archive (an archived sandbox's
+// state from an object store) never writes, chmods or links outside its
+// destination: not through "..", not through a symlink an earlier entry
+// made, not by a directory entry met again over such a symlink.
+func TestExtractRefusesEscapes(t *testing.T) {
+	outside := t.TempDir()
+	victim := filepath.Join(outside, "victim")
+	if err := os.WriteFile(victim, []byte("host"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	type entry struct {
+		hdr  tar.Header
+		body string
+	}
+	cases := map[string][]entry{
+		"dot-dot": {{hdr: tar.Header{Name: "upper/../victim", Typeflag: tar.TypeReg, Mode: 0o644, Size: 3}, body: "own"}},
+		"file through a symlink": {
+			{hdr: tar.Header{Name: "upper/a", Typeflag: tar.TypeSymlink, Linkname: outside}},
+			{hdr: tar.Header{Name: "upper/a/victim2", Typeflag: tar.TypeReg, Mode: 0o644, Size: 3}, body: "own"},
+		},
+		"directory over a symlink": {
+			{hdr: tar.Header{Name: "upper/a", Typeflag: tar.TypeSymlink, Linkname: victim}},
+			{hdr: tar.Header{Name: "upper/a/", Typeflag: tar.TypeDir, Mode: 0o777}},
+		},
+		"hard link through a symlink": {
+			{hdr: tar.Header{Name: "upper/a", Typeflag: tar.TypeSymlink, Linkname: outside}},
+			{hdr: tar.Header{Name: "upper/l", Typeflag: tar.TypeLink, Linkname: "upper/a/victim"}},
+		},
+		"unknown prefix": {{hdr: tar.Header{Name: "etc/passwd", Typeflag: tar.TypeReg, Mode: 0o644, Size: 3}, body: "own"}},
+	}
+	for name, entries := range cases {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for _, e := range entries {
+			h := e.hdr
+			if err := tw.WriteHeader(&h); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tw.Write([]byte(e.body)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := tw.Close(); err != nil {
+			t.Fatal(err)
+		}
+		dest := t.TempDir()
+		if err := Extract(tar.NewReader(&buf), map[string]string{"upper": dest}); err == nil {
+			t.Errorf("%s: extracted", name)
+		}
+		st, err := os.Stat(victim)
+		if err != nil || st.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: the host file changed: %v %v", name, st, err)
+		}
+		if b, _ := os.ReadFile(victim); string(b) != "host" {
+			t.Fatalf("%s: the host file was written", name)
+		}
+		if ents, _ := os.ReadDir(outside); len(ents) != 1 {
+			t.Fatalf("%s: files appeared outside: %v", name, ents)
+		}
+	}
+}

@@ -206,6 +206,11 @@ func (r *Runtime) prepare(spec *runtime.Spec) (*bundle, error) {
 	if err := oci.ValidateSpec(spec); err != nil {
 		return nil, err
 	}
+	if spec.ContainerEngine {
+		// An engine needs mounts, namespaces and bridges, which here would
+		// be the host kernel's: never granted to a sandbox.
+		return nil, fmt.Errorf("a container engine inside the sandbox needs the gvisor runtime: %w", runtime.ErrNotSupported)
+	}
 	b := &bundle{dir: spec.BundleDir}
 	opts := oci.Options{CgroupNS: true, HostKernel: true, OCIVersion: "1.0.2"}
 	s := *spec

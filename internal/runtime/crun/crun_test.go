@@ -2,6 +2,8 @@ package crun
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -88,4 +90,19 @@ func TestStartLatency(t *testing.T) {
 	}
 	rt := newRuntime(t, false)
 	ocitest.Latency(t, rt, "crlat", n)
+}
+
+// TestRefusesContainerEngine: a sandbox that would run a container engine
+// is refused before anything starts (its mounts and namespaces would be
+// the host kernel's), and nothing is left behind.
+func TestRefusesContainerEngine(t *testing.T) {
+	rt := newRuntime(t, false)
+	// An ID no other process on the machine has in its command line.
+	f := ocitest.New(t, fmt.Sprintf("crun-engine-refused-%d", os.Getpid()), false, "sleep 60")
+	f.Spec.ContainerEngine = true
+	err := rt.Start(context.Background(), f.Spec)
+	if !errors.Is(err, runtime.ErrNotSupported) || !strings.Contains(err.Error(), "needs the gvisor runtime") {
+		t.Fatalf("Start with ContainerEngine: %v; want ErrNotSupported naming the gvisor runtime", err)
+	}
+	ocitest.AssertGone(t, rt, f.Spec.ID)
 }

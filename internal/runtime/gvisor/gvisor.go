@@ -191,10 +191,23 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) error {
 // without ending the whole sandbox.
 var guestCgroup = specs.Mount{Destination: "/sys/fs/cgroup", Type: "cgroup2", Source: "cgroup2", Options: []string{"nosuid", "noexec", "nodev"}}
 
+// engineCgroup is the guest cgroup of a sandbox that runs a container
+// engine (Spec.ContainerEngine): the sentry's cgroup v1 hierarchies, one
+// per controller, at /sys/fs/cgroup (runsc's default, which its own Docker
+// tests run on). Under v2 Debian's runc confines a container's devices
+// with an eBPF program, and its library first probes BPF_PROG_ATTACH with
+// a program type gVisor does not load, so every `docker run` fails; under
+// v1 runc writes the devices controller's files. The agent's pids cap on
+// commands needs v2, so such a sandbox has none: a fork bomb there is
+// stopped by the host's pids ceiling, which ends the whole sandbox and
+// names the limit.
+var engineCgroup = specs.Mount{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev"}}
+
 // guestCgroupMarker, in a checkpoint image, says that its sandbox ran with
-// the guest cgroup. A restore must have the mounts of the saved sandbox,
-// and sandboxes started before the guest cgroup existed (restored from
-// their images ever since) have none.
+// the guest cgroup (v2, or engineCgroup for a container engine: which one
+// follows Spec.ContainerEngine, fixed for a sandbox's life). A restore must
+// have the mounts of the saved sandbox, and sandboxes started before the
+// guest cgroup existed (restored from their images ever since) have none.
 const guestCgroupMarker = "cella-guest-cgroup-v2"
 
 // checkpoint runs `runsc checkpoint` with args into imageDir and marks the
@@ -221,6 +234,7 @@ func (r *Runtime) checkpoint(ctx context.Context, id, imageDir string, args ...s
 		typ, dest, marker string
 	}{
 		{guestCgroup.Type, guestCgroup.Destination, guestCgroupMarker},
+		{engineCgroup.Type, engineCgroup.Destination, guestCgroupMarker},
 		{"bind", "/tmp", tmpOnDiskMarker},
 	} {
 		if !slices.ContainsFunc(sp.Mounts, func(m specs.Mount) bool { return m.Type == mark.typ && m.Destination == mark.dest }) {
@@ -273,13 +287,18 @@ func tmpOnDisk(rootFS string) (specs.Mount, bool) {
 // boot writes spec's bundle and runs `runsc <verb> --detach` (run, or a
 // restore with its flags), with the mounts bm names.
 func (r *Runtime) boot(ctx context.Context, spec *runtime.Spec, what string, bm bootMounts, verb ...string) error {
-	o := oci.Options{SetuidElevates: true} // sudo works inside, as in E2B
+	// sudo works inside, as in E2B; a container engine gets what it needs,
+	// all of it served by the sentry.
+	o := oci.Options{SetuidElevates: true, ContainerEngine: spec.ContainerEngine}
 	if bm.tmpOnDisk {
 		if m, ok := tmpOnDisk(spec.RootFS); ok {
 			o.ExtraMounts = append(o.ExtraMounts, m)
 		}
 	}
-	if bm.guestCgroup {
+	switch {
+	case bm.guestCgroup && spec.ContainerEngine:
+		o.ExtraMounts = append(o.ExtraMounts, engineCgroup)
+	case bm.guestCgroup:
 		o.ExtraMounts = append(o.ExtraMounts, guestCgroup)
 		verb = append([]string{"--in-sandbox-cgroup=v2"}, verb...)
 	}
@@ -302,6 +321,13 @@ func (r *Runtime) launch(ctx context.Context, spec *runtime.Spec, what string, v
 	if spec.NetNSPath != "" {
 		// The netstack takes over the slot's eth0 (overrides --network=none).
 		args = append(args, "--network=sandbox")
+	}
+	if spec.ContainerEngine {
+		// Raw and packet sockets in the netstack: an engine's bridge,
+		// iptables (netfilter's sockets) and ARP announcements use them.
+		// They reach only the sandbox's own eth0, whose far end passes
+		// nothing but the egress proxy's redirected flows (internal/network).
+		args = append(args, "--net-raw")
 	}
 	err := r.cli.Launch(ctx, spec, ocicli.Launch{
 		What:       what,

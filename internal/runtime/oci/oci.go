@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -75,6 +76,12 @@ type Options struct {
 	// root, which the API's commands can run as anyway, and never reaches
 	// the host kernel.
 	SetuidElevates bool
+	// ContainerEngine gives PID 1 EngineCapabilities on top of the default
+	// ones and EngineSeccomp instead of Seccomp (Spec.ContainerEngine).
+	// Only for gVisor: the sentry implements every call they let through,
+	// so they widen what the sandbox's root can do inside the sandbox, never
+	// what reaches the host kernel.
+	ContainerEngine bool
 	// OCIVersion overrides the spec's ociVersion: crun 1.8 rejects
 	// anything but 1.0.x ("unknown version specified"), though it
 	// implements every field used here.
@@ -129,6 +136,37 @@ var DefaultCapabilities = []string{
 	"CAP_SETFCAP",
 	"CAP_NET_BIND_SERVICE",
 	"CAP_SYS_CHROOT",
+}
+
+// EngineCapabilities are added to DefaultCapabilities in a sandbox that
+// runs a container engine: dockerd, containerd and runc make namespaces and
+// mounts (SYS_ADMIN) and the engine's bridge, addresses and routes
+// (NET_ADMIN), and a bounding set without Docker's default container
+// capabilities (MKNOD, NET_RAW, AUDIT_WRITE) could not give them to the
+// containers. gVisor's Docker tutorial lists these and SYS_PTRACE, which no
+// engine needs for its default containers and which cella leaves out
+// (ptrace stays denied).
+var EngineCapabilities = []string{
+	"CAP_AUDIT_WRITE",
+	"CAP_MKNOD",
+	"CAP_NET_ADMIN",
+	"CAP_NET_RAW",
+	"CAP_SYS_ADMIN",
+	"CAP_SYS_RESOURCE",
+}
+
+// engineAllowed are the DeniedSyscalls a container engine makes containers
+// with: namespaces, mounts (the old and the new mount API), runc's session
+// keyring per container, and bpf, with which runc confines a container's
+// devices under cgroup v2 (BPF_PROG_TYPE_CGROUP_DEVICE). gVisor's bpf(2)
+// loads only that program type, into an interpreter of its own in the
+// sentry (pkg/sentry/syscalls/linux/sys_ebpf.go): the host kernel never sees
+// a program.
+var engineAllowed = []string{
+	"unshare", "setns", "mount", "umount2", "pivot_root",
+	"open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
+	"keyctl", "add_key", "request_key",
+	"bpf",
 }
 
 // DeniedSyscalls fail with EPERM inside every container: they manipulate
@@ -190,6 +228,29 @@ func Seccomp() *specs.LinuxSeccomp {
 	return sc
 }
 
+// EngineSeccomp is the profile of a sandbox that runs a container engine:
+// DeniedSyscalls except engineAllowed, and clone may make namespaces. What
+// stays denied (tracing, perf, io_uring, kernel modules, kexec, host-wide
+// clocks...) no engine needs for its containers.
+func EngineSeccomp() *specs.LinuxSeccomp {
+	eperm := uint(unix.EPERM)
+	enosys := uint(unix.ENOSYS)
+	var denied []string
+	for _, n := range DeniedSyscalls {
+		if !slices.Contains(engineAllowed, n) {
+			denied = append(denied, n)
+		}
+	}
+	return &specs.LinuxSeccomp{
+		DefaultAction: specs.ActAllow,
+		Architectures: []specs.Arch{specs.ArchX86_64, specs.ArchX86, specs.ArchX32},
+		Syscalls: []specs.LinuxSyscall{
+			{Names: denied, Action: specs.ActErrno, ErrnoRet: &eperm},
+			{Names: []string{"clone3"}, Action: specs.ActErrno, ErrnoRet: &enosys},
+		},
+	}
+}
+
 // Build returns the OCI spec of s.
 func Build(s *runtime.Spec, o Options) (*specs.Spec, error) {
 	if err := ValidateSpec(s); err != nil {
@@ -200,6 +261,11 @@ func Build(s *runtime.Spec, o Options) (*specs.Spec, error) {
 		hostname = s.ID
 	}
 	caps := append([]string(nil), DefaultCapabilities...)
+	seccomp := Seccomp()
+	if o.ContainerEngine {
+		caps = append(caps, EngineCapabilities...)
+		seccomp = EngineSeccomp()
+	}
 	root := s.RootFS
 	if o.RootPath != "" {
 		root = o.RootPath
@@ -236,7 +302,7 @@ func Build(s *runtime.Spec, o Options) (*specs.Spec, error) {
 				{Type: specs.UTSNamespace},
 			},
 			Resources: resources(s.Limits),
-			Seccomp:   Seccomp(),
+			Seccomp:   seccomp,
 		},
 	}
 	if o.UserNS != nil {

@@ -201,3 +201,62 @@ func TestWriteBundleAndHostRootfs(t *testing.T) {
 		t.Errorf("bin -> %q", l)
 	}
 }
+
+// Only a container engine's spec widens capabilities and syscalls, and
+// even it keeps tracing, perf, io_uring, modules and kexec denied.
+func TestBuildContainerEngine(t *testing.T) {
+	denied := func(sp *specs.Spec, name string) bool {
+		for _, sc := range sp.Linux.Seccomp.Syscalls {
+			if sc.Action == specs.ActErrno && len(sc.Args) == 0 && slices.Contains(sc.Names, name) {
+				return true
+			}
+		}
+		return false
+	}
+	cloneNSRules := func(sp *specs.Spec) int {
+		n := 0
+		for _, sc := range sp.Linux.Seccomp.Syscalls {
+			if slices.Contains(sc.Names, "clone") && len(sc.Args) > 0 {
+				n++
+			}
+		}
+		return n
+	}
+	plain, err := Build(testSpec(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	engine, err := Build(testSpec(), Options{ContainerEngine: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range EngineCapabilities {
+		if slices.Contains(plain.Process.Capabilities.Bounding, c) {
+			t.Errorf("a plain sandbox has %s", c)
+		}
+		if !slices.Contains(engine.Process.Capabilities.Bounding, c) || !slices.Contains(engine.Process.Capabilities.Effective, c) {
+			t.Errorf("an engine sandbox lacks %s", c)
+		}
+	}
+	for _, c := range []string{"CAP_SYS_PTRACE", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_SYS_TIME", "CAP_SYS_BOOT"} {
+		if slices.Contains(engine.Process.Capabilities.Bounding, c) {
+			t.Errorf("an engine sandbox has %s", c)
+		}
+	}
+	for _, sc := range []string{"mount", "unshare", "setns", "pivot_root", "keyctl", "bpf"} {
+		if !denied(plain, sc) {
+			t.Errorf("a plain sandbox may call %s", sc)
+		}
+		if denied(engine, sc) {
+			t.Errorf("an engine sandbox may not call %s", sc)
+		}
+	}
+	for _, sc := range []string{"ptrace", "process_vm_readv", "perf_event_open", "io_uring_setup", "init_module", "kexec_load", "open_by_handle_at", "userfaultfd", "settimeofday"} {
+		if !denied(engine, sc) {
+			t.Errorf("an engine sandbox may call %s", sc)
+		}
+	}
+	if cloneNSRules(plain) == 0 || cloneNSRules(engine) != 0 {
+		t.Errorf("clone namespace rules: plain %d, engine %d", cloneNSRules(plain), cloneNSRules(engine))
+	}
+}

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cella-sandbox/cella/internal/bench"
+	"github.com/cella-sandbox/cella/internal/cluster"
+)
+
+// newBenchClusterCmd is `cella bench cluster`: create latency through a
+// gateway beside directly on a node of a running cluster.
+func newBenchClusterCmd(b *benchFlags) *cobra.Command {
+	var c nodeConfig
+	var cc bench.ClusterConfig
+	var set *settings
+	cmd := &cobra.Command{
+		Use:   "cluster",
+		Short: "create→first-exec latency through a cluster's gateway, beside the same directly on one of its nodes",
+		Long: `Measure a running cluster: --gateway is one of its gateways; the node is
+--node, else the first live node of --cluster; the key is --key (or
+CELLA_API_KEY), else the cluster's admin key read from --cluster.`,
+		Args:        cobra.NoArgs,
+		Annotations: map[string]string{errorPrefix: "cella bench cluster"},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := set.resolve(); err != nil {
+				return err
+			}
+			if cc.GatewayURL == "" {
+				return fmt.Errorf("--gateway: required (the URL of one of the cluster's gateways)")
+			}
+			if cc.NodeURL == "" || cc.APIKey == "" {
+				if err := fromCluster(cmd.Context(), c, &cc); err != nil {
+					return err
+				}
+			}
+			cc.N = b.cfg.N
+			if b.smoke {
+				cc.N = 3
+			}
+			figs, err := bench.Cluster(cmd.Context(), cc)
+			if figs != nil {
+				if !b.cfg.JSON {
+					fmt.Println("cella bench cluster: the node's figures measured in the same run, alternating")
+				}
+				if perr := bench.Print(os.Stdout, figs, b.cfg.JSON); perr != nil && err == nil {
+					err = perr
+				}
+			}
+			return err
+		},
+	}
+	set = register(cmd.Flags(), nodeSettings(&c)...)
+	cmd.Flags().StringVar(&cc.GatewayURL, "gateway", "", "URL of one of the cluster's gateways")
+	cmd.Flags().StringVar(&cc.NodeURL, "node", "", "URL of one of its nodes (default: the first live node's advertised URL)")
+	cmd.Flags().StringVar(&cc.APIKey, "key", os.Getenv("CELLA_API_KEY"), "API key (default: the cluster's admin key) [CELLA_API_KEY]")
+	return cmd
+}
+
+// fromCluster fills in a node and the admin key from the cluster's API.
+func fromCluster(ctx context.Context, c nodeConfig, cc *bench.ClusterConfig) error {
+	cl, err := cluster.Connect(c.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	if cc.APIKey == "" {
+		if cc.APIKey, err = cluster.ReadAdminKey(ctx, cl, c.Namespace); err != nil {
+			return err
+		}
+	}
+	if cc.NodeURL != "" {
+		return nil
+	}
+	nodes, err := cluster.Nodes(ctx, cl, c.Namespace)
+	if err != nil {
+		return err
+	}
+	for _, n := range nodes {
+		if n.Live && n.Endpoint != "" {
+			cc.NodeURL = n.Endpoint
+			return nil
+		}
+	}
+	return fmt.Errorf("no live node in namespace %s (%d known): give --node", c.Namespace, len(nodes))
+}

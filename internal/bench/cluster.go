@@ -1,0 +1,65 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/client"
+)
+
+// ClusterConfig is a running cluster to measure: one of its gateways and
+// one of its nodes (`cella bench cluster`).
+type ClusterConfig struct {
+	GatewayURL, NodeURL, APIKey string
+	N                           int
+}
+
+// Cluster measures create → first exec done through a gateway beside the
+// same directly on a node, alternating the two so both see the same load:
+// the ratio is what the gateway's hop (authentication, placement, the
+// forward of the create and of the exec's traffic) costs.
+func Cluster(ctx context.Context, cc ClusterConfig) ([]Figure, error) {
+	if cc.N <= 0 {
+		cc.N = 20
+	}
+	gw, err := client.New(client.Config{URL: cc.GatewayURL, APIKey: cc.APIKey})
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	node, err := client.New(client.Config{URL: cc.NodeURL, APIKey: cc.APIKey})
+	if err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	var direct, via, directCreate, viaCreate []time.Duration
+	var lastDirect, lastVia error
+	for i := 0; i < cc.N; i++ {
+		if total, create, err := createThenExec(ctx, node); err != nil {
+			lastDirect = err
+		} else {
+			direct, directCreate = append(direct, total), append(directCreate, create)
+		}
+		if total, create, err := createThenExec(ctx, gw); err != nil {
+			lastVia = err
+		} else {
+			via, viaCreate = append(via, total), append(viaCreate, create)
+		}
+	}
+	figs := []Figure{
+		summarize("create → first exec done, directly on a node", "", direct),
+		summarize("create → first exec done, through the gateway", "", via),
+		summarize("create call, directly on a node", "", directCreate),
+		summarize("create call, through the gateway", "", viaCreate),
+	}
+	figs[1].against(figs[0])
+	figs[3].against(figs[2])
+	for i, err := range []error{lastDirect, lastVia, lastDirect, lastVia} {
+		if err != nil && figs[i].N == 0 {
+			figs[i].Err = err.Error()
+		}
+	}
+	if len(direct) == 0 && len(via) == 0 {
+		return figs, fmt.Errorf("no create succeeded: directly: %v; through the gateway: %v", lastDirect, lastVia)
+	}
+	return figs, nil
+}

@@ -1,0 +1,47 @@
+package v1alpha1
+
+import (
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TestDeepCopyShares: a copy shares no pointer, slice or map with its
+// original (the hand-written DeepCopy must copy each one).
+func TestDeepCopyShares(t *testing.T) {
+	end := metav1.NewTime(time.Unix(100, 0))
+	start := metav1.NewTime(time.Unix(50, 0))
+	sb := &Sandbox{
+		ObjectMeta: metav1.ObjectMeta{Name: "a", Labels: map[string]string{"k": "v"}},
+		Spec:       SandboxSpec{Team: "t", Lifecycle: SandboxLifecycle{EndAt: &end}},
+		Status:     SandboxStatus{StartedAt: &start},
+	}
+	cp := sb.DeepCopyObject().(*Sandbox)
+	cp.Labels["k"] = "changed"
+	cp.Spec.Lifecycle.EndAt.Time = time.Unix(1, 0)
+	cp.Status.StartedAt.Time = time.Unix(2, 0)
+	if sb.Labels["k"] != "v" || !sb.Spec.Lifecycle.EndAt.Equal(&end) || sb.Spec.Lifecycle.EndAt.Unix() != 100 || sb.Status.StartedAt.Unix() != 50 {
+		t.Fatalf("the copy shares state with the original: %+v", sb)
+	}
+	l := &SandboxList{Items: []Sandbox{*sb}}
+	lc := l.DeepCopyObject().(*SandboxList)
+	lc.Items[0].Spec.Team = "other"
+	lc.Items[0].Spec.Lifecycle.EndAt.Time = time.Unix(3, 0)
+	if l.Items[0].Spec.Team != "t" || l.Items[0].Spec.Lifecycle.EndAt.Unix() != 100 {
+		t.Fatal("the list copy shares items with the original")
+	}
+
+	tpl := &Template{Spec: TemplateSpec{Aliases: []string{"a"}}}
+	tc := tpl.DeepCopyObject().(*Template)
+	tc.Spec.Aliases[0] = "b"
+	tl := &TemplateList{Items: []Template{*tpl}}
+	tlc := tl.DeepCopyObject().(*TemplateList)
+	tlc.Items[0].Spec.Aliases[0] = "c"
+	if tpl.Spec.Aliases[0] != "a" || tl.Items[0].Spec.Aliases[0] != "a" {
+		t.Fatal("the template copy shares its aliases")
+	}
+	if (*Sandbox)(nil).DeepCopy() != nil || (*Template)(nil).DeepCopy() != nil {
+		t.Fatal("nil copies")
+	}
+}
