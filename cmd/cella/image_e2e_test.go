@@ -1,7 +1,6 @@
 package main
 
 import (
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,23 +13,8 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
 	"github.com/cella-sandbox/cella/internal/image/registrytest"
-	"github.com/cella-sandbox/cella/internal/layerstore"
 	"github.com/cella-sandbox/cella/internal/template"
 )
-
-// dirLayer is a gzip layer of everything under dir.
-func dirLayer(t *testing.T, dir string) v1.Layer {
-	t.Helper()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		pr, pw := io.Pipe()
-		go func() { pw.CloseWithError(layerstore.WriteTar(pw, dir)) }()
-		return pr, nil
-	}, tarball.WithCompressionLevel(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
 
 // baseImages are images made from the base template's files: python (base
 // plus a small layer), and one whose small layer removes bash, the
@@ -56,7 +40,7 @@ func baseImages(t *testing.T) (python, nobash v1.Image) {
 			keep = append(keep, l)
 		}
 	}
-	bottom := dirLayer(t, base.RootFS)
+	bottom := registrytest.DirLayer(t, base.RootFS)
 	small := registrytest.Layer(t, registrytest.TarOf(t, registrytest.File{Name: "srv", Dir: true},
 		registrytest.File{Name: "srv/hello.py", Body: "print(6*7)\n"}), registrytest.Gzip)
 	strip := registrytest.Layer(t, registrytest.TarOf(t,

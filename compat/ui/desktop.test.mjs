@@ -35,7 +35,7 @@ test('a desktop sandbox\'s page shows its live desktop beside the terminal', asy
   const created = await call('POST', '/sandboxes', { templateID: 'desktop', timeout: 900 });
   assert.equal(created.status, 201, created.text);
   sandboxID = created.json.sandboxID;
-  assert.equal(created.json.memoryMB ?? 4096, 4096);
+  assert.equal(created.json.memoryMB ?? 2048, 2048);
 
   await page.goto(`${URL_}/ui/`);
   await page.locator('#api-key').fill(KEY);

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -24,7 +25,6 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/cella-sandbox/cella/internal/build"
 	"github.com/cella-sandbox/cella/internal/build/dockerfile"
@@ -33,7 +33,6 @@ import (
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
 	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/image/registrytest"
-	"github.com/cella-sandbox/cella/internal/layerstore"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/template"
 	"github.com/cella-sandbox/cella/internal/tenant"
@@ -522,20 +521,6 @@ func TestTemplateSnapshotGoesWithTemplate(t *testing.T) {
 	}
 }
 
-// dirLayer is a gzip layer of everything under dir.
-func dirLayer(t *testing.T, dir string) v1.Layer {
-	t.Helper()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		pr, pw := io.Pipe()
-		go func() { pw.CloseWithError(layerstore.WriteTar(pw, dir)) }()
-		return pr, nil
-	}, tarball.WithCompressionLevel(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
-
 // TestBuildFromImage: a build on an image pulled from a real registry;
 // a step that removes an image file makes an OCI whiteout, which the
 // built template keeps, and which survives a push of the template and a
@@ -549,7 +534,7 @@ func TestBuildFromImage(t *testing.T) {
 	reg := registrytest.Start(t)
 	small := registrytest.Layer(t, registrytest.TarOf(t, registrytest.File{Name: "srv", Dir: true},
 		registrytest.File{Name: "srv/hello.py", Body: "print(6*7)\n"}, registrytest.File{Name: "srv/keep", Body: "k"}), registrytest.Gzip)
-	reg.Push(t, "py:test", registrytest.Image(t, v1.Config{Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin", "IMAGE_VAR=from-image"}}, dirLayer(t, base.RootFS), small))
+	reg.Push(t, "py:test", registrytest.Image(t, v1.Config{Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin", "IMAGE_VAR=from-image"}}, registrytest.DirLayer(t, base.RootFS), small))
 	name := e.name()
 	res, l, err := e.build(build.Spec{Name: name, Base: build.Base{Image: reg.Ref("py:test")}, Steps: []build.Step{
 		{Type: "RUN", Args: []string{"rm /srv/hello.py && echo $IMAGE_VAR > /srv/made", "root"}},
@@ -578,6 +563,25 @@ func TestBuildFromImage(t *testing.T) {
 	}
 	check(back)
 	if len(res.Layers) != 3 {
-		t.Errorf("layers %v: want the image's two and the step's", res.Layers)
+		t.Fatalf("layers %v: want the image's two and the step's", res.Layers)
+	}
+	// The image has no /etc/hosts: the build sandbox got cella's (it
+	// resolves localhost), and the step's layer does not carry it.
+	step, err := e.Daemon.Templates.Layers.Path(res.Layers[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(step, "etc/hosts")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the step's layer holds the /etc/hosts cella wrote for the build sandbox (%v)", err)
+	}
+	// A step's own /etc/hosts is the template's.
+	own := e.name()
+	if _, _, err := e.build(build.Spec{Name: own, Base: build.Base{Image: reg.Ref("py:test")}, Steps: []build.Step{
+		{Type: "RUN", Args: []string{"getent hosts localhost && printf '10.1.2.3 step-own\\n' > /etc/hosts", "root"}},
+	}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if out := e.run(own, "cat /etc/hosts", client.ExecOptions{}); out.Stdout != "10.1.2.3 step-own\n" {
+		t.Errorf("a step's own /etc/hosts: %q %s", out.Stdout, out.Stderr)
 	}
 }

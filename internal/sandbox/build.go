@@ -40,7 +40,7 @@ func (m *Manager) templateFor(ctx context.Context, opts Options) (*template.Temp
 // CaptureLayer freezes sandbox id and calls fn with a function that writes
 // everything the sandbox wrote — its overlay upper — as an OCI layer tar
 // (whiteouts and opaque dirs in OCI form), leaving out what cella itself
-// put there (the resolver, the egress CA, cella's append to the trust
+// put there (the resolver, the hosts file it adds, the egress CA, cella's append to the trust
 // store), then thaws it. writeTar may be called more than once (a first
 // pass for the diffID, a second into the layer store) and gives the same
 // bytes each time.
@@ -68,11 +68,12 @@ func (m *Manager) CaptureLayer(ctx context.Context, p tenant.Principal, id strin
 }
 
 // ownFiles says which paths of a sandbox's upper cella wrote for the
-// sandbox's own run (prepareGuestNetwork), not the sandbox: they must not
+// sandbox's own run (prepareGuestNetwork, prepareGuestHosts), not the sandbox: they must not
 // become part of a template.
 func (m *Manager) ownFiles(upper string) func(rel string) bool {
 	bundle := strings.TrimPrefix(guestBundlePath, "/")
 	ownBundle := false
+	hosts := ownHosts(upper) // hosts.go
 	if n := m.cfg.Network; n != nil && len(n.CAPEM) > 0 {
 		if b, err := os.ReadFile(filepath.Join(upper, bundle)); err == nil {
 			// Still cella's append to the template's bundle: a step that
@@ -86,6 +87,8 @@ func (m *Manager) ownFiles(upper string) func(rel string) bool {
 			return true
 		case bundle:
 			return ownBundle
+		case "etc/hosts":
+			return hosts
 		}
 		return false
 	}

@@ -412,6 +412,9 @@ func (m *Manager) start(ctx context.Context, sb *Sandbox, tpl *template.Template
 	if err := m.prepareGuestNetwork(sb, layer.Root); err != nil { // network.go
 		return err
 	}
+	if err := prepareGuestHosts(layer.Root); err != nil { // hosts.go
+		return fmt.Errorf("hosts file for %s: %w", sb.ID, err)
+	}
 	if _, err := m.attachNetwork(ctx, sb); err != nil {
 		return err
 	}
@@ -474,7 +477,7 @@ func (m *Manager) spec(sb *Sandbox, agent string) runtime.Spec {
 		Args:        []string{runtime.AgentGuestPath, "agent"},
 		Env:         []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 		RunDir:      runDir(sb),
-		Hostname:    "cella",
+		Hostname:    guestHostname, // hosts.go
 		Limits:      m.ceilings(sb.Options),
 		LogPath:     agentLog(sb),
 		Mounts:      m.volumeMounts(sb), // volumes.go

@@ -121,9 +121,9 @@ func TestNormalizeTemplateMemory(t *testing.T) {
 		}
 	}
 	small := testMaxima
-	small.MemoryMB = 2048
+	small.MemoryMB = 1024
 	o := Options{TemplateID: template.DesktopName}
-	if err := o.Normalize(small); err == nil || !errdefs.Is(err, errdefs.KindInvalidArgument) || !strings.Contains(err.Error(), "the desktop template's default memory of 4096 MiB is above this daemon's maximum of 2048 MiB (raise cella serve --max-memory") {
+	if err := o.Normalize(small); err == nil || !errdefs.Is(err, errdefs.KindInvalidArgument) || !strings.Contains(err.Error(), "the desktop template's default memory of 2048 MiB is above this daemon's maximum of 1024 MiB (raise cella serve --max-memory") {
 		t.Errorf("desktop default above the maximum: %v", err)
 	}
 }

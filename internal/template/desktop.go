@@ -9,14 +9,12 @@ import (
 const DesktopName = "desktop"
 
 // DesktopMemoryMB is the desktop template's default memory limit. The
-// agent's limit holds the sum of the processes' resident memory, and under
-// gVisor a process's resident memory includes the shared libraries it maps
-// (its statm reports no shared pages): Xvfb and Xfce's dozen GTK processes
-// count about 800 MiB that way while the host charges the sandbox about
-// 160 MiB, and Firefox showing one page adds some 2.2 GiB more (host
-// charge: 550 MiB in all). At 768 MiB the session is killed as it starts;
-// at 2 GiB Firefox is.
-const DesktopMemoryMB = 4096
+// agent's limit holds what gVisor's sentry charges the sandbox (each page
+// once, shared libraries included): Xvfb and an idle Xfce session count
+// about 310 MiB, Firefox showing one page brings it to about 910 MiB
+// (the host cgroup charge: 150 and 540 MiB). 2 GiB leaves Firefox room
+// for heavier pages.
+const DesktopMemoryMB = 2048
 
 // desktopStream is /usr/local/bin/cella-desktop-stream in the desktop
 // image: what the SDK's Sandbox.create() and stream.start() run, for a

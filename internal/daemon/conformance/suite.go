@@ -39,6 +39,7 @@ func Run(t *testing.T, runtimeName string) {
 	t.Run("RunDirReadOnly", func(t *testing.T) { testRunDirReadOnly(t, env) })
 	t.Run("FakeDaemon", func(t *testing.T) { testFakeDaemon(t, env) })
 	t.Run("Limits", func(t *testing.T) { testLimits(t, env) })
+	t.Run("Localhost", func(t *testing.T) { testLocalhost(t, env) }) // hosts.go
 	t.Run("PauseResume", func(t *testing.T) { testPauseResume(t, env) })
 	t.Run("PauseSurvivesDaemonRestart", func(t *testing.T) { testPauseRestart(t, env) })
 	t.Run("PauseSurvivesHostReboot", func(t *testing.T) { testPauseReboot(t, env) })
@@ -293,6 +294,7 @@ while True:
 		expect(t, res, "memory limit", "256 MiB", "--memory")
 		stillServing(t)
 	})
+	t.Run("SharedMappings", func(t *testing.T) { testSharedMappings(t, env) })
 	t.Run("TooManyProcesses", func(t *testing.T) {
 		res := run(t, sb, `for i in $(seq 100); do sleep 30 & done; wait`, client.ExecOptions{Timeout: time.Minute})
 		expect(t, res, "pids limit", "64", "--pids")
@@ -352,6 +354,54 @@ while True:
 		}
 		stillServing(t)
 	})
+}
+
+// mapShared is a python3 program that maps the file argv[1] shared and
+// read-only, touches every page and sleeps argv[2] seconds.
+const mapShared = `python3 -c "
+import mmap, sys, time
+f = open(sys.argv[1], 'rb')
+m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+for i in range(0, len(m), 4096): m[i]
+print('mapped', flush=True)
+time.sleep(float(sys.argv[2]))
+"`
+
+// testSharedMappings: the memory limit holds what the sandbox is charged,
+// each page once. Four processes mapping one 120 MB file (the libraries of
+// a desktop session, in small) cost the sandbox 120 MB, not 480 MB: under
+// a 256 MiB limit they live. (Summing gVisor's statm, which reports no
+// shared pages, killed them.) A hog beside such mappings, run as root and
+// trying first to hide from the count — leaving the commands' cgroup for
+// the root or a cgroup of its own, mounting a tmpfs with a memory.current
+// of 0 over /sys/fs/cgroup — is still killed, with the named reason.
+func testSharedMappings(t *testing.T, env *daemontest.Env) {
+	sb := create(t, env, client.CreateRequest{MemoryMB: 256, DiskSizeMB: 1024})
+	mustOK(t, sb, "dd if=/dev/zero of=/home/user/shared bs=1M count=120 status=none && chmod 644 /home/user/shared")
+	res := run(t, sb, `for i in 1 2 3 4; do `+mapShared+` /home/user/shared 5 & done; wait; echo done`, client.ExecOptions{Timeout: time.Minute})
+	if res.ExitCode != 0 || strings.Count(res.Stdout, "mapped") != 4 || !strings.Contains(res.Stdout, "done") {
+		t.Fatalf("4 processes mapping one 120 MB file under a 256 MiB limit: exit %d, error %q, stdout %q, stderr %q", res.ExitCode, res.Error, res.Stdout, tailStr(res.Stderr, 300))
+	}
+
+	// The hog's own shell moves itself (and so the hog) out of the
+	// commands' cgroup; gVisor lets root do that.
+	const hide = `mkdir -p /sys/fs/cgroup/mine 2>/dev/null; echo $$ > /sys/fs/cgroup/mine/cgroup.procs 2>/dev/null && echo moved;
+		mount -t tmpfs none /sys/fs/cgroup 2>/dev/null && echo 0 > /sys/fs/cgroup/memory.current && echo mounted; `
+	res = run(t, sb, hide+`(`+mapShared+` /home/user/shared 60 &) ; sleep 1; python3 -c "
+chunks = []
+while True:
+    chunks.append(bytearray(b'x' * (16 << 20)))
+"`, client.ExecOptions{Timeout: time.Minute, User: "root"})
+	t.Logf("the hog's attempts to hide: %q", res.Stdout)
+	if !strings.Contains(res.Error, "memory limit") || !strings.Contains(res.Error, "256 MiB") || !strings.Contains(res.Error, "--memory") || res.ExitCode == 0 {
+		t.Fatalf("a hog hiding from the memory count: exit %d, error %q, stderr %q", res.ExitCode, res.Error, tailStr(res.Stderr, 300))
+	}
+	if d, err := env.Client.Get(ctxT(t, time.Minute), sb.ID); err != nil || d.State != "running" {
+		t.Fatalf("after the hog the sandbox is not running: %v %+v", err, d)
+	}
+	if out := mustOK(t, sb, "echo alive"); out != "alive\n" {
+		t.Fatalf("sandbox after the hog: %q", out)
+	}
 }
 
 // testDiskBeyondMemory is the attack of a disk limit above the memory limit:

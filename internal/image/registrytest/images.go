@@ -14,6 +14,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/cella-sandbox/cella/internal/layerstore"
 )
 
 // File is one entry of a test layer: a regular file unless Link (a
@@ -81,6 +83,21 @@ func Layer(t testing.TB, tarball_ []byte, c Compression) v1.Layer {
 		opts = append(opts, tarball.WithCompression(compression.ZStd), tarball.WithMediaType(types.OCILayerZStd))
 	}
 	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(tarball_)), nil }, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// DirLayer is a layer of the tree at dir (a template's rootfs, say),
+// written as it is read.
+func DirLayer(t testing.TB, dir string) v1.Layer {
+	t.Helper()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(layerstore.WriteTar(pw, dir)) }()
+		return pr, nil
+	}, tarball.WithCompressionLevel(1))
 	if err != nil {
 		t.Fatal(err)
 	}
