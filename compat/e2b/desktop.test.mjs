@@ -218,7 +218,12 @@ describe('@e2b/desktop@2.4.0', () => {
       assert.equal(new URL(url).searchParams.get('password'), key)
       const page = await viaPreview(url)
       assert.equal(page.status, 200)
-      const g = await wsTo(s, 6080, { tryAuth: true })
+      const g = await wsTo(s, 6080, { tryAuth: true }).catch(async (e) => {
+        // What the sandbox's stream processes said, to tell a refused VNC
+        // connection from a dead proxy when this fails.
+        const said = await quietly(() => s.commands.run('ps -eo pid,pgid,sid,stat,args; tail -n 20 /tmp/novnc.log /tmp/x11vnc_stderr.log', { user: 'root' }))
+        throw new Error(`${e.message}\n--- in the sandbox:\n${said?.stdout ?? '(could not read)'}`, { cause: e })
+      })
       assert.equal(g.status, 101, `${g.status} ${g.body}`)
       assert.deepEqual(g.securityTypes, [2], `only VNC authentication is offered (got ${g.securityTypes})`)
       assert.equal(g.authResult, 1, 'a response that is not the key\'s is refused')
