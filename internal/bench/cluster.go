@@ -6,13 +6,17 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/client"
+	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // ClusterConfig is a running cluster to measure: one of its gateways and
-// one of its nodes (`cella bench cluster`).
+// one of its nodes (`cella bench cluster`), and its API for the resume
+// figures (nil: those figures say why they are missing, KubeErr).
 type ClusterConfig struct {
 	GatewayURL, NodeURL, APIKey string
 	N                           int
+	Kube                        ctrlclient.Client
+	Namespace, KubeErr          string
 }
 
 // Cluster measures create → first exec done through a gateway beside the
@@ -58,6 +62,8 @@ func Cluster(ctx context.Context, cc ClusterConfig) ([]Figure, error) {
 			figs[i].Err = err.Error()
 		}
 	}
+	local, moved := clusterResume(ctx, cc, gw)
+	figs = append(figs, local, moved)
 	if len(direct) == 0 && len(via) == 0 {
 		return figs, fmt.Errorf("no create succeeded: directly: %v; through the gateway: %v", lastDirect, lastVia)
 	}
