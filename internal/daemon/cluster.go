@@ -193,8 +193,11 @@ func recordSandboxes(r *cluster.Records, node string, mgr *sandbox.Manager, log 
 		defer t.Stop()
 		var failing bool
 		for {
-			err := r.SyncNode(ctx, node, observe(mgr))
-			err = errors.Join(err, forgetMoved(ctx, r, node, mgr, log))
+			// Copies other nodes took go first: recorded again, a stale
+			// copy whose record its new holder deleted would be this
+			// node's once more.
+			err := forgetMoved(ctx, r, node, mgr, log)
+			err = errors.Join(err, r.SyncNode(ctx, node, observe(mgr)))
 			if err != nil && !failing && ctx.Err() == nil {
 				log.Warn("cluster: recording sandboxes failed", "node", node, "err", err)
 			}
@@ -210,7 +213,11 @@ func recordSandboxes(r *cluster.Records, node string, mgr *sandbox.Manager, log 
 }
 
 // forgetMoved drops this node's copies of archived sandboxes whose record
-// another node holds now (it resumed them from the archive).
+// another node holds now (it resumed them from the archive), or whose
+// record and objects are both gone (another node took it and killed it,
+// or resumed and then killed it, before this node saw the record move):
+// such a copy can never resume, and recorded again it would be a sandbox
+// nobody kills.
 func forgetMoved(ctx context.Context, r *cluster.Records, node string, mgr *sandbox.Manager, log *slog.Logger) error {
 	var errs []error
 	for _, id := range mgr.Archived() {
@@ -219,8 +226,18 @@ func forgetMoved(ctx context.Context, r *cluster.Records, node string, mgr *sand
 			errs = append(errs, err)
 			continue
 		}
-		if holder == "" || holder == node {
+		if holder == node {
 			continue
+		}
+		if holder == "" {
+			gone, err := mgr.ArchiveGone(ctx, id)
+			if err != nil {
+				errs = append(errs, err)
+			}
+			if !gone {
+				continue // not synced yet, or its record was lost: it is still this node's
+			}
+			holder = "(none: its record and objects are gone)"
 		}
 		log.Info("cluster: an archived sandbox was taken by another node", "id", id, "holder", holder)
 		if err := mgr.Forget(ctx, id); err != nil && !errdefs.Is(err, errdefs.KindNotFound) && !errdefs.Is(err, errdefs.KindConflict) {

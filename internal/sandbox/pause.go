@@ -145,6 +145,17 @@ func (m *Manager) pauseFailed(sb *Sandbox, mode string, cause error) {
 // with "memory": false). A sandbox whose resume fails stays paused when
 // what it was paused with is still there.
 func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, keepMemory bool) (resumed bool, err error) {
+	if m.cfg.Archive != nil {
+		// A resume here may claim the sandbox (importArchived, unarchive:
+		// the cluster's record moves to this node, its old node forgets
+		// its copy), and from then on only this node can finish it: one
+		// ended halfway by a caller that went away left it nowhere, its
+		// objects behind and its old node to record it again. So it runs
+		// to its end whatever the caller does, bounded.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), claimedResumeTimeout)
+		defer cancel()
+	}
 	sb, err := m.Lookup(p, id)
 	if errdefs.Is(err, errdefs.KindNotFound) && m.cfg.Archive != nil {
 		// Archived by another node, or by this one before it forgot it.
@@ -293,6 +304,11 @@ func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, kee
 	m.emit(sb, EventResumed, mode)
 	return true, nil
 }
+
+// claimedResumeTimeout bounds a resume on a node with an archive store,
+// which runs detached from its caller (Resume): the archive's download
+// and the restore, at most a few GiB.
+const claimedResumeTimeout = 10 * time.Minute
 
 func (m *Manager) setPauseMode(ctx context.Context, sb *Sandbox, mode string) string {
 	sb.mu.Lock()

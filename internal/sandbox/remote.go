@@ -248,9 +248,6 @@ func (m *Manager) importArchived(ctx context.Context, p tenant.Principal, id str
 	if err != nil {
 		return nil, err
 	}
-	if err := m.claim(ctx, id); err != nil {
-		return nil, fmt.Errorf("take sandbox %s for this node: %w", id, err)
-	}
 	dir := filepath.Join(sandboxesDir(m.cfg.DataDir), id)
 	sb := &Sandbox{
 		ID: id, TemplateID: man.Template, Runtime: man.Runtime, Options: rec.Options,
@@ -260,17 +257,39 @@ func (m *Manager) importArchived(ctx context.Context, p tenant.Principal, id str
 	rec.Archived, rec.Remote = true, true
 	sb.restoreLifecycle(rec) // lifecycle.go
 	sb.lc.archivePath = m.cfg.Archive.String() + "/sandboxes/" + id
+	// Tracked before it is claimed: from the claim on, the cluster's record
+	// names this node, and a sync that found no such sandbox here would
+	// delete the record (and the old node record its stale copy again).
+	// Not remote until claimed: the objects are not this node's yet (a
+	// kill leaves them, Archived does not list it for forgetMoved).
+	// Under its opMu until made: a concurrent resume or kill of it waits.
+	sb.lc.remote = false
+	sb.opMu.Lock()
 	m.mu.Lock()
 	if have, ok := m.sandboxes[id]; ok { // a concurrent import won
 		m.mu.Unlock()
+		sb.opMu.Unlock()
 		return have, nil
 	}
 	m.sandboxes[id] = sb
 	m.mu.Unlock()
-	fail := func(err error) (*Sandbox, error) {
+	defer sb.opMu.Unlock()
+	untrack := func() {
 		m.mu.Lock()
-		delete(m.sandboxes, id)
+		if m.sandboxes[id] == sb {
+			delete(m.sandboxes, id)
+		}
 		m.mu.Unlock()
+	}
+	if err := m.claim(ctx, id); err != nil {
+		untrack()
+		return nil, fmt.Errorf("take sandbox %s for this node: %w", id, err)
+	}
+	sb.mu.Lock()
+	sb.lc.remote = true
+	sb.mu.Unlock()
+	fail := func(err error) (*Sandbox, error) {
+		untrack()
 		_ = os.RemoveAll(dir)
 		m.releaseTemplate(dir)
 		return nil, fmt.Errorf("import sandbox %s: %w", id, err)
@@ -365,6 +384,20 @@ func (m *Manager) forgetLocked(ctx context.Context, sb *Sandbox) {
 	m.cleanup(ctx, sb)
 	m.log.Info("sandbox forgotten: another node holds it now", "id", sb.ID)
 	go m.pruneAgents(context.WithoutCancel(ctx)) // agents.go: its agent binary may be unused now
+}
+
+// ArchiveGone says whether the objects of sandbox id are gone from the
+// archive store: an archived copy of it can never resume (the node that
+// took it deleted them when it ran or killed it).
+func (m *Manager) ArchiveGone(ctx context.Context, id string) (bool, error) {
+	if m.cfg.Archive == nil {
+		return false, nil
+	}
+	_, err := m.cfg.Archive.Manifest(ctx, id)
+	if errdefs.Is(err, errdefs.KindNotFound) {
+		return true, nil
+	}
+	return false, err
 }
 
 // Archived lists the IDs of this node's paused sandboxes whose state is in

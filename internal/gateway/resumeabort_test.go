@@ -1,0 +1,192 @@
+package gateway_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/archive/s3test"
+	"github.com/cella-sandbox/cella/internal/client"
+	"github.com/cella-sandbox/cella/internal/cluster"
+	"github.com/cella-sandbox/cella/internal/clustertest"
+	"github.com/cella-sandbox/cella/internal/errdefs"
+)
+
+// TestCrossNodeResumeAbandoned: a client that goes away in the middle of
+// a cross-node resume leaves the sandbox in one place. A sandbox paused
+// into the archive on node A, A drained, a connect through the gateway
+// goes to node B; the client cancels it as soon as B's claim is visible
+// (the record's node is B), while B is still importing and restoring.
+// Then exactly one node holds the sandbox, where its record says, in the
+// record's phase; and a kill through the gateway leaves no record, no
+// copy on any node (its API and its data dir) and no objects in the
+// bucket. (What it caught: B's import and restore ran under the
+// request's context, so the cancel could end them after the claim; B then
+// dropped its half-made copy and its sync deleted the record, and node A,
+// which had not yet seen the claim, recorded its stale copy again.)
+func TestCrossNodeResumeAbandoned(t *testing.T) {
+	cp := clustertest.Start(t)
+	srv := s3test.Start(t)
+	cl, err := cluster.NewClient(cp.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := clustertest.InstallCRDs(cl); err != nil {
+		t.Fatal(err)
+	}
+	const ns = "cella-resumeabort"
+	clustertest.Namespace(t, cl, ns)
+	archived := clustertest.NodeOptions{Namespace: ns, Env: srv.Env(),
+		Args: []string{"--archive=" + srv.URL("cluster"), "--archive-endpoint=" + srv.Endpoint}}
+	optsA := archived
+	optsA.Name = "node-a"
+	nodeA := cp.StartNode(t, optsA)
+	gw := cp.StartGateway(t, "gw", ns)
+	key := nodeA.AdminKey(t)
+	waitLive(t, cl, ns, 1)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	c, err := client.New(client.Config{URL: gw.URL, APIKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	created, err := c.Create(ctx, client.CreateRequest{TemplateID: "base", Timeout: new(int64(600))})
+	if err != nil {
+		t.Fatalf("create through the gateway: %v", err)
+	}
+	id := created.SandboxID
+	t.Cleanup(func() { _ = c.Kill(context.Background(), id) })
+	if sb, err := c.Sandbox(ctx, id); err != nil {
+		t.Fatal(err)
+	} else if res, err := sb.Exec(ctx, "echo kept > /home/user/kept", client.ExecOptions{Timeout: time.Minute}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("write a file: %+v %v", res, err)
+	}
+
+	// Node B joins only now, so the create could only go to A.
+	optsB := archived
+	optsB.Name = "node-b"
+	nodeB := cp.StartNode(t, optsB)
+	waitLive(t, cl, ns, 2)
+	nodes := []*clustertest.Proc{nodeA, nodeB}
+
+	if err := c.Pause(ctx, id, true); err != nil {
+		t.Fatalf("pause through the gateway: %v", err)
+	}
+	records := cluster.NewRecords(cl, ns)
+	clustertest.Poll(t, time.Minute, "the record says archived on node-a", func(ctx context.Context) (bool, string) {
+		rec, err := records.Sandbox(ctx, id)
+		if err != nil {
+			return false, err.Error()
+		}
+		return rec.Spec.Node == "node-a" && rec.Status.Archived, fmt.Sprintf("%+v %+v", rec.Spec, rec.Status)
+	})
+	if err := cluster.SetDrain(ctx, cl, ns, "node-a", true); err != nil {
+		t.Fatal(err)
+	}
+
+	// The connect goes to node B (node A is drained); it is cancelled
+	// once B's claim shows, before B could have restored anything.
+	cctx, ccancel := context.WithCancel(ctx)
+	defer ccancel()
+	connected := make(chan error, 1)
+	go func() {
+		_, err := c.Connect(cctx, id)
+		connected <- err
+	}()
+	for claimed := false; !claimed; {
+		select {
+		case err := <-connected:
+			t.Fatalf("the connect ended (%v) before node-b's claim of the record was seen", err)
+		default:
+		}
+		rec, err := records.Sandbox(ctx, id)
+		if err != nil {
+			t.Fatalf("read the record while node-b resumes: %v", err)
+		}
+		claimed = rec.Spec.Node == "node-b"
+	}
+	ccancel()
+	if err := <-connected; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the cancelled connect: %v, want context.Canceled", err)
+	}
+	// As `cella bench cluster` does after its round: the mark goes.
+	if err := cluster.SetDrain(ctx, cl, ns, "node-a", false); err != nil {
+		t.Fatal(err)
+	}
+
+	// Settled: one node holds it, the one its record names, in the
+	// record's phase.
+	clustertest.Poll(t, 2*time.Minute, "exactly one node holds the sandbox, where its record says", func(ctx context.Context) (bool, string) {
+		rec, err := records.Sandbox(ctx, id)
+		if err != nil {
+			return false, "record: " + err.Error() + "; " + holders(ctx, t, key, nodes, id)
+		}
+		var held []string
+		state := ""
+		for _, n := range nodes {
+			if d, ok := nodeHas(ctx, t, key, n, id); ok {
+				held, state = append(held, n.Name), d
+			}
+		}
+		ok := len(held) == 1 && held[0] == rec.Spec.Node && strings.EqualFold(state, string(rec.Status.Phase))
+		return ok, fmt.Sprintf("record %+v %+v; %s", rec.Spec, rec.Status, holders(ctx, t, key, nodes, id))
+	})
+
+	if err := c.Kill(ctx, id); err != nil {
+		t.Fatalf("kill through the gateway: %v", err)
+	}
+	clustertest.Poll(t, time.Minute, "no record, no copy on any node, no objects", func(ctx context.Context) (bool, string) {
+		_, err := records.Sandbox(ctx, id)
+		if !errdefs.Is(err, errdefs.KindNotFound) {
+			return false, fmt.Sprintf("record: %v", err)
+		}
+		for _, n := range nodes {
+			if _, ok := nodeHas(ctx, t, key, n, id); ok {
+				return false, holders(ctx, t, key, nodes, id)
+			}
+		}
+		if keys := srv.Keys(t, "/agents/"); len(keys) != 0 {
+			return false, fmt.Sprintf("objects: %v", keys)
+		}
+		return true, ""
+	})
+	if t.Failed() {
+		t.Logf("node-a log:\n%s\nnode-b log:\n%s", tailOf(nodeA.Log, 4000), tailOf(nodeB.Log, 4000))
+	}
+}
+
+// nodeHas says whether node n holds a copy of sandbox id — its API knows
+// it or its data dir has it — and the state its API gives.
+func nodeHas(ctx context.Context, t *testing.T, key string, n *clustertest.Proc, id string) (string, bool) {
+	t.Helper()
+	nc, err := client.New(client.Config{URL: n.URL, APIKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Its own deadline: a poll's last message describes what was, not
+	// the poll's expiry.
+	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	d, err := nc.Get(gctx, id)
+	if err == nil {
+		return d.State, true
+	}
+	_, serr := os.Stat(filepath.Join(n.DataDir, "sandboxes", id))
+	return fmt.Sprintf("GET: %v; data dir: %v", err, serr), !client.IsNotFound(err) || serr == nil
+}
+
+// holders describes what each node holds of sandbox id, for a failure.
+func holders(ctx context.Context, t *testing.T, key string, nodes []*clustertest.Proc, id string) string {
+	var parts []string
+	for _, n := range nodes {
+		state, ok := nodeHas(ctx, t, key, n, id)
+		parts = append(parts, fmt.Sprintf("%s: held %v (%s)", n.Name, ok, state))
+	}
+	return strings.Join(parts, ", ")
+}
