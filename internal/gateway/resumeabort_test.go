@@ -23,12 +23,16 @@ import (
 // goes to node B; the client cancels it as soon as B's claim is visible
 // (the record's node is B), while B is still importing and restoring.
 // Then exactly one node holds the sandbox, where its record says, in the
-// record's phase; and a kill through the gateway leaves no record, no
-// copy on any node (its API and its data dir) and no objects in the
-// bucket. (What it caught: B's import and restore ran under the
-// request's context, so the cancel could end them after the claim; B then
-// dropped its half-made copy and its sync deleted the record, and node A,
-// which had not yet seen the claim, recorded its stale copy again.)
+// record's phase (a kill sent to node A meanwhile reports no success);
+// and a kill through the gateway leaves no record, no copy on any node
+// (its API and its data dir) and no objects in the bucket. (What it
+// caught: B's import ran under the request's context, so the cancel
+// could end it after the claim — the claim's own status update failed
+// "context canceled" —; B dropped its half-made copy and its sync deleted
+// the record it now held; node A had either forgotten its copy already,
+// leaving the objects to nobody, or not seen the claim yet, and recorded
+// its stale copy again. A kill that reached A killed that copy and
+// answered 204 while B resumed the sandbox.)
 func TestCrossNodeResumeAbandoned(t *testing.T) {
 	cp := clustertest.Start(t)
 	srv := s3test.Start(t)
@@ -114,6 +118,19 @@ func TestCrossNodeResumeAbandoned(t *testing.T) {
 	ccancel()
 	if err := <-connected; !errors.Is(err, context.Canceled) {
 		t.Fatalf("the cancelled connect: %v, want context.Canceled", err)
+	}
+	// A kill that reaches node A now (a gateway that read the record
+	// before the claim, a client of the node) must not report the
+	// sandbox killed: at most A's stale copy goes, and the sandbox is
+	// node-b's.
+	ca, err := client.New(client.Config{URL: nodeA.URL, APIKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Kill(ctx, id); err == nil {
+		t.Fatal("a kill on node-a of the sandbox node-b claimed reported it killed")
+	} else {
+		t.Logf("a kill on node-a once node-b claimed it: %v", err)
 	}
 	// As `cella bench cluster` does after its round: the mark goes.
 	if err := cluster.SetDrain(ctx, cl, ns, "node-a", false); err != nil {

@@ -814,6 +814,9 @@ func (m *Manager) kill(ctx context.Context, p tenant.Principal, id, cause string
 	// Wait for a pause or resume in flight to finish first.
 	sb.opMu.Lock()
 	defer sb.opMu.Unlock()
+	if err := m.movedAway(ctx, sb); err != nil { // remote.go
+		return err
+	}
 	died := sb.State() == StateDead // it had its killed event when it died
 	if !died {
 		m.cfg.Metrics.Death(cause)

@@ -223,6 +223,28 @@ func (m *Manager) deleteRemote(ctx context.Context, sb *Sandbox) {
 	sb.mu.Unlock()
 }
 
+// movedAway answers the kill of an archived paused copy another node
+// claimed since (a resume there has it, or will): this copy is forgotten,
+// not killed — the sandbox lives on there — and the caller is told to
+// kill it again, which its record now routes to that node. sb.opMu is
+// held.
+func (m *Manager) movedAway(ctx context.Context, sb *Sandbox) error {
+	sb.mu.Lock()
+	archived := sb.state == StatePaused && sb.lc.archived && sb.lc.remote
+	sb.mu.Unlock()
+	if !archived || m.cfg.Archive == nil {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	err := m.claim(cctx, sb.ID)
+	if !errors.Is(err, ErrMoved) {
+		return nil // this node's: the kill goes on (deleteRemote claims again)
+	}
+	m.forgetLocked(ctx, sb)
+	return errdefs.Conflict("sandbox %s moved to another node while this kill came here (%v): kill it again, its record routes the kill there now", sb.ID, err)
+}
+
 // importArchived makes a sandbox this node never had (or forgot) from its
 // archive, paused and archived, for a resume: p must own it (anything else
 // is the not-found of an unknown sandbox), this node must be able to
