@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cella-sandbox/cella/internal/archive/s3test"
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/cluster"
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
@@ -34,38 +33,13 @@ import (
 // gateway goes to B (undrained), which empties the bucket; the record
 // goes.
 func TestCrossNodeResume(t *testing.T) {
-	cp := clustertest.Start(t)
-	srv := s3test.Start(t)
-	cl, err := cluster.NewClient(cp.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := clustertest.InstallCRDs(cl); err != nil {
-		t.Fatal(err)
-	}
 	const ns = "cella-archive"
-	clustertest.Namespace(t, cl, ns)
-	archived := clustertest.NodeOptions{Namespace: ns, Env: srv.Env(),
-		Args: []string{"--archive=" + srv.URL("cluster"), "--archive-endpoint=" + srv.Endpoint}}
-	optsA := archived
-	optsA.Name = "node-a"
-	nodeA := cp.StartNode(t, optsA)
-	gw := cp.StartGateway(t, "gw", ns)
-	key := nodeA.AdminKey(t)
-	waitLive(t, cl, ns, 1)
+	ac := startArchived(t, ns) // resumeabort_test.go
+	srv, cl, nodeA, key, c := ac.srv, ac.cl, ac.nodeA, ac.key, ac.c
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	c, err := client.New(client.Config{URL: gw.URL, APIKey: key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	created, err := c.Create(ctx, client.CreateRequest{TemplateID: "base", Timeout: new(int64(600))})
-	if err != nil {
-		t.Fatalf("create through the gateway: %v", err)
-	}
-	id := created.SandboxID
-	t.Cleanup(func() { _ = c.Kill(context.Background(), id) })
+	id := ac.create(ctx, t)
 	sb, err := c.Sandbox(ctx, id)
 	if err != nil {
 		t.Fatal(err)
@@ -77,25 +51,14 @@ func TestCrossNodeResume(t *testing.T) {
 	n := conformance.WaitCountAbove(t, sb, 3)
 
 	// Node B joins only now, so the create could only go to A.
-	optsB := archived
-	optsB.Name = "node-b"
-	nodeB := cp.StartNode(t, optsB)
+	nodeB := ac.startNode(t, "node-b")
 	waitLive(t, cl, ns, 2)
 	if kb := nodeB.AdminKey(t); kb != key {
 		t.Fatal("the nodes have different admin keys")
 	}
 
-	if err := c.Pause(ctx, id, true); err != nil {
-		t.Fatalf("pause through the gateway: %v", err)
-	}
 	records := cluster.NewRecords(cl, ns)
-	clustertest.Poll(t, time.Minute, "the record says archived on node-a", func(ctx context.Context) (bool, string) {
-		rec, err := records.Sandbox(ctx, id)
-		if err != nil {
-			return false, err.Error()
-		}
-		return rec.Spec.Node == "node-a" && rec.Status.Phase == v1alpha1.SandboxPaused && rec.Status.Archived, fmt.Sprintf("%+v %+v", rec.Spec, rec.Status)
-	})
+	ac.pause(ctx, t, records, id, "node-a")
 	if keys := srv.Keys(t, "/agents/"); len(keys) != 2 {
 		t.Fatalf("objects in the archive after the pause: %v", keys)
 	}
@@ -163,9 +126,7 @@ func TestCrossNodeResume(t *testing.T) {
 	// Node-b drained (cella node drain): its running sandbox is paused
 	// into the archive, and its next connect resumes it on node-c; node-b
 	// forgets its copy.
-	optsC := archived
-	optsC.Name = "node-c"
-	nodeC := cp.StartNode(t, optsC)
+	nodeC := ac.startNode(t, "node-c")
 	waitLive(t, cl, ns, 2)
 	n = conformance.WaitCountAbove(t, sb, n)
 	res, err := drain.Drain(ctx, drain.Config{Kube: cl, Namespace: ns, Node: "node-b"})

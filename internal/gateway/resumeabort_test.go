@@ -13,8 +13,10 @@ import (
 	"github.com/cella-sandbox/cella/internal/archive/s3test"
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/cluster"
+	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
 	"github.com/cella-sandbox/cella/internal/clustertest"
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // TestCrossNodeResumeAbandoned: a client that goes away in the middle of
@@ -34,38 +36,13 @@ import (
 // its stale copy again. A kill that reached A killed that copy and
 // answered 204 while B resumed the sandbox.)
 func TestCrossNodeResumeAbandoned(t *testing.T) {
-	cp := clustertest.Start(t)
-	srv := s3test.Start(t)
-	cl, err := cluster.NewClient(cp.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := clustertest.InstallCRDs(cl); err != nil {
-		t.Fatal(err)
-	}
 	const ns = "cella-resumeabort"
-	clustertest.Namespace(t, cl, ns)
-	archived := clustertest.NodeOptions{Namespace: ns, Env: srv.Env(),
-		Args: []string{"--archive=" + srv.URL("cluster"), "--archive-endpoint=" + srv.Endpoint}}
-	optsA := archived
-	optsA.Name = "node-a"
-	nodeA := cp.StartNode(t, optsA)
-	gw := cp.StartGateway(t, "gw", ns)
-	key := nodeA.AdminKey(t)
-	waitLive(t, cl, ns, 1)
+	ac := startArchived(t, ns)
+	srv, cl, nodeA, key, c := ac.srv, ac.cl, ac.nodeA, ac.key, ac.c
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	c, err := client.New(client.Config{URL: gw.URL, APIKey: key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	created, err := c.Create(ctx, client.CreateRequest{TemplateID: "base", Timeout: new(int64(600))})
-	if err != nil {
-		t.Fatalf("create through the gateway: %v", err)
-	}
-	id := created.SandboxID
-	t.Cleanup(func() { _ = c.Kill(context.Background(), id) })
+	id := ac.create(ctx, t)
 	if sb, err := c.Sandbox(ctx, id); err != nil {
 		t.Fatal(err)
 	} else if res, err := sb.Exec(ctx, "echo kept > /home/user/kept", client.ExecOptions{Timeout: time.Minute}); err != nil || res.ExitCode != 0 {
@@ -73,23 +50,12 @@ func TestCrossNodeResumeAbandoned(t *testing.T) {
 	}
 
 	// Node B joins only now, so the create could only go to A.
-	optsB := archived
-	optsB.Name = "node-b"
-	nodeB := cp.StartNode(t, optsB)
+	nodeB := ac.startNode(t, "node-b")
 	waitLive(t, cl, ns, 2)
 	nodes := []*clustertest.Proc{nodeA, nodeB}
 
-	if err := c.Pause(ctx, id, true); err != nil {
-		t.Fatalf("pause through the gateway: %v", err)
-	}
 	records := cluster.NewRecords(cl, ns)
-	clustertest.Poll(t, time.Minute, "the record says archived on node-a", func(ctx context.Context) (bool, string) {
-		rec, err := records.Sandbox(ctx, id)
-		if err != nil {
-			return false, err.Error()
-		}
-		return rec.Spec.Node == "node-a" && rec.Status.Archived, fmt.Sprintf("%+v %+v", rec.Spec, rec.Status)
-	})
+	ac.pause(ctx, t, records, id, "node-a")
 	if err := cluster.SetDrain(ctx, cl, ns, "node-a", true); err != nil {
 		t.Fatal(err)
 	}
@@ -176,6 +142,82 @@ func TestCrossNodeResumeAbandoned(t *testing.T) {
 	if t.Failed() {
 		t.Logf("node-a log:\n%s\nnode-b log:\n%s", tailOf(nodeA.Log, 4000), tailOf(nodeB.Log, 4000))
 	}
+}
+
+// archivedCluster is a control plane, an S3 server, the options of a
+// node archiving there, node A (the only node yet, so creates go to it),
+// a gateway and a client of it with the admin key.
+type archivedCluster struct {
+	cp    *clustertest.ControlPlane
+	srv   *s3test.Server
+	cl    crclient.Client
+	opts  clustertest.NodeOptions
+	nodeA *clustertest.Proc
+	key   string
+	c     *client.Client
+}
+
+func startArchived(t *testing.T, ns string) archivedCluster {
+	t.Helper()
+	cp := clustertest.Start(t)
+	srv := s3test.Start(t)
+	cl, err := cluster.NewClient(cp.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := clustertest.InstallCRDs(cl); err != nil {
+		t.Fatal(err)
+	}
+	clustertest.Namespace(t, cl, ns)
+	opts := clustertest.NodeOptions{Namespace: ns, Env: srv.Env(),
+		Args: []string{"--archive=" + srv.URL("cluster"), "--archive-endpoint=" + srv.Endpoint}}
+	optsA := opts
+	optsA.Name = "node-a"
+	nodeA := cp.StartNode(t, optsA)
+	gw := cp.StartGateway(t, "gw", ns)
+	key := nodeA.AdminKey(t)
+	waitLive(t, cl, ns, 1)
+	c, err := client.New(client.Config{URL: gw.URL, APIKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return archivedCluster{cp: cp, srv: srv, cl: cl, opts: opts, nodeA: nodeA, key: key, c: c}
+}
+
+// create makes a sandbox of base through the gateway (on node A while it
+// is the only node), killed when the test ends.
+func (ac archivedCluster) create(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	created, err := ac.c.Create(ctx, client.CreateRequest{TemplateID: "base", Timeout: new(int64(600))})
+	if err != nil {
+		t.Fatalf("create through the gateway: %v", err)
+	}
+	t.Cleanup(func() { _ = ac.c.Kill(context.Background(), created.SandboxID) })
+	return created.SandboxID
+}
+
+// startNode starts another node archiving to the same store.
+func (ac archivedCluster) startNode(t *testing.T, name string) *clustertest.Proc {
+	t.Helper()
+	o := ac.opts
+	o.Name = name
+	return ac.cp.StartNode(t, o)
+}
+
+// pause pauses sandbox id through the gateway and waits for its record to
+// say it is paused into the archive on node.
+func (ac archivedCluster) pause(ctx context.Context, t *testing.T, records *cluster.Records, id, node string) {
+	t.Helper()
+	if err := ac.c.Pause(ctx, id, true); err != nil {
+		t.Fatalf("pause through the gateway: %v", err)
+	}
+	clustertest.Poll(t, time.Minute, "the record says archived on "+node, func(ctx context.Context) (bool, string) {
+		rec, err := records.Sandbox(ctx, id)
+		if err != nil {
+			return false, err.Error()
+		}
+		return rec.Spec.Node == node && rec.Status.Phase == v1alpha1.SandboxPaused && rec.Status.Archived, fmt.Sprintf("%+v %+v", rec.Spec, rec.Status)
+	})
 }
 
 // nodeHas says whether node n holds a copy of sandbox id — its API knows
