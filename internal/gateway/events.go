@@ -246,7 +246,7 @@ func (g *Gateway) listPools(w http.ResponseWriter, r *http.Request) {
 // setPool is PUT /pools/{template} on every live node: 200 with the
 // cluster's pool (the sum), or 502 naming the nodes that did not take it.
 func (g *Gateway) setPool(w http.ResponseWriter, r *http.Request) {
-	body, err := readBody(r) // volumes.go
+	body, err := takeBody(r) // volumes.go
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "%v", err)
 		return

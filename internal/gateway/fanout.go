@@ -174,9 +174,9 @@ func findNode(nodes []cluster.NodeInfo, name string) (cluster.NodeInfo, bool) {
 	return cluster.NodeInfo{}, false
 }
 
-// liveNode is the endpoint of node name, which holds what (for the error:
+// nodeURL is the endpoint of node name, which holds what (for the error:
 // "volume \"data\""), when it is live.
-func (g *Gateway) liveNode(ctx context.Context, name, what string) (*url.URL, error) {
+func (g *Gateway) nodeURL(ctx context.Context, name, what string) (*url.URL, error) {
 	nodes, err := g.nodes(ctx)
 	if err != nil {
 		return nil, err

@@ -45,7 +45,7 @@ func (g *Gateway) placeCreate(r *http.Request, nodes []cluster.NodeInfo, tpl str
 // pinOf is the node a create must go to ("" when any will do) and what is
 // there (for errors).
 func (g *Gateway) pinOf(r *http.Request, nodes []cluster.NodeInfo, tpl string) (node, what string, err error) {
-	body, err := readBody(r) // volumes.go
+	body, err := takeBody(r) // volumes.go
 	if err != nil {
 		return "", "", err
 	}

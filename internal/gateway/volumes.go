@@ -71,7 +71,7 @@ func (g *Gateway) volumeContent(w http.ResponseWriter, r *http.Request, id strin
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return
 	}
-	u, err := g.liveNode(r.Context(), v.Spec.Node, fmt.Sprintf("volume %q", id))
+	u, err := g.nodeURL(r.Context(), v.Spec.Node, fmt.Sprintf("volume %q", id))
 	if err != nil {
 		// Only the node can check a volume token: that the volume exists
 		// and where is told to a key of its owner alone.
@@ -101,8 +101,8 @@ func (g *Gateway) serveVolumes(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// readBody reads a small JSON body and puts it back for the node.
-func readBody(r *http.Request) ([]byte, error) {
+// takeBody reads a small JSON body and puts it back for the node.
+func takeBody(r *http.Request) ([]byte, error) {
 	if r.Body == nil {
 		return nil, nil
 	}
@@ -120,7 +120,7 @@ func readBody(r *http.Request) ([]byte, error) {
 }
 
 func (g *Gateway) createVolume(w http.ResponseWriter, r *http.Request) {
-	body, err := readBody(r)
+	body, err := takeBody(r)
 	if err != nil {
 		writeError(w, errdefs.HTTPStatus(err), "%v", err)
 		return
@@ -242,7 +242,7 @@ func (g *Gateway) oneVolume(w http.ResponseWriter, r *http.Request, ref string) 
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return
 	}
-	u, err := g.liveNode(r.Context(), v.Spec.Node, fmt.Sprintf("volume %q", ref))
+	u, err := g.nodeURL(r.Context(), v.Spec.Node, fmt.Sprintf("volume %q", ref))
 	if err != nil {
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return
