@@ -388,3 +388,23 @@ func eventsOf(t *testing.T, code int, body string) []event {
 	}
 	return evs
 }
+
+// TestClusterRoutesSDK: compat/e2b's volume and events suites — the real
+// e2b@2.51.0 Volume class (create, getInfo, list, the file API with the
+// volume token, volumeMounts at Sandbox.create, another team's key and
+// token refused) and the lifecycle events and signed webhook deliveries —
+// pass through a gateway in front of two nodes as they pass against one
+// daemon.
+func TestClusterRoutesSDK(t *testing.T) {
+	const ns = "cella-routes-sdk"
+	cp, cl := clustertest.StartIn(t, ns)
+	// The flags compat/e2b/run.sh gives its daemon.
+	args := []string{"--webhook-allow=127.0.0.1", "--egress-allow=*.test", "--egress-resolve=*.test=127.0.0.1"}
+	nodeA := cp.StartNode(t, clustertest.NodeOptions{Name: "node-a", Namespace: ns, Args: args})
+	cp.StartNode(t, clustertest.NodeOptions{Name: "node-b", Namespace: ns, Args: args})
+	gw := cp.StartGateway(t, "gw-1", ns)
+	clustertest.WaitLive(t, cl, ns, 2)
+	admin := nodeA.AdminKey(t)
+	runSuite(t, "volume.test.mjs", gw.URL, admin, "")
+	runSuite(t, "events.test.mjs", gw.URL, admin, "")
+}
