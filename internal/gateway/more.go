@@ -9,6 +9,10 @@ import (
 // creates, lists, keys and secrets (false: not one of these).
 func (g *Gateway) serveMore(w http.ResponseWriter, r *http.Request) bool {
 	p := r.URL.Path
+	if id, ok := forkOf(r); ok {
+		g.fork(w, r, id) // snapshots.go
+		return true
+	}
 	switch {
 	case isVolumes(p):
 		g.serveVolumes(w, r) // volumes.go

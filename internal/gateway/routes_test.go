@@ -213,6 +213,27 @@ func TestClusterRoutes(t *testing.T) {
 		t.Fatalf("the create from the snapshot landed on %s, the snapshot is on %s", n, nv)
 	}
 
+	// A fork through gw-2 is used at once through gw-2 (before its node's
+	// sync records it): the gateway remembers where it went.
+	code, body = call(t, "POST", gw2.URL+"/sandboxes/"+fromSnap+"/fork", alpha, `{"count":1,"timeout":900}`)
+	var forks []struct {
+		Sandbox struct {
+			SandboxID string `json:"sandboxID"`
+		} `json:"sandbox"`
+	}
+	if code != http.StatusCreated || json.Unmarshal([]byte(body), &forks) != nil || len(forks) != 1 || forks[0].Sandbox.SandboxID == "" {
+		t.Fatalf("fork through gw-2: %d %s", code, body)
+	}
+	fork := forks[0].Sandbox.SandboxID
+	mu.Lock()
+	ids = append(ids, fork)
+	mu.Unlock()
+	if conn, err := c2.Sandbox(ctx, fork); err != nil {
+		t.Errorf("the fork through gw-2 right after it was made: %v", err)
+	} else if r, err := conn.Exec(ctx, "echo forked", client.ExecOptions{}); err != nil || strings.TrimSpace(r.Stdout) != "forked" {
+		t.Errorf("exec in the fork through gw-2: %+v %v", r, err)
+	}
+
 	// Batch metrics of sandboxes on both nodes.
 	clustertest.Poll(t, 3*time.Minute, "batch metrics of both nodes' sandboxes", func(ctx context.Context) (bool, string) {
 		code, body := get(t, gw2.URL+"/sandboxes/metrics?sandbox_ids="+onV[0]+","+other+",nosuchsandbox0000000", alpha)

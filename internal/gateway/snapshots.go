@@ -204,3 +204,50 @@ func (g *Gateway) deleteSnapshot(w http.ResponseWriter, r *http.Request) bool {
 }
 
 func quote(s string) string { return strconv.Quote(s) }
+
+// forkOf is the original's ID of POST /sandboxes/{id}/fork.
+func forkOf(r *http.Request) (string, bool) {
+	rest, ok := strings.CutPrefix(r.URL.Path, "/sandboxes/")
+	id, tail, _ := strings.Cut(rest, "/")
+	return id, ok && r.Method == http.MethodPost && id != "" && tail == "fork"
+}
+
+// fork forwards a fork to the original's node and remembers the forks
+// there, as a create's placement: the client uses them at once, before
+// the node's next sync records them.
+func (g *Gateway) fork(w http.ResponseWriter, r *http.Request, id string) {
+	u, err := g.nodeOf(r.Context(), id)
+	if err != nil {
+		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
+		return
+	}
+	rec := &recorder{ResponseWriter: w}
+	g.forward(rec, r, u)
+	var forks []struct {
+		Sandbox *struct {
+			SandboxID string `json:"sandboxID"`
+		} `json:"sandbox"`
+	}
+	if rec.status != http.StatusCreated || json.Unmarshal(rec.body.Bytes(), &forks) != nil {
+		return
+	}
+	nodes, err := g.nodes(r.Context())
+	if err != nil {
+		return
+	}
+	name := ""
+	for _, n := range nodes {
+		if nu, err := urlOf(n); err == nil && nu.String() == u.String() {
+			name = n.Name
+		}
+	}
+	p, _ := caller(r.Context())
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, f := range forks {
+		if f.Sandbox != nil && f.Sandbox.SandboxID != "" && name != "" {
+			g.placed[f.Sandbox.SandboxID] = placement{node: name, owner: p.Owner(), at: time.Now()}
+		}
+	}
+	g.prunePlacedLocked()
+}
