@@ -150,6 +150,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			g.toSandbox(w, r, id)
 			return
 		}
+		if r.Method == http.MethodDelete && strings.HasPrefix(r.URL.Path, "/templates/") {
+			// Not one of the caller's snapshots (snapshots.go): a node
+			// answers, for a template of its own or with E2B's 404.
+			g.toAnyNode(w, r)
+			return
+		}
 		writeError(w, http.StatusNotImplemented, "%s %s is not served by the gateway yet: only sandbox creates and requests for one sandbox are (ask a node directly)", r.Method, r.URL.Path)
 	}
 }

@@ -414,8 +414,9 @@ func eventsOf(t *testing.T, code int, body string) []event {
 // e2b@2.51.0 Volume class (create, getInfo, list, the file API with the
 // volume token, volumeMounts at Sandbox.create, another team's key and
 // token refused) and the lifecycle events and signed webhook deliveries —
-// pass through a gateway in front of two nodes as they pass against one
-// daemon.
+// and the SDK suite's snapshot step (createSnapshot, listSnapshots, a create
+// from the snapshot, fork, deleteSnapshot → true then false) pass through a
+// gateway in front of two nodes as they pass against one daemon.
 func TestClusterRoutesSDK(t *testing.T) {
 	const ns = "cella-routes-sdk"
 	cp, cl := clustertest.StartIn(t, ns)
@@ -428,4 +429,5 @@ func TestClusterRoutesSDK(t *testing.T) {
 	admin := nodeA.AdminKey(t)
 	runSuite(t, "volume.test.mjs", gw.URL, admin, "")
 	runSuite(t, "events.test.mjs", gw.URL, admin, "")
+	runSuite(t, "sdk.test.mjs", gw.URL, admin, "step 17: createSnapshot")
 }
