@@ -35,8 +35,10 @@ import (
 //   - A webhook registered through gw-1 receives the events of sandboxes on
 //     both nodes (so on one that did not answer the registration).
 //   - Pools: PUT through a gateway sets every node's pool, GET sums them.
+//   - A fork through gw-2 is usable through gw-2 at once.
 //   - Another team's key sees none of it: the same 404 as an unknown ID,
-//     empty lists.
+//     empty lists; its own volume of the same name is another volume, and
+//     deleting it frees its record and name only.
 //   - The volume's node killed: a create mounting it is refused naming the
 //     volume and the node, and the volume is listed unavailable.
 func TestClusterRoutes(t *testing.T) {
@@ -352,6 +354,31 @@ func TestClusterRoutes(t *testing.T) {
 	}
 	if code, body := get(t, gw1.URL+"/overview", admin); code != http.StatusNotImplemented || !strings.Contains(body, "ask a node") {
 		t.Errorf("GET /overview through the gateway: %d %s", code, body)
+	}
+
+	// A team's volume names are its own: another team's "shared" is
+	// another volume, and each lists only its own.
+	code, body = call(t, "POST", gw2.URL+"/volumes", beta, `{"name":"shared"}`)
+	var betaVol apiwire.Volume
+	if code != http.StatusCreated || json.Unmarshal([]byte(body), &betaVol) != nil || betaVol.VolumeID == vol.VolumeID {
+		t.Fatalf("another team's volume of the same name: %d %s", code, body)
+	}
+	if code, body := get(t, gw1.URL+"/volumes", beta); code != http.StatusOK || !strings.Contains(body, betaVol.VolumeID) || strings.Contains(body, vol.VolumeID) {
+		t.Errorf("another team's GET /volumes: %d %s, want its own volume only", code, body)
+	}
+	// Deleted through gw-1, a volume's record goes and its name is free
+	// again.
+	if code, body := call(t, "DELETE", gw1.URL+"/volumes/shared", beta, ""); code != http.StatusNoContent {
+		t.Errorf("DELETE /volumes/shared through gw-1: %d %s", code, body)
+	}
+	if _, err := cluster.NewVolumeRecords(cl, ns).Named(ctx, "beta", "shared"); err == nil {
+		t.Errorf("the deleted volume's record is still there")
+	}
+	if code, body := get(t, gw2.URL+"/volumes/"+betaVol.VolumeID, beta); code != http.StatusNotFound {
+		t.Errorf("GET of the deleted volume: %d %s, want 404", code, body)
+	}
+	if code, body := get(t, gw2.URL+"/volumes/shared", alpha); code != http.StatusOK || !strings.Contains(body, vol.VolumeID) {
+		t.Errorf("the team's own volume after another team's of its name went: %d %s", code, body)
 	}
 
 	// The volume's node dies: its volume is refused by name, not placed
