@@ -10,6 +10,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -102,6 +103,9 @@ func (r *VolumeRecords) Named(ctx context.Context, team, name string) (*v1alpha1
 
 // ByID is the volume with this ID.
 func (r *VolumeRecords) ByID(ctx context.Context, id string) (*v1alpha1.Volume, error) {
+	if len(validation.IsValidLabelValue(id)) > 0 || id == "" {
+		return nil, errdefs.NotFound("volume %q not found", id) // no volume ID is that
+	}
 	var l v1alpha1.VolumeList
 	if err := r.c.List(ctx, &l, client.InNamespace(r.ns), client.MatchingLabels{LabelVolumeID: id}); err != nil {
 		return nil, kindOf(err, "look up volume %s", id)

@@ -304,10 +304,13 @@ func TestClusterRoutes(t *testing.T) {
 
 	// Another team sees none of it.
 	unknown := "vol_00000000000000ff"
-	for _, u := range []string{"/volumes/shared", "/volumes/" + vol.VolumeID, "/volumes/" + unknown, "/events/webhooks/" + hook.ID} {
+	for _, u := range []string{"/volumes/shared", "/volumes/" + vol.VolumeID, "/volumes/" + unknown, "/volumes/a%20b", "/events/webhooks/" + hook.ID} {
 		if code, body := get(t, gw2.URL+u, beta); code != http.StatusNotFound {
 			t.Errorf("another team: GET %s: %d %s, want 404", u, code, body)
 		}
+	}
+	if code, body := get(t, gw2.URL+"/volumecontent/..%2F..%2Fkeys/file?path=/x", beta); code != http.StatusNotFound {
+		t.Errorf("volumecontent of a crafted ID: %d %s, want 404", code, body)
 	}
 	_, foreign := get(t, gw2.URL+"/volumecontent/"+vol.VolumeID+"/file?path=/hello.txt", beta)
 	_, unknownBody := get(t, gw2.URL+"/volumecontent/"+unknown+"/file?path=/hello.txt", beta)
