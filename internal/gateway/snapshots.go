@@ -221,14 +221,17 @@ func (g *Gateway) fork(w http.ResponseWriter, r *http.Request, id string) {
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return
 	}
-	rec := &recorder{ResponseWriter: w}
-	g.forward(rec, r, u)
+	// The answer is held until the placements are kept: the client's next
+	// request, sent as soon as it has the 201, finds them.
+	b := newBuffered() // volumes.go
+	g.forward(b, r, u)
+	defer b.replay(w)
 	var forks []struct {
 		Sandbox *struct {
 			SandboxID string `json:"sandboxID"`
 		} `json:"sandbox"`
 	}
-	if rec.status != http.StatusCreated || json.Unmarshal(rec.body.Bytes(), &forks) != nil {
+	if b.status != http.StatusCreated || json.Unmarshal(b.body.Bytes(), &forks) != nil {
 		return
 	}
 	nodes, err := g.nodes(r.Context())
