@@ -24,9 +24,12 @@ import (
 // node, else the best one (pick). ok false: no node at all.
 func (g *Gateway) placeCreate(r *http.Request, nodes []cluster.NodeInfo, tpl string) (cluster.NodeInfo, *pendingCreate, bool, error) {
 	name, what, err := g.pinOf(r, nodes, tpl)
-	if err != nil || name == "" {
+	if err != nil {
+		return cluster.NodeInfo{}, nil, false, err
+	}
+	if name == "" {
 		n, pc, ok := g.pick(nodes, tpl)
-		return n, pc, ok, err
+		return n, pc, ok, nil
 	}
 	n, found := findNode(nodes, name)
 	if err := unusable(n, found, name, what); err != nil {
