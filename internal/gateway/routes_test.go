@@ -39,6 +39,9 @@ import (
 //   - Another team's key sees none of it: the same 404 as an unknown ID,
 //     empty lists; its own volume of the same name is another volume, and
 //     deleting it frees its record and name only.
+//   - The volume's node drained: a create mounting it is refused naming the
+//     volume and the node; mounting volumes of two nodes is a 409 naming
+//     both.
 //   - The volume's node killed: a create mounting it is refused naming the
 //     volume and the node, and the volume is listed unavailable.
 func TestClusterRoutes(t *testing.T) {
@@ -362,6 +365,39 @@ func TestClusterRoutes(t *testing.T) {
 	}
 	if code, body := get(t, gw1.URL+"/overview", admin); code != http.StatusNotImplemented || !strings.Contains(body, "ask a node") {
 		t.Errorf("GET /overview through the gateway: %d %s", code, body)
+	}
+
+	// The volume's node drained: a create mounting the volume is refused
+	// naming the volume and the node, and a create mounting volumes of two
+	// nodes is refused naming both.
+	if err := cluster.SetDrain(ctx, cl, ns, nv, true); err != nil {
+		t.Fatal(err)
+	}
+	mountShared := `{"templateID":"base","volumeMounts":[{"name":"shared","path":"/mnt/shared"}]}`
+	clustertest.Poll(t, time.Minute, "a create mounting the volume of a drained node is refused naming both", func(ctx context.Context) (bool, string) {
+		code, body := call(t, "POST", gw2.URL+"/sandboxes", alpha, mountShared)
+		if code/100 == 2 {
+			t.Fatalf("a create mounting the volume of a drained node: %s", body)
+		}
+		return code == http.StatusServiceUnavailable && strings.Contains(body, `volume \"shared\"`) && strings.Contains(body, nv) && strings.Contains(body, "drained"), fmt.Sprintf("%d %s", code, body)
+	})
+	code, body = call(t, "POST", gw2.URL+"/volumes", alpha, `{"name":"second"}`) // on the other node: nv is drained
+	var second apiwire.Volume
+	if code != http.StatusCreated || json.Unmarshal([]byte(body), &second) != nil {
+		t.Fatalf("a second volume: %d %s", code, body)
+	}
+	if rec, err := cluster.NewVolumeRecords(cl, ns).ByID(ctx, second.VolumeID); err != nil || rec.Spec.Node != no {
+		t.Fatalf("the second volume went to %+v (%v), want the undrained %s", rec, err, no)
+	}
+	if err := cluster.SetDrain(ctx, cl, ns, nv, false); err != nil {
+		t.Fatal(err)
+	}
+	code, body = call(t, "POST", gw1.URL+"/sandboxes", alpha, `{"templateID":"base","volumeMounts":[{"name":"shared","path":"/mnt/a"},{"name":"second","path":"/mnt/b"}]}`)
+	if code != http.StatusConflict || !strings.Contains(body, `volume \"second\"`) || !strings.Contains(body, nv) || !strings.Contains(body, no) {
+		t.Errorf("a create mounting volumes of two nodes: %d %s, want 409 naming both", code, body)
+	}
+	if code, body := call(t, "DELETE", gw1.URL+"/volumes/second", alpha, ""); code != http.StatusNoContent {
+		t.Errorf("DELETE /volumes/second: %d %s", code, body)
 	}
 
 	// A team's volume names are its own: another team's "shared" is
