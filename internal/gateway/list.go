@@ -173,21 +173,12 @@ func (g *Gateway) list(w http.ResponseWriter, r *http.Request) {
 	answers := map[string]*nodeAnswer{}
 	if lq.askNodes {
 		var mu sync.Mutex
-		var wg sync.WaitGroup
-		for _, n := range nodes {
-			if !n.Live || n.Endpoint == "" {
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				a := g.askNode(r, n, lq)
-				mu.Lock()
-				answers[n.Name] = a
-				mu.Unlock()
-			}()
-		}
-		wg.Wait()
+		<-eachLive(nodes, func(n cluster.NodeInfo) {
+			a := g.askNode(r, n, lq)
+			mu.Lock()
+			answers[n.Name] = a
+			mu.Unlock()
+		})
 	}
 	var items []listed
 	more := false
@@ -224,6 +215,25 @@ func (g *Gateway) list(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
 	_ = json.NewEncoder(w).Encode(out)
+}
+
+// eachLive runs f for every live node with an endpoint, all at once; the
+// channel is closed once every f returned.
+func eachLive(nodes []cluster.NodeInfo, f func(cluster.NodeInfo)) <-chan struct{} {
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		if !n.Live || n.Endpoint == "" {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f(n)
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	return done
 }
 
 // listTimeout bounds one node's answer to a list: a node that does not
