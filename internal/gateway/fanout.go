@@ -80,22 +80,25 @@ func (g *Gateway) ask(in *http.Request, n cluster.NodeInfo, method, path, query 
 	return rep
 }
 
-// eachLive calls f for every live node at once and waits for all.
-func eachLive(nodes []cluster.NodeInfo, f func(n cluster.NodeInfo)) {
+// eachLive calls f for every live node with an endpoint, all at once; the
+// channel is closed once every f returned (<-eachLive(...) waits for all).
+func eachLive(nodes []cluster.NodeInfo, f func(n cluster.NodeInfo)) <-chan struct{} {
 	var wg sync.WaitGroup
 	for _, n := range nodes {
 		if n.Live && n.Endpoint != "" {
 			wg.Go(func() { f(n) })
 		}
 	}
-	wg.Wait()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	return done
 }
 
 // askLive sends the same request to every live node at once.
 func (g *Gateway) askLive(in *http.Request, nodes []cluster.NodeInfo, method, path, query string, body []byte) []reply {
 	var mu sync.Mutex
 	var out []reply
-	eachLive(nodes, func(n cluster.NodeInfo) {
+	<-eachLive(nodes, func(n cluster.NodeInfo) {
 		r := g.ask(in, n, method, path, query, body)
 		mu.Lock()
 		out = append(out, r)

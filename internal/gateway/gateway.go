@@ -3,7 +3,8 @@
 // capacity are their Leases: internal/cluster) and forwards every later
 // request for a sandbox — REST and sandbox traffic, WebSockets included —
 // to the node that holds it (its Sandbox record, or the gateway's own
-// placement until the node has recorded it).
+// placement until the node has recorded it; with neither, the live nodes
+// are asked before a 404: holder.go).
 //
 // It forwards at the HTTP level rather than implementing edge.Router over
 // remote nodes: the node's own API and edge answer every request (its
@@ -265,11 +266,18 @@ func (g *Gateway) nodeOf(ctx context.Context, id string) (*url.URL, error) {
 			return nil, errdefs.Unavailable("sandbox %s is lost: %s", id, sb.Status.Message)
 		}
 		name = sb.Spec.Node
-	case errdefs.Is(err, errdefs.KindNotFound):
-		if !placed || !visible(ctx, p.owner) {
+	case errdefs.Is(err, errdefs.KindNotFound) && placed:
+		if !visible(ctx, p.owner) {
 			return nil, errdefs.NotFound("sandbox %q not found", id)
 		}
 		name = p.node
+	case errdefs.Is(err, errdefs.KindNotFound):
+		// No record may be one its node has not written yet (holder.go).
+		n, ok := g.holder(ctx, id)
+		if !ok {
+			return nil, errdefs.NotFound("sandbox %q not found", id)
+		}
+		name = n
 	default:
 		return nil, err
 	}

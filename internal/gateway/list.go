@@ -170,7 +170,7 @@ func (g *Gateway) list(w http.ResponseWriter, r *http.Request) {
 	answers := map[string]*nodeAnswer{}
 	if lq.askNodes {
 		var mu sync.Mutex
-		eachLive(nodes, func(n cluster.NodeInfo) { // fanout.go
+		<-eachLive(nodes, func(n cluster.NodeInfo) { // fanout.go
 			a := g.askNode(r, n, lq)
 			mu.Lock()
 			answers[n.Name] = a

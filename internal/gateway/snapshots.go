@@ -87,7 +87,7 @@ func (g *Gateway) allSnapshots(w http.ResponseWriter, r *http.Request, nodes []c
 	}
 	var mu sync.Mutex
 	results := map[string]result{}
-	eachLive(nodes, func(n cluster.NodeInfo) { // fanout.go
+	<-eachLive(nodes, func(n cluster.NodeInfo) { // fanout.go
 		items, rep := g.nodeSnapshots(r, n, filter)
 		mu.Lock()
 		results[n.Name] = result{items, rep}
