@@ -120,6 +120,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
+	if id, ok := isUpload(r); ok { // templates.go: its token is the credential
+		g.upload(w, r, id)
+		return
+	}
 	p, err := g.authenticate(r) // auth.go
 	if err != nil {
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
@@ -136,6 +140,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The cluster's keys and secrets are in the Kubernetes API: any
 		// node serves them.
 		g.toAnyNode(w, r)
+	case g.templateRoute(w, r): // templates.go
 	default:
 		if id, ok := sandboxPath(r.URL.Path); ok {
 			g.toSandbox(w, r, id)
