@@ -627,12 +627,21 @@ func (s *Service) resolveBuild(ctx context.Context, t store.APITemplate, n Name,
 // namespace/alias[:tag], or one of its builds' store names) the caller may
 // use, its build's store name and ours=true; a foreign private one answers
 // what an unknown one does. Any other ref is returned as it is, ours=false.
+//
+// On a cluster node a template of the cluster this node lacks is pulled
+// first (shared.go).
 func (s *Service) Resolve(ctx context.Context, c Caller, ref string) (name string, ours bool, err error) {
 	if s.cfg.Shared != nil && !localOnly(ref) {
 		if name, handled, err := s.resolveShared(ctx, c, ref); handled {
 			return name, true, err
 		}
 	}
+	return s.ResolveHere(ctx, c, ref)
+}
+
+// ResolveHere is Resolve among this node's templates only: what a listing
+// describes, which must never pull.
+func (s *Service) ResolveHere(ctx context.Context, c Caller, ref string) (name string, ours bool, err error) {
 	if IsStoreName(ref) {
 		b, err := s.cfg.Store.GetBuildByStoreName(ctx, ref)
 		if err != nil {
@@ -880,6 +889,11 @@ func (s *Service) SetPublic(ctx context.Context, c Caller, ref string, public bo
 	}
 	if err := s.cfg.Store.SetAPITemplatePublic(ctx, t.ID, public); err != nil {
 		return nil, err
+	}
+	if s.cfg.Shared != nil {
+		if err := s.cfg.Shared.Published(ctx, t.ID, public); err != nil {
+			return nil, fmt.Errorf("record the template's publication in the cluster: %w", err)
+		}
 	}
 	return s.names(ctx, t), nil
 }

@@ -36,6 +36,9 @@ type Shared interface {
 	// Fetch pulls st's build into the template store as name, its digest
 	// checked. Concurrent fetches of one build pull once.
 	Fetch(ctx context.Context, st SharedTemplate, name string) error
+	// Published records that template id is public (or no longer is):
+	// any team may create from it, on any node.
+	Published(ctx context.Context, id string, public bool) error
 	// Deleted removes the record of template id (gone already: nil).
 	Deleted(ctx context.Context, id string) error
 }
@@ -43,6 +46,8 @@ type Shared interface {
 // SharedTemplate is what the cluster records of an API template.
 type SharedTemplate struct {
 	ID, Team, Alias string
+	// Public: any team may use it (E2B's publish).
+	Public bool
 	// Build is the build ID of Reference/Digest ("": not built yet).
 	Build, Reference, Digest string
 }
@@ -110,7 +115,7 @@ func (s *Service) resolveShared(ctx context.Context, c Caller, ref string) (name
 	name = storeName(st.ID, st.Build)
 	if _, err := s.cfg.Store.GetBuild(ctx, st.Build); err == nil {
 		if _, err := s.cfg.Templates.Get(name); err == nil {
-			return name, true, nil
+			return name, true, s.syncPublic(ctx, st)
 		}
 	}
 	if err := s.cfg.Shared.Fetch(ctx, st, name); err != nil {
@@ -128,9 +133,12 @@ func (s *Service) resolveShared(ctx context.Context, c Caller, ref string) (name
 // build of the template).
 func (s *Service) importShared(ctx context.Context, st SharedTemplate, name string) error {
 	now := time.Now()
-	t := store.APITemplate{ID: st.ID, Alias: st.Alias, TeamID: st.Team, CreatedAt: now, UpdatedAt: now}
+	t := store.APITemplate{ID: st.ID, Alias: st.Alias, TeamID: st.Team, Public: st.Public, CreatedAt: now, UpdatedAt: now}
 	if err := s.cfg.Store.PutAPITemplate(ctx, t); err != nil && !errors.Is(err, store.ErrExists) {
 		return fmt.Errorf("import template %s: %w", st.ID, err)
+	}
+	if err := s.syncPublic(ctx, st); err != nil {
+		return err
 	}
 	b := store.Build{ID: st.Build, TemplateID: st.ID, Status: StatusReady, Tags: []string{DefaultTag}, StoreName: name,
 		CPUCount: DefaultCPUCount, MemoryMB: DefaultMemoryMB, CreatedAt: now, UpdatedAt: now, FinishedAt: now}
@@ -150,3 +158,16 @@ func (s *Service) importShared(ctx context.Context, st SharedTemplate, name stri
 // localOnly says whether ref never names a cluster template: a build's
 // store name, or a builtin.
 func localOnly(ref string) bool { return IsStoreName(ref) || template.IsBuiltin(ref) }
+
+// syncPublic makes this node's copy as public as the cluster's record (a
+// publish went through the building node).
+func (s *Service) syncPublic(ctx context.Context, st SharedTemplate) error {
+	cur, err := s.cfg.Store.GetAPITemplate(ctx, st.ID)
+	if err != nil || cur.Public == st.Public {
+		return nil
+	}
+	if err := s.cfg.Store.SetAPITemplatePublic(ctx, st.ID, st.Public); err != nil {
+		return fmt.Errorf("template %s: record its publication: %w", st.ID, err)
+	}
+	return nil
+}

@@ -137,7 +137,7 @@ func TestRBAC(t *testing.T) {
 	if _, err := gwRecs.EditTemplate(ctx, "rbactpl2", func(*v1alpha1.Template) error { return nil }); !errdefs.Is(err, errdefs.KindForbidden) {
 		t.Errorf("cella-gateway created a template record: %v", err)
 	}
-	if tp, err := gwRecs.FindTemplate(ctx, "rbactpl", "", func(string) bool { return true }); err != nil {
+	if tp, err := gwRecs.FindTemplate(ctx, "rbactpl", "", func(*v1alpha1.Template) bool { return true }); err != nil {
 		t.Errorf("read a template as cella-gateway: %v", err)
 	} else if err := gwRecs.DeleteTemplate(ctx, tp); err != nil {
 		t.Errorf("delete a template as cella-gateway: %v", err)

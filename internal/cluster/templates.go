@@ -28,13 +28,13 @@ func (r *Records) Templates(ctx context.Context) ([]v1alpha1.Template, error) {
 	return l.Items, nil
 }
 
-// FindTemplate is the template named id, else the one with alias among
-// the templates of the teams can accepts; an unknown one and one can
-// refuses are both NotFound (a tenant must not tell them apart).
-func (r *Records) FindTemplate(ctx context.Context, id, alias string, can func(team string) bool) (*v1alpha1.Template, error) {
+// FindTemplate is the template named id, else the one with alias, among
+// the records can accepts; an unknown one and one can refuses are both
+// NotFound (a tenant must not tell them apart).
+func (r *Records) FindTemplate(ctx context.Context, id, alias string, can func(*v1alpha1.Template) bool) (*v1alpha1.Template, error) {
 	if objectName.MatchString(id) { // anything else (an alias:tag, team/alias) names no record
 		t, err := r.Template(ctx, id)
-		if err == nil && can(t.Spec.Team) {
+		if err == nil && can(t) {
 			return t, nil
 		}
 		if err != nil && !errdefs.Is(err, errdefs.KindNotFound) {
@@ -47,7 +47,7 @@ func (r *Records) FindTemplate(ctx context.Context, id, alias string, can func(t
 			return nil, err
 		}
 		for i := range all {
-			if slices.Contains(all[i].Spec.Aliases, alias) && can(all[i].Spec.Team) {
+			if slices.Contains(all[i].Spec.Aliases, alias) && can(&all[i]) {
 				return &all[i], nil
 			}
 		}

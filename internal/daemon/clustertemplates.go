@@ -43,11 +43,13 @@ func (s *sharedTemplates) reference(id, build string) string {
 }
 
 func (s *sharedTemplates) Lookup(ctx context.Context, c builds.Caller, id, alias string) (builds.SharedTemplate, error) {
-	t, err := s.records.FindTemplate(ctx, id, alias, func(team string) bool { return c.P.Can(tenant.Owner{Team: team}) })
+	t, err := s.records.FindTemplate(ctx, id, alias, func(t *v1alpha1.Template) bool {
+		return t.Spec.Public || c.P.Can(tenant.Owner{Team: t.Spec.Team})
+	})
 	if err != nil {
 		return builds.SharedTemplate{}, err
 	}
-	st := builds.SharedTemplate{ID: t.Name, Team: t.Spec.Team, Build: t.Spec.Build, Reference: t.Spec.Reference, Digest: t.Spec.Digest}
+	st := builds.SharedTemplate{ID: t.Name, Team: t.Spec.Team, Public: t.Spec.Public, Build: t.Spec.Build, Reference: t.Spec.Reference, Digest: t.Spec.Digest}
 	if len(t.Spec.Aliases) > 0 {
 		st.Alias = t.Spec.Aliases[0]
 	}
@@ -101,9 +103,19 @@ func (s *sharedTemplates) Publish(ctx context.Context, t store.APITemplate, b st
 }
 
 func (s *sharedTemplates) Fetch(ctx context.Context, st builds.SharedTemplate, name string) error {
-	_, err, _ := s.pulls.Do(name, func() (any, error) { return nil, s.fetch(ctx, st, name) })
+	_, err, _ := s.pulls.Do(name, func() (any, error) {
+		// Shared by every create waiting for it: the first one's client
+		// going away does not cancel the others' pull.
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pullTimeout)
+		defer cancel()
+		return nil, s.fetch(pctx, st, name)
+	})
 	return err
 }
+
+// pullTimeout bounds one pull of a template: a registry that stops
+// answering fails the creates waiting for it instead of holding them.
+const pullTimeout = 15 * time.Minute
 
 func (s *sharedTemplates) fetch(ctx context.Context, st builds.SharedTemplate, name string) error {
 	if s.registry == "" {
@@ -129,6 +141,17 @@ func (s *sharedTemplates) fetch(ctx context.Context, st builds.SharedTemplate, n
 	}
 	s.log.Info("cluster: pulled a template built on another node", "template", st.ID, "build", st.Build, "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+func (s *sharedTemplates) Published(ctx context.Context, id string, public bool) error {
+	_, err := s.records.EditTemplate(ctx, id, func(cr *v1alpha1.Template) error {
+		if cr.ResourceVersion == "" {
+			return errdefs.NotFound("template %q has no cluster record", id)
+		}
+		cr.Spec.Public = public
+		return nil
+	})
+	return err
 }
 
 func (s *sharedTemplates) Deleted(ctx context.Context, id string) error {

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/builds"
 	"github.com/cella-sandbox/cella/internal/cluster"
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
 	"github.com/cella-sandbox/cella/internal/errdefs"
@@ -104,10 +105,11 @@ func aliasOf(name string) string {
 }
 
 // template is the record ref (a template ID, or an alias of the caller's
-// team) names; another team's is NotFound, as an unknown one.
+// team) names; another team's is NotFound, as an unknown one (a published
+// one too: its node answers for it, as for any node's public template).
 func (g *Gateway) template(ctx context.Context, ref string) (*v1alpha1.Template, error) {
 	p, _ := caller(ctx)
-	return g.records.FindTemplate(ctx, ref, aliasOf(ref), func(team string) bool { return p.Can(tenant.Owner{Team: team}) })
+	return g.records.FindTemplate(ctx, ref, aliasOf(ref), func(t *v1alpha1.Template) bool { return p.Can(tenant.Owner{Team: t.Spec.Team}) })
 }
 
 // liveNode is node name's endpoint if it is live.
@@ -302,6 +304,7 @@ func (g *Gateway) dropRecord(ctx context.Context, t *v1alpha1.Template) {
 type listedTemplate struct {
 	TemplateID string `json:"templateID"`
 	Public     bool   `json:"public"`
+	StoreName  string `json:"storeName"`
 }
 
 // recordedTemplate is a record no live node lists (its node is gone and no
@@ -343,7 +346,9 @@ func (g *Gateway) listTemplates(w http.ResponseWriter, r *http.Request) {
 	}
 	p, _ := caller(ctx)
 	ours := map[string]*v1alpha1.Template{}
+	byName := map[string]*v1alpha1.Template{}
 	for i := range recs {
+		byName[recs[i].Name] = &recs[i]
 		if p.Can(tenant.Owner{Team: recs[i].Spec.Team}) {
 			ours[recs[i].Name] = &recs[i]
 		}
@@ -384,14 +389,16 @@ func (g *Gateway) listTemplates(w http.ResponseWriter, r *http.Request) {
 			if _, seen := byID[lt.TemplateID]; seen {
 				continue
 			}
-			rec, isRec := ours[lt.TemplateID]
+			rec, isRec := byName[lt.TemplateID]
+			_, isOurs := ours[lt.TemplateID]
 			switch {
-			case own && (!isRec || rec.Spec.Node != node):
+			case own && (!isOurs || rec.Spec.Node != node):
 				continue
-			case !isRec && !lt.Public:
-				// An API template that is no record of the caller's team:
-				// deleted from the cluster (this node drops its copy on
-				// its next use), or another team's.
+			case isRec && !isOurs && !rec.Spec.Public:
+				continue // another team's, published no longer (a pulled copy may lag)
+			case !isRec && (!lt.Public || builds.IsStoreName(lt.StoreName)):
+				// An API template with no record: deleted from the
+				// cluster (this node drops its copy on its next use).
 				continue
 			}
 			byID[lt.TemplateID] = it.raw

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -219,6 +220,27 @@ func TestClusterTemplates(t *testing.T) {
 		t.Errorf("team-b's delete of team-a's template: %v; want a 404", err)
 	}
 
+	// Published, any team may create from it, on the node that pulled it.
+	if code, body := send(t, http.MethodPatch, gw1.URL+"/v2/templates/"+id, keyA, `{"public":true}`); code != 200 {
+		t.Fatalf("publish through gw-1: %d %s", code, body)
+	}
+	if rec, err := records.Template(ctx, id); err != nil || !rec.Spec.Public {
+		t.Fatalf("the record after the publish: %+v %v", rec, err)
+	}
+	pub, err := b2.Create(ctx, client.CreateRequest{TemplateID: id, Timeout: new(int64(600))})
+	if err != nil {
+		t.Fatalf("team-b's create of the published template: %v", err)
+	}
+	if err := b2.Kill(ctx, pub.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := send(t, http.MethodPatch, gw2.URL+"/v2/templates/"+id, keyA, `{"public":false}`); code != 200 {
+		t.Fatalf("unpublish through gw-2: %d %s", code, body)
+	}
+	if _, err := b1.Create(ctx, client.CreateRequest{TemplateID: id}); !client.IsNotFound(err) {
+		t.Errorf("team-b's create of the unpublished template: %v; want a 404", err)
+	}
+
 	// Records the node must refuse: a digest the registry does not serve
 	// for the reference, and an image outside the cluster's registry.
 	bad := "sha256:" + strings.Repeat("0", 64)
@@ -371,4 +393,19 @@ func templateIDs(ctx context.Context, t *testing.T, c *client.Client) []string {
 		ids = append(ids, tp.TemplateID)
 	}
 	return ids
+}
+
+// send is one request with a JSON body as key.
+func send(t *testing.T, method, url, key, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	req.Header.Set("X-API-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

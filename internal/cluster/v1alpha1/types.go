@@ -109,6 +109,8 @@ type TemplateSpec struct {
 	// Team owns the template; Aliases are its names (E2B's aliases).
 	Team    string   `json:"team,omitempty"`
 	Aliases []string `json:"aliases,omitempty"`
+	// Public: every team may create from it (E2B's publish).
+	Public bool `json:"public,omitempty"`
 	// Reference is the OCI image reference (registry/repository:tag) of
 	// the template's current build; empty until its first build is pushed.
 	Reference string `json:"reference,omitempty"`
