@@ -260,6 +260,9 @@ func (s *Service) RequestBuild(ctx context.Context, c Caller, req Request) (Requ
 		if err := s.cfg.Shared.Building(ctx, t, b); err != nil {
 			return Requested{}, fmt.Errorf("record the build in the cluster: %w", err)
 		}
+		if err := s.cfg.Store.SetAPITemplateShared(ctx, t.ID); err != nil {
+			return Requested{}, err
+		}
 	}
 	// An older build the client never started is superseded (E2B's
 	// InvalidateUnstartedTemplateBuilds).

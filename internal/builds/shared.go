@@ -90,8 +90,9 @@ func (s *Service) resolveShared(ctx context.Context, c Caller, ref string) (name
 			return ref, true, serr
 		}
 		// Not the cluster's (any more): a local copy of an API template
-		// of that name was deleted from the cluster.
-		if t, _, ferr := s.findTemplate(ctx, Caller{P: tenant.System}, ref, false); ferr == nil {
+		// of that name was deleted from the cluster. (One made before this
+		// node joined a cluster has never had a record: it stays.)
+		if t, _, ferr := s.findTemplate(ctx, Caller{P: tenant.System}, ref, false); ferr == nil && t.Shared {
 			if _, derr := s.Delete(ctx, Caller{P: tenant.System}, t.ID, nil); derr != nil {
 				s.log.Warn("template deleted from the cluster: dropping the local copy failed", "template", t.ID, "err", derr)
 			} else {
@@ -102,7 +103,10 @@ func (s *Service) resolveShared(ctx context.Context, c Caller, ref string) (name
 		return ref, false, nil
 	}
 	if err != nil {
-		return ref, true, err
+		// The cluster's API is out of reach: what this node has serves
+		// meanwhile (a template of the cluster it lacks is not found).
+		s.log.Warn("cluster: the template records are out of reach; resolving among this node's templates", "template", ref, "err", err)
+		return ref, false, nil
 	}
 	if n.Tag != "" && n.Tag != DefaultTag {
 		// Tags are the building node's; the cluster records the current
@@ -133,7 +137,7 @@ func (s *Service) resolveShared(ctx context.Context, c Caller, ref string) (name
 // build of the template).
 func (s *Service) importShared(ctx context.Context, st SharedTemplate, name string) error {
 	now := time.Now()
-	t := store.APITemplate{ID: st.ID, Alias: st.Alias, TeamID: st.Team, Public: st.Public, CreatedAt: now, UpdatedAt: now}
+	t := store.APITemplate{ID: st.ID, Alias: st.Alias, TeamID: st.Team, Public: st.Public, CreatedAt: now, UpdatedAt: now, Shared: true}
 	if err := s.cfg.Store.PutAPITemplate(ctx, t); err != nil && !errors.Is(err, store.ErrExists) {
 		return fmt.Errorf("import template %s: %w", st.ID, err)
 	}

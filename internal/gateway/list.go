@@ -172,22 +172,7 @@ func (g *Gateway) list(w http.ResponseWriter, r *http.Request) {
 	}
 	answers := map[string]*nodeAnswer{}
 	if lq.askNodes {
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		for _, n := range nodes {
-			if !n.Live || n.Endpoint == "" {
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				a := g.askNode(r, n, lq)
-				mu.Lock()
-				answers[n.Name] = a
-				mu.Unlock()
-			}()
-		}
-		wg.Wait()
+		answers = g.askNodes(r, nodes, lq)
 	}
 	var items []listed
 	more := false
@@ -229,6 +214,29 @@ func (g *Gateway) list(w http.ResponseWriter, r *http.Request) {
 // listTimeout bounds one node's answer to a list: a node that does not
 // answer in time has its sandboxes listed from their records.
 const listTimeout = 15 * time.Second
+
+// askNodes sends the list query to every live node at once, as the
+// caller; the answers are by node name.
+func (g *Gateway) askNodes(r *http.Request, nodes []cluster.NodeInfo, lq listQuery) map[string]*nodeAnswer {
+	answers := map[string]*nodeAnswer{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		if !n.Live || n.Endpoint == "" {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a := g.askNode(r, n, lq)
+			mu.Lock()
+			answers[n.Name] = a
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return answers
+}
 
 // askNode sends the list query to node n as the caller.
 func (g *Gateway) askNode(in *http.Request, n cluster.NodeInfo, lq listQuery) *nodeAnswer {

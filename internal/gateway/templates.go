@@ -1,18 +1,13 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
-	"time"
 
 	"github.com/cella-sandbox/cella/internal/builds"
-	"github.com/cella-sandbox/cella/internal/cluster"
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/tenant"
@@ -35,8 +30,9 @@ import (
 // templateRoute reports whether r is a template route and serves it.
 func (g *Gateway) templateRoute(w http.ResponseWriter, r *http.Request) bool {
 	seg := pathSegments(r)
-	if len(seg) > 0 && seg[0] == "v2" || len(seg) > 0 && seg[0] == "v3" {
-		seg = seg[1:]
+	version := ""
+	if len(seg) > 0 && (seg[0] == "v2" || seg[0] == "v3") {
+		version, seg = seg[0], seg[1:]
 	}
 	if len(seg) == 0 || seg[0] != "templates" {
 		return false
@@ -45,8 +41,10 @@ func (g *Gateway) templateRoute(w http.ResponseWriter, r *http.Request) bool {
 	switch {
 	case len(seg) == 0 && r.Method == http.MethodPost: // POST /v3/templates
 		g.requestBuild(w, r)
-	case len(seg) == 0 && r.Method == http.MethodGet: // GET /templates, /v2/templates
+	case len(seg) == 0 && r.Method == http.MethodGet && version == "": // GET /templates
 		g.listTemplates(w, r)
+	case len(seg) == 0:
+		g.toAnyNode(w, r) // what a node answers for the rest
 	case len(seg) == 1 && seg[0] == "tags": // POST/DELETE /templates/tags {target|name}
 		g.tags(w, r)
 	case len(seg) == 2 && seg[0] == "aliases":
@@ -160,14 +158,13 @@ func (g *Gateway) toTemplate(w http.ResponseWriter, r *http.Request, ref string)
 // alias's record while it is live, a new template to a node picked as a
 // create is (the node records itself as the builder before it answers).
 func (g *Gateway) requestBuild(w http.ResponseWriter, r *http.Request) {
-	body, ok := readBody(w, r)
-	if !ok {
-		return
-	}
 	var req struct {
 		Name string `json:"name"`
 	}
-	_ = json.Unmarshal(body, &req) // a bad body is the node's to refuse
+	if err := peekBody(r, &req); err != nil {
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
 	if req.Name != "" {
 		t, err := g.template(r.Context(), aliasOf(req.Name))
 		if err != nil && !errdefs.Is(err, errdefs.KindNotFound) {
@@ -200,34 +197,17 @@ func (g *Gateway) requestBuild(w http.ResponseWriter, r *http.Request) {
 	g.forward(w, r, u)
 }
 
-// readBody reads a small JSON body and puts it back for the node.
-func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	if r.Body == nil {
-		return nil, true
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20+1))
-	r.Body.Close()
-	if err != nil || len(body) > 1<<20 {
-		writeError(w, http.StatusBadRequest, "the request body could not be read or is larger than 1 MiB")
-		return nil, false
-	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	r.ContentLength = int64(len(body))
-	return body, true
-}
-
 // tags is POST /templates/tags {target} and DELETE /templates/tags
 // {name}: the template's node holds its tags.
 func (g *Gateway) tags(w http.ResponseWriter, r *http.Request) {
-	body, ok := readBody(w, r)
-	if !ok {
-		return
-	}
 	var req struct {
 		Target string `json:"target"`
 		Name   string `json:"name"`
 	}
-	_ = json.Unmarshal(body, &req)
+	if err := peekBody(r, &req); err != nil {
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
 	ref := req.Target
 	if ref == "" {
 		ref = req.Name
@@ -307,27 +287,6 @@ type listedTemplate struct {
 	StoreName  string `json:"storeName"`
 }
 
-// recordedTemplate is a record no live node lists (its node is gone and no
-// other pulled it), in E2B's Template shape.
-type recordedTemplate struct {
-	TemplateID    string     `json:"templateID"`
-	BuildID       string     `json:"buildID"`
-	CPUCount      int        `json:"cpuCount"`
-	MemoryMB      int        `json:"memoryMB"`
-	DiskSizeMB    int        `json:"diskSizeMB"`
-	Public        bool       `json:"public"`
-	Aliases       []string   `json:"aliases"`
-	Names         []string   `json:"names"`
-	CreatedAt     time.Time  `json:"createdAt"`
-	UpdatedAt     time.Time  `json:"updatedAt"`
-	CreatedBy     *struct{}  `json:"createdBy"`
-	LastSpawnedAt *time.Time `json:"lastSpawnedAt"`
-	SpawnCount    int        `json:"spawnCount"`
-	BuildCount    int        `json:"buildCount"`
-	EnvdVersion   string     `json:"envdVersion"`
-	BuildStatus   string     `json:"buildStatus"`
-}
-
 // listTemplates is GET /templates: every live node's answer for the
 // caller, merged by template ID — the caller team's records (the entry of
 // the record's node first), then the nodes' public templates (builtins) —
@@ -353,23 +312,7 @@ func (g *Gateway) listTemplates(w http.ResponseWriter, r *http.Request) {
 			ours[recs[i].Name] = &recs[i]
 		}
 	}
-	answers := map[string]*nodeAnswer{}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, n := range nodes {
-		if !n.Live || n.Endpoint == "" {
-			continue
-		}
-		wg.Add(1)
-		go func(n cluster.NodeInfo) {
-			defer wg.Done()
-			a := g.askNode(r, n, listQuery{})
-			mu.Lock()
-			answers[n.Name] = a
-			mu.Unlock()
-		}(n)
-	}
-	wg.Wait()
+	answers := g.askNodes(r, nodes, listQuery{})
 	if len(answers) == 0 {
 		writeError(w, http.StatusServiceUnavailable, "no live node (%d nodes known, none renewing its lease)", len(nodes))
 		return
@@ -423,8 +366,11 @@ func (g *Gateway) listTemplates(w http.ResponseWriter, r *http.Request) {
 		for _, a := range rec.Spec.Aliases {
 			names = append(names, rec.Spec.Team+"/"+a)
 		}
-		raw, _ := json.Marshal(recordedTemplate{TemplateID: id, BuildID: rec.Spec.Build, Aliases: append([]string{}, rec.Spec.Aliases...), Names: names,
-			CreatedAt: rec.CreationTimestamp.UTC(), UpdatedAt: rec.CreationTimestamp.UTC(), BuildCount: 1, BuildStatus: status})
+		// E2B's Template as a node answers it, from what the record says.
+		at := rec.CreationTimestamp.UTC()
+		raw, _ := json.Marshal(map[string]any{"templateID": id, "buildID": rec.Spec.Build, "cpuCount": 0, "memoryMB": 0, "diskSizeMB": 0,
+			"public": rec.Spec.Public, "aliases": append([]string{}, rec.Spec.Aliases...), "names": names, "createdAt": at, "updatedAt": at,
+			"createdBy": nil, "lastSpawnedAt": nil, "spawnCount": 0, "buildCount": 1, "envdVersion": "", "buildStatus": status})
 		byID[id] = raw
 		order = append(order, id)
 	}
