@@ -21,7 +21,9 @@ func newLsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			list, err := c.List(cmd.Context())
+			// Lost: a cluster gateway's sandboxes whose node cannot answer
+			// (a node has none); E2B's default list leaves them out.
+			list, err := c.ListStates(cmd.Context(), "running,paused,lost")
 			if err != nil {
 				return err
 			}

@@ -42,6 +42,27 @@ function hostListeners () {
   return { tcp, unix }
 }
 
+// What the sandbox's stream processes say, appended to any failure of a
+// stream step: tells a VNC server that refused from one that died, a proxy
+// that never listened, and a sandbox short of memory or pids.
+const streamState = (s) => quietly(() => s.commands.run([
+  'ps -eo pid,pgid,sid,stat,rss,args', 'netstat -tln', 'ls -la /home/user/.vnc',
+  'cat /sys/fs/cgroup/memory.current /sys/fs/cgroup/pids.current 2>&1',
+  'tail -n 30 /tmp/novnc.log /tmp/x11vnc_stderr.log'].join('; echo; '), { user: 'root', timeoutMs: 20_000 }))
+const explained = async (s, f) => {
+  try { return await f() } catch (e) {
+    const said = await streamState(s).catch((err) => ({ stdout: `(could not read: ${err.message})` }))
+    e.message += `\n--- in the sandbox:\n${said?.stdout ?? '(could not read)'}`
+    throw e
+  }
+}
+
+// After stream.stop(): neither the VNC server nor noVNC's proxy (its
+// websockify) is left, so the next stream.start() finds the ports free.
+const streamStopped = (s) => waitFor('x11vnc and websockify to stop', async () =>
+  (await quietly(() => s.commands.run(`pgrep -x x11vnc || pgrep -f '[w]ebsockify' || netstat -tln | grep -E ':(5900|6080) '`))) === null,
+{ timeout: 20_000, interval: 300 })
+
 // A command the SDK runs that exits non-zero is a CommandExitError: a
 // window query that finds nothing yet, while we wait for it.
 const quietly = async (f) => { try { return await f() } catch (e) { if (e instanceof CommandExitError) return null; throw e } }
@@ -182,54 +203,54 @@ describe('@e2b/desktop@2.4.0', () => {
 
   step('stream.start() + getUrl(): the noVNC page answers through the preview proxy, and its WebSocket speaks VNC', async ({ sdk }) => {
     const s = shared()
-    await sdk('stream.start()', () => s.stream.start())
+    await explained(s, () => sdk('stream.start()', () => s.stream.start()))
     try {
-      const url = await sdk('stream.getUrl()', () => s.stream.getUrl())
-      const u = new URL(url)
-      assert.equal(u.host, s.getHost(6080))
-      assert.equal(u.pathname, '/vnc.html')
-      assert.equal(u.searchParams.get('autoconnect'), 'true')
-      assert.equal(new URL(s.stream.getUrl({ viewOnly: true })).searchParams.get('view_only'), 'true')
-      const page = await viaPreview(url)
-      assert.equal(page.status, 200, `GET ${url}: ${page.status} ${page.body.slice(0, 300)}`)
-      assert.match(page.body, /<title>noVNC<\/title>/)
-      const core = await viaPreview(new URL('/core/rfb.js', url).toString())
-      assert.equal(core.status, 200, 'noVNC\'s RFB client is served with the page')
-      const g = await wsTo(s, 6080)
-      assert.equal(g.status, 101, `the WebSocket upgrade through the proxy: ${g.status} ${g.body}`)
-      assert.equal(g.version, 'RFB 003.008\n')
-      assert.ok(g.securityTypes.includes(1), `without requireAuth the stream is open (None offered): ${g.securityTypes}`)
-      // The VNC port itself is no web server: the proxy reaches no VNC there.
-      const raw = await wsTo(s, 5900)
-      assert.notEqual(raw.status, 101, 'port 5900 does not upgrade to a WebSocket')
+      await explained(s, async () => {
+        const url = await sdk('stream.getUrl()', () => s.stream.getUrl())
+        const u = new URL(url)
+        assert.equal(u.host, s.getHost(6080))
+        assert.equal(u.pathname, '/vnc.html')
+        assert.equal(u.searchParams.get('autoconnect'), 'true')
+        assert.equal(new URL(s.stream.getUrl({ viewOnly: true })).searchParams.get('view_only'), 'true')
+        const page = await viaPreview(url)
+        assert.equal(page.status, 200, `GET ${url}: ${page.status} ${page.body.slice(0, 300)}`)
+        assert.match(page.body, /<title>noVNC<\/title>/)
+        const core = await viaPreview(new URL('/core/rfb.js', url).toString())
+        assert.equal(core.status, 200, 'noVNC\'s RFB client is served with the page')
+        const g = await wsTo(s, 6080)
+        assert.equal(g.status, 101, `the WebSocket upgrade through the proxy: ${g.status} ${g.body}`)
+        assert.equal(g.version, 'RFB 003.008\n')
+        assert.ok(g.securityTypes.includes(1), `without requireAuth the stream is open (None offered): ${g.securityTypes}`)
+        // The VNC port itself is no web server: the proxy reaches no VNC there.
+        const raw = await wsTo(s, 5900)
+        assert.notEqual(raw.status, 101, 'port 5900 does not upgrade to a WebSocket')
+      })
     } finally {
       await sdk('stream.stop()', () => s.stream.stop())
     }
-    await waitFor('x11vnc to stop', async () => (await quietly(() => s.commands.run('pgrep -x x11vnc'))) === null, { timeout: 20_000, interval: 300 })
+    await explained(s, () => streamStopped(s))
   }, { timeout: 90_000 })
 
   step('stream.start({requireAuth: true}): the auth key is in the URL, and VNC without it is refused', async ({ sdk }) => {
     const s = shared()
-    await sdk('stream.start({requireAuth: true})', () => s.stream.start({ requireAuth: true }))
+    await explained(s, () => sdk('stream.start({requireAuth: true})', () => s.stream.start({ requireAuth: true })))
     try {
-      const key = s.stream.getAuthKey()
-      assert.match(key, /^[A-Za-z0-9]{16}$/)
-      const url = s.stream.getUrl({ authKey: key })
-      assert.equal(new URL(url).searchParams.get('password'), key)
-      const page = await viaPreview(url)
-      assert.equal(page.status, 200)
-      const g = await wsTo(s, 6080, { tryAuth: true }).catch(async (e) => {
-        // What the sandbox's stream processes said, to tell a refused VNC
-        // connection from a dead proxy when this fails.
-        const said = await quietly(() => s.commands.run('ps -eo pid,pgid,sid,stat,args; tail -n 20 /tmp/novnc.log /tmp/x11vnc_stderr.log', { user: 'root' }))
-        throw new Error(`${e.message}\n--- in the sandbox:\n${said?.stdout ?? '(could not read)'}`, { cause: e })
+      await explained(s, async () => {
+        const key = s.stream.getAuthKey()
+        assert.match(key, /^[A-Za-z0-9]{16}$/)
+        const url = s.stream.getUrl({ authKey: key })
+        assert.equal(new URL(url).searchParams.get('password'), key)
+        const page = await viaPreview(url)
+        assert.equal(page.status, 200, `GET ${url}: ${page.status} ${page.body.slice(0, 300)}`)
+        const g = await wsTo(s, 6080, { tryAuth: true })
+        assert.equal(g.status, 101, `${g.status} ${g.body}`)
+        assert.deepEqual(g.securityTypes, [2], `only VNC authentication is offered (got ${g.securityTypes})`)
+        assert.equal(g.authResult, 1, 'a response that is not the key\'s is refused')
       })
-      assert.equal(g.status, 101, `${g.status} ${g.body}`)
-      assert.deepEqual(g.securityTypes, [2], `only VNC authentication is offered (got ${g.securityTypes})`)
-      assert.equal(g.authResult, 1, 'a response that is not the key\'s is refused')
     } finally {
       await sdk('stream.stop()', () => s.stream.stop())
     }
+    await explained(s, () => streamStopped(s))
   }, { timeout: 90_000 })
 
   step('nothing of the desktop listens on the host: no new TCP port, no X11 socket', async () => {

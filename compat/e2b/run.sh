@@ -5,6 +5,7 @@
 #   compat/e2b/run.sh                                   # everything
 #   compat/e2b/run.sh --test-name-pattern='step 8'      # extra args go to node --test
 #   CELLA_E2B_SKIP_TEMPLATES=1 compat/e2b/run.sh         # without the template build suite and its registry
+#   CELLA_E2B_SUITES="desktop.test.mjs" compat/e2b/run.sh  # only these suites (space-separated)
 #
 # Needs: root, bin/cella + bin/runsc (make build), the base template in the
 # cache dir (cella template ensure base code-interpreter-v1 docker), Node >= 20.11 with npm.
@@ -13,6 +14,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 CELLA=${CELLA_BIN:-$ROOT/bin/cella}
 CACHE_DIR=${CELLA_CACHE_DIR:-/var/cache/cella}
+COMPAT_NAME=compat/e2b
+# shellcheck source=../lib.sh
+. "$HERE/../lib.sh"
 
 [ "$(id -u)" = 0 ] || { echo "compat/e2b: must run as root (the daemon creates sandboxes)" >&2; exit 2; }
 [ -x "$CELLA" ] || { echo "compat/e2b: $CELLA missing: run 'make build' first" >&2; exit 2; }
@@ -34,7 +38,6 @@ mkdir "$DATA_DIR/bin"
 cp "$CELLA" "$DATA_DIR/bin/cella"
 RUNSC=${CELLA_RUNSC:-$(dirname "$CELLA")/runsc}
 if [ -x "$RUNSC" ]; then cp "$RUNSC" "$DATA_DIR/bin/runsc"; fi
-free_port() { node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'; }
 PORT=$(free_port)
 LOG=$DATA_DIR/daemon.log
 
@@ -44,21 +47,10 @@ LOG=$DATA_DIR/daemon.log
 # mirror points at it, so no build pulls from anywhere but loopback.
 REGISTRY_PID=
 if [ "${CELLA_E2B_SKIP_TEMPLATES:-0}" != 1 ]; then
-  command -v docker-registry >/dev/null || { echo "compat/e2b: docker-registry is missing (apt-get install docker-registry; make deps does)" >&2; exit 2; }
-  REG_PORT=$(free_port)
-  mkdir -p "$DATA_DIR/registry"
-  printf 'version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: 127.0.0.1:%s\n' \
-    "$DATA_DIR/registry/data" "$REG_PORT" > "$DATA_DIR/registry/config.yml"
-  docker-registry serve "$DATA_DIR/registry/config.yml" >"$DATA_DIR/registry/registry.log" 2>&1 &
-  REGISTRY_PID=$!
-  for _ in $(seq 1 100); do
-    [ "$(node -e 'fetch(process.argv[1]).then(r=>console.log(r.status),()=>console.log(0))' "http://127.0.0.1:$REG_PORT/v2/")" = 200 ] && break
-    sleep 0.2
-  done
+  start_registry "$DATA_DIR/registry" || { [ -n "${REGISTRY_PID:-}" ] && kill "$REGISTRY_PID" 2>/dev/null; exit 1; }
   for img in library/python:3.12-slim library/debian:bookworm; do
-    "$DATA_DIR/bin/cella" template push base "127.0.0.1:$REG_PORT/$img" --cache-dir "$CACHE_DIR" \
-      --insecure-registry "127.0.0.1:$REG_PORT" >"$DATA_DIR/registry/push.log" 2>&1 ||
-      { echo "compat/e2b: pushing the stand-in image $img failed:" >&2; tail -n 20 "$DATA_DIR/registry/push.log" >&2; kill "$REGISTRY_PID"; exit 1; }
+    push_template "$DATA_DIR/bin/cella" base "127.0.0.1:$REG_PORT/$img" "$CACHE_DIR" "$DATA_DIR/registry/push.log" ||
+      { kill "$REGISTRY_PID"; exit 1; }
   done
   export CELLA_E2B_REGISTRY="127.0.0.1:$REG_PORT"
   SERVE_TEMPLATE_FLAGS=(--registry-mirror "docker.io=http://127.0.0.1:$REG_PORT" --build-ready-timeout 30s)
@@ -91,6 +83,7 @@ stop_daemon() {
     tail -n 60 "$LOG" >&2 || true
     echo "--- compat/e2b: data dir kept for inspection: $DATA_DIR (remove it when done) ---" >&2
     rm -rf "$DATA_DIR/bin"
+    repeat_failures "$DATA_DIR"/report-*.txt
   else
     rm -rf "$DATA_DIR"
   fi
@@ -129,12 +122,24 @@ SUITES=(
   desktop.test.mjs
   docker.test.mjs
 )
-node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" "${SUITES[@]}"
-status=$?
+if [ -n "${CELLA_E2B_SUITES:-}" ]; then
+  # Only the named suites; the template suite only if it is named.
+  SUITES=()
+  chosen_templates=
+  for f in $CELLA_E2B_SUITES; do
+    if [ "$f" = template.test.mjs ]; then chosen_templates=$TEMPLATE_TESTS; else SUITES+=("$f"); fi
+  done
+  TEMPLATE_TESTS=$chosen_templates
+fi
+status=0
+if [ "${#SUITES[@]}" -gt 0 ]; then
+  node --test --test-concurrency=1 --test-timeout=120000 --test-reporter=spec "$@" "${SUITES[@]}" 2>&1 | tee "$DATA_DIR/report-suites.txt"
+  status=${PIPESTATUS[0]}
+fi
 # Template builds take minutes each on a loaded machine: their own, longer bound.
 if [ -n "$TEMPLATE_TESTS" ]; then
-  node --test --test-concurrency=1 --test-timeout=7200000 --test-reporter=spec "$@" $TEMPLATE_TESTS
-  tstatus=$?
+  node --test --test-concurrency=1 --test-timeout=7200000 --test-reporter=spec "$@" $TEMPLATE_TESTS 2>&1 | tee "$DATA_DIR/report-templates.txt"
+  tstatus=${PIPESTATUS[0]}
   [ "$status" = 0 ] && status=$tstatus
 fi
 set -e

@@ -425,7 +425,7 @@ describe('e2b@2.51.0 Template and @e2b/cli@2.19.0 template', () => {
     }
   }, { timeout: 2 * BUILD })
 
-  step('template step 10: fromTemplate inherits the start command and files; its sandbox sees the server and the new step', async ({ sdk }) => {
+  step('template step 10: fromTemplate inherits the start command and files; its sandbox sees the server and the new step, and has the size it was built with', async ({ sdk }) => {
     assert.ok(demo, 'scenario 1 built the template')
     const t = Template().fromTemplate(ALIAS).runCmd('echo derived > /home/user/derived.txt').setReadyCmd(waitForURL('http://localhost:8000/health'))
     const cache = process.env.CELLA_CACHE_DIR || '/var/cache/cella'
@@ -441,7 +441,7 @@ describe('e2b@2.51.0 Template and @e2b/cli@2.19.0 template', () => {
       return `${n}: ${chain.join(' <- ')}`
     }).join('\n')
     const before = diag()
-    const { info } = await build(sdk, 'Template.build (derived)', t, `cella-derived-${RUN}`).catch((e) => {
+    const { info } = await build(sdk, 'Template.build (derived)', t, `cella-derived-${RUN}`, { cpuCount: 1, memoryMB: 768 }).catch((e) => {
       e.message += `\nthe template's names before the build:\n${before}\nand after:\n${diag()}`
       throw e
     })
@@ -449,6 +449,9 @@ describe('e2b@2.51.0 Template and @e2b/cli@2.19.0 template', () => {
     derivedBody = lastTrigger()
     derivedBody.templateJSON = JSON.parse(await Template.toJSON(t))
     const sbx = janitor.track(await sdk('Sandbox.create (derived)', () => Sandbox.create(`cella-derived-${RUN}`)))
+    // A sandbox is the size its template was built with, as on E2B.
+    const got = await sdk('getInfo (derived)', () => sbx.getInfo())
+    assert.deepEqual([got.cpuCount, got.memoryMB], [1, 768], 'the build\'s cpuCount and memoryMB')
     const run = async (cmd) => (await sdk(`commands.run(${cmd})`, () => sbx.commands.run(cmd))).stdout.trim()
     assert.equal(JSON.parse(await run('curl -s --max-time 5 localhost:8000/health')).path, '/health')
     assert.equal(await run('cat /home/user/derived.txt'), 'derived')

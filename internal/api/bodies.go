@@ -216,9 +216,11 @@ func parseListQuery(q url.Values) (listQuery, error) {
 			switch v {
 			case sandbox.StateRunning, sandbox.StatePaused, sandbox.StateDead:
 				lq.states[v] = true
-			case "":
+			case "", string(apiwire.SandboxStateLost):
+				// A cluster gateway's state (a sandbox its node cannot
+				// answer for): no sandbox of a node's own is lost.
 			default:
-				return lq, errdefs.InvalidArgument("invalid state %q: use running, paused or dead", v)
+				return lq, errdefs.InvalidArgument("invalid state %q: use running, paused, dead or lost", v)
 			}
 		}
 	}

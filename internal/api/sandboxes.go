@@ -141,6 +141,13 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		}
 		if ours {
 			opts.TemplateID = name
+			// E2B's sandboxes are the size their template was built with
+			// (cpuCount, memoryMB of POST /v3/templates); cella's create may
+			// still ask for another.
+			if err := s.cfg.Builds.ApplySizes(r.Context(), name, &opts.CPUs, &opts.MemoryMB); err != nil {
+				s.writeErr(w, r, err)
+				return
+			}
 		}
 	}
 	sb, err := s.cfg.Manager.Create(r.Context(), caller(r), opts)

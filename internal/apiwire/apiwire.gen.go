@@ -365,6 +365,7 @@ func (e SandboxPauseMode) Valid() bool {
 // Defines values for SandboxState.
 const (
 	SandboxStateDead    SandboxState = "dead"
+	SandboxStateLost    SandboxState = "lost"
 	SandboxStatePaused  SandboxState = "paused"
 	SandboxStateRunning SandboxState = "running"
 )
@@ -373,6 +374,8 @@ const (
 func (e SandboxState) Valid() bool {
 	switch e {
 	case SandboxStateDead:
+		return true
+	case SandboxStateLost:
 		return true
 	case SandboxStatePaused:
 		return true
@@ -857,7 +860,7 @@ type ListedSandbox struct {
 	SandboxID string    `json:"sandboxID"`
 	StartedAt time.Time `json:"startedAt"`
 
-	// State A sandbox's state. `dead` (cella's) is a sandbox that died and is still tracked; its detail's `error` says why.
+	// State A sandbox's state. `dead` (cella's) is a sandbox that died and is still tracked; its detail's `error` says why. `lost` (cella's, a cluster gateway's) is a sandbox whose node cannot answer for it; listed only when asked for.
 	State        SandboxState               `json:"state"`
 	TemplateID   string                     `json:"templateID"`
 	VolumeMounts []SandboxVolumeMountDetail `json:"volumeMounts"`
@@ -1341,7 +1344,7 @@ type SandboxDetail struct {
 	SandboxID string    `json:"sandboxID"`
 	StartedAt time.Time `json:"startedAt"`
 
-	// State A sandbox's state. `dead` (cella's) is a sandbox that died and is still tracked; its detail's `error` says why.
+	// State A sandbox's state. `dead` (cella's) is a sandbox that died and is still tracked; its detail's `error` says why. `lost` (cella's, a cluster gateway's) is a sandbox whose node cannot answer for it; listed only when asked for.
 	State              SandboxState               `json:"state"`
 	TemplateID         string                     `json:"templateID"`
 	TrafficAccessToken *string                    `json:"trafficAccessToken"`
@@ -1596,7 +1599,7 @@ type SandboxSnapshotRequest struct {
 	Name string `json:"name,omitempty,omitzero"`
 }
 
-// SandboxState A sandbox's state. `dead` (cella's) is a sandbox that died and is still tracked; its detail's `error` says why.
+// SandboxState A sandbox's state. `dead` (cella's) is a sandbox that died and is still tracked; its detail's `error` says why. `lost` (cella's, a cluster gateway's) is a sandbox whose node cannot answer for it; listed only when asked for.
 type SandboxState string
 
 // SandboxTimeoutRequest E2B's timeout body.
@@ -2271,7 +2274,9 @@ type ListSandboxesV2Params struct {
 	Metadata MetadataFilter `form:"metadata,omitempty" json:"metadata,omitempty,omitzero"`
 
 	// State The states to list, comma-separated; default `running,paused`.
-	// `dead` (cella's) lists sandboxes that died and are still tracked.
+	// `dead` (cella's) lists sandboxes that died and are still tracked;
+	// `lost` (cella's) those a cluster gateway cannot reach on their
+	// node, with a `lostReason` (a node's own list has none).
 	State []SandboxState `form:"state,omitempty" json:"state,omitempty,omitzero"`
 
 	// StartedAfter Only sandboxes started after this RFC 3339 time.

@@ -625,6 +625,25 @@ func (s *Service) resolveBuild(ctx context.Context, t store.APITemplate, n Name,
 	return store.Build{}, errdefs.NotFound("template %q has no finished build yet", ref)
 }
 
+// ApplySizes sets, where they are zero, a create's vCPUs and memory to
+// what the build named storeName (from Resolve) was requested with.
+func (s *Service) ApplySizes(ctx context.Context, storeName string, cpus *float64, memoryMB *int64) error {
+	if *cpus != 0 && *memoryMB != 0 {
+		return nil
+	}
+	b, err := s.cfg.Store.GetBuildByStoreName(ctx, storeName)
+	if err != nil {
+		return fmt.Errorf("reading the build of template %s: %w", storeName, err)
+	}
+	if *cpus == 0 {
+		*cpus = float64(b.CPUCount)
+	}
+	if *memoryMB == 0 {
+		*memoryMB = int64(b.MemoryMB)
+	}
+	return nil
+}
+
 // Resolve is the template-store name a sandbox create or a fromTemplate
 // naming ref starts from: for an API template (ID, alias, alias:tag,
 // namespace/alias[:tag], or one of its builds' store names) the caller may

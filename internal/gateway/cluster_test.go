@@ -115,14 +115,21 @@ func TestCluster(t *testing.T) {
 		}
 		return true, ""
 	})
-	listed, err := c1.ListStates(ctx, "")
+	listed, err := c1.ListStates(ctx, "running,paused,lost")
 	if err != nil {
 		t.Fatal(err)
 	}
+	lostListed := 0
 	for _, d := range listed {
-		if slices.Contains(victimIDs, d.SandboxID) && d.State != "lost" {
-			t.Errorf("%s of the dead node listed %q, want lost", d.SandboxID, d.State)
+		if slices.Contains(victimIDs, d.SandboxID) {
+			lostListed++
+			if d.State != "lost" {
+				t.Errorf("%s of the dead node listed %q, want lost", d.SandboxID, d.State)
+			}
 		}
+	}
+	if lostListed != len(victimIDs) {
+		t.Errorf("%d of the dead node's %d sandboxes listed with state=running,paused,lost", lostListed, len(victimIDs))
 	}
 	for i := range 3 {
 		sb, err := []*client.Client{c1, c2}[i%2].Create(ctx, client.CreateRequest{TemplateID: "base", Timeout: new(int64(900))})

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/apiwire"
 	"github.com/cella-sandbox/cella/internal/cluster"
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
 	"github.com/cella-sandbox/cella/internal/errdefs"
@@ -44,23 +45,17 @@ type listed struct {
 	raw       json.RawMessage
 }
 
-// lostSandbox is a sandbox listed from its record.
+// lostSandbox is a sandbox listed from its record: E2B's list item (what
+// the record knows of it) plus why and where.
 type lostSandbox struct {
-	SandboxID  string            `json:"sandboxID"`
-	TemplateID string            `json:"templateID"`
-	Alias      string            `json:"alias,omitempty"`
-	ClientID   string            `json:"clientID"`
-	StartedAt  time.Time         `json:"startedAt"`
-	EndAt      time.Time         `json:"endAt"`
-	Metadata   map[string]string `json:"metadata"`
-	State      string            `json:"state"`
+	apiwire.ListedSandbox
 	// LostReason says why the gateway cannot reach the sandbox.
 	LostReason string `json:"lostReason"`
 	Node       string `json:"node"`
 }
 
 // StateLost is the state of a sandbox its node cannot answer for.
-const StateLost = "lost"
+const StateLost = string(apiwire.SandboxStateLost)
 
 type listQuery struct {
 	v2       bool
@@ -81,7 +76,10 @@ type listQuery struct {
 
 func parseList(r *http.Request) (listQuery, error) {
 	q := r.URL.Query()
-	lq := listQuery{v2: strings.HasPrefix(r.URL.Path, "/v2/"), limit: 100, withLost: true, askNodes: true,
+	// Lost sandboxes are listed when asked for (state=lost), as a node
+	// lists its dead ones: E2B's clients parse an unasked state as an
+	// error, and each sandbox's own route answers why it is lost.
+	lq := listQuery{v2: strings.HasPrefix(r.URL.Path, "/v2/"), limit: 100, askNodes: true,
 		template: q.Get("template"), metadata: q.Get("metadata") != "", asc: q.Get("order") == "asc"}
 	if !lq.v2 {
 		lq.toNodes = r.URL.RawQuery
@@ -335,8 +333,9 @@ func (g *Gateway) lostItems(ctx context.Context, nodes []cluster.NodeInfo, answe
 		if sb.Status.Phase == v1alpha1.SandboxLost && sb.Status.Message != "" {
 			reason = sb.Status.Message
 		}
-		it := lostSandbox{SandboxID: sb.Name, TemplateID: sb.Spec.Template, Alias: sb.Spec.Template, ClientID: sb.Spec.Node,
-			Metadata: map[string]string{}, State: StateLost, LostReason: reason, Node: sb.Spec.Node}
+		it := lostSandbox{ListedSandbox: apiwire.ListedSandbox{SandboxID: sb.Name, TemplateID: sb.Spec.Template, Alias: sb.Spec.Template,
+			ClientID: sb.Spec.Node, Metadata: apiwire.SandboxMetadata{}, State: apiwire.SandboxStateLost, VolumeMounts: []apiwire.SandboxVolumeMountDetail{}},
+			LostReason: reason, Node: sb.Spec.Node}
 		if sb.Status.StartedAt != nil {
 			it.StartedAt = sb.Status.StartedAt.Time
 		}

@@ -162,7 +162,7 @@ func TestGatewayList(t *testing.T) {
 	// that it does not answer, then, once its Lease lapsed, that).
 	nodeB.Kill()
 	clustertest.Poll(t, 2*time.Minute, "node b's sandboxes listed lost", func(ctx context.Context) (bool, string) {
-		got, _ := list(alice, "/v2/sandboxes")
+		got, _ := list(alice, "/v2/sandboxes?state=running,paused,lost")
 		lost := 0
 		for _, it := range got {
 			if slices.Contains(onB, it.SandboxID) && it.State == "lost" && strings.Contains(it.LostReason, "node node-b stopped renewing its lease") {
@@ -171,8 +171,34 @@ func TestGatewayList(t *testing.T) {
 		}
 		return len(got) == 5 && lost == 2, fmt.Sprintf("%+v", got)
 	})
-	if got, _ := list(bob, "/v2/sandboxes"); len(got) != 1 || got[0].SandboxID != bobs || got[0].State != "lost" {
+	if got, _ := list(bob, "/v2/sandboxes?state=lost,running"); len(got) != 1 || got[0].SandboxID != bobs || got[0].State != "lost" {
 		t.Errorf("bob's list with node b dead: %+v, want his one, lost", got)
+	}
+	// Unasked, the list holds E2B's states only (its clients parse any
+	// other as an error), as a node's holds no dead sandbox unasked; a lost
+	// entry has every field of E2B's list item.
+	var onLive []string
+	for _, id := range aliceAll {
+		if !slices.Contains(lostOnB, id) {
+			onLive = append(onLive, id)
+		}
+	}
+	if got, _ := list(alice, "/v2/sandboxes"); !slices.Equal(ids(got), sorted(onLive)) {
+		t.Errorf("the default list with node b dead: %v, want those on node a, %v", ids(got), sorted(onLive))
+	}
+	if got, _ := list(bob, "/sandboxes"); len(got) != 0 {
+		t.Errorf("bob's v1 list with node b dead: %+v, want none", got)
+	}
+	_, raw := call(t, "GET", gw.URL+"/v2/sandboxes?state=lost", bob, "")
+	var items []map[string]any
+	if err := json.Unmarshal([]byte(raw), &items); err != nil || len(items) != 1 {
+		t.Fatalf("bob's state=lost: %v %s", err, raw)
+	}
+	for _, f := range []string{"sandboxID", "templateID", "clientID", "cpuCount", "memoryMB", "diskSizeMB", "startedAt", "endAt",
+		"envdVersion", "metadata", "state", "volumeMounts", "lostReason", "node"} {
+		if _, ok := items[0][f]; !ok {
+			t.Errorf("a lost entry lacks E2B's %q: %s", f, raw)
+		}
 	}
 	if got, _ := list(alice, "/v2/sandboxes?state=lost"); !slices.Equal(ids(got), sorted(lostOnB)) {
 		t.Errorf("state=lost: %v, want %v", ids(got), sorted(lostOnB))

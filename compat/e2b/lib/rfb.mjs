@@ -48,7 +48,11 @@ export function rfbGreeting ({ host, port, path = '/websockify', headers = {}, t
         upgraded = true
         buf = buf.subarray(end + 4)
       }
-      // Unmasked server frames: the payload of each complete one.
+      // Unmasked server frames: the payload of each complete one. A close
+      // frame may arrive in the same read as the data before it (a server
+      // that refused the authentication sends the result, then closes):
+      // that data is read first.
+      let closed = false
       for (;;) {
         if (buf.length < 2) break
         let len = buf[1] & 0x7f
@@ -56,10 +60,15 @@ export function rfbGreeting ({ host, port, path = '/websockify', headers = {}, t
         if (len === 126) { if (buf.length < 4) break; len = buf.readUInt16BE(2); off = 4 }
         if (len === 127) { if (buf.length < 10) break; len = Number(buf.readBigUInt64BE(2)); off = 10 }
         if (buf.length < off + len) break
-        if ((buf[0] & 0x0f) === 0x8) return done(null, new Error('the server closed the WebSocket during the RFB handshake'))
+        if ((buf[0] & 0x0f) === 0x8) { closed = true; break }
         rfb = Buffer.concat([rfb, buf.subarray(off, off + len)])
         buf = buf.subarray(off + len)
       }
+      if (advance()) return
+      if (closed) done(null, new Error(`the server closed the WebSocket during the RFB handshake (at the ${stage} stage, ${rfb.length} bytes unread)`))
+    })
+    // advance reads what the server sent so far; true once done.
+    const advance = () => {
       if (stage === 'version' && rfb.length >= 12) {
         out.version = rfb.subarray(0, 12).toString('latin1')
         rfb = rfb.subarray(12)
@@ -69,8 +78,7 @@ export function rfbGreeting ({ host, port, path = '/websockify', headers = {}, t
       if (stage === 'types' && rfb.length >= 1 && rfb.length >= 1 + rfb[0]) {
         out.securityTypes = [...rfb.subarray(1, 1 + rfb[0])]
         rfb = rfb.subarray(1 + rfb[0])
-        if (out.securityTypes.length === 0) return done(out)
-        if (!tryAuth || !out.securityTypes.includes(2)) return done(out)
+        if (out.securityTypes.length === 0 || !tryAuth || !out.securityTypes.includes(2)) { done(out); return true }
         send([2])
         stage = 'challenge'
       }
@@ -81,8 +89,10 @@ export function rfbGreeting ({ host, port, path = '/websockify', headers = {}, t
       }
       if (stage === 'result' && rfb.length >= 4) {
         out.authResult = rfb.readUInt32BE(0)
-        return done(out)
+        done(out)
+        return true
       }
-    })
+      return false
+    }
   })
 }
