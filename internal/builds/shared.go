@@ -1,6 +1,7 @@
 package builds
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -48,8 +49,10 @@ type SharedTemplate struct {
 	ID, Team, Alias string
 	// Public: any team may use it (E2B's publish).
 	Public bool
-	// Build is the build ID of Reference/Digest ("": not built yet).
+	// Build is the build ID of Reference/Digest ("": not built yet),
+	// requested with CPUCount and MemoryMB (0: E2B's defaults).
 	Build, Reference, Digest string
+	CPUCount, MemoryMB       int
 }
 
 // sharedAlias is the template ID the cluster knows the caller's alias by
@@ -145,7 +148,7 @@ func (s *Service) importShared(ctx context.Context, st SharedTemplate, name stri
 		return err
 	}
 	b := store.Build{ID: st.Build, TemplateID: st.ID, Status: StatusReady, Tags: []string{DefaultTag}, StoreName: name,
-		CPUCount: DefaultCPUCount, MemoryMB: DefaultMemoryMB, CreatedAt: now, UpdatedAt: now, FinishedAt: now}
+		CPUCount: cmp.Or(st.CPUCount, DefaultCPUCount), MemoryMB: cmp.Or(st.MemoryMB, DefaultMemoryMB), CreatedAt: now, UpdatedAt: now, FinishedAt: now}
 	if _, err := s.cfg.Store.GetBuild(ctx, b.ID); errors.Is(err, store.ErrNotFound) {
 		if err := s.cfg.Store.PutBuild(ctx, b); err != nil {
 			if _, gerr := s.cfg.Store.GetBuild(ctx, b.ID); gerr != nil { // not a concurrent import's

@@ -49,7 +49,8 @@ func (s *sharedTemplates) Lookup(ctx context.Context, c builds.Caller, id, alias
 	if err != nil {
 		return builds.SharedTemplate{}, err
 	}
-	st := builds.SharedTemplate{ID: t.Name, Team: t.Spec.Team, Public: t.Spec.Public, Build: t.Spec.Build, Reference: t.Spec.Reference, Digest: t.Spec.Digest}
+	st := builds.SharedTemplate{ID: t.Name, Team: t.Spec.Team, Public: t.Spec.Public, Build: t.Spec.Build, Reference: t.Spec.Reference, Digest: t.Spec.Digest,
+		CPUCount: t.Spec.CPUCount, MemoryMB: t.Spec.MemoryMB}
 	if len(t.Spec.Aliases) > 0 {
 		st.Alias = t.Spec.Aliases[0]
 	}
@@ -94,6 +95,7 @@ func (s *sharedTemplates) Publish(ctx context.Context, t store.APITemplate, b st
 			return err
 		}
 		cr.Spec.Reference, cr.Spec.Digest, cr.Spec.Build = ref, digest, b.ID
+		cr.Spec.CPUCount, cr.Spec.MemoryMB = b.CPUCount, b.MemoryMB
 		return nil
 	}); err != nil {
 		return fmt.Errorf("record the pushed template: %w", err)

@@ -116,8 +116,12 @@ type TemplateSpec struct {
 	Reference string `json:"reference,omitempty"`
 	// Digest is the manifest digest (sha256:...) nodes pull and check.
 	Digest string `json:"digest,omitempty"`
-	// Build is the build ID Reference holds (E2B's buildID).
-	Build string `json:"build,omitempty"`
+	// Build is the build ID Reference holds (E2B's buildID), and
+	// CPUCount and MemoryMB the sizes it was requested with (a sandbox of
+	// it gets them unless its create asks for its own).
+	Build    string `json:"build,omitempty"`
+	CPUCount int    `json:"cpuCount,omitempty"`
+	MemoryMB int    `json:"memoryMB,omitempty"`
 	// Node is the node that builds the template (an API build's calls go
 	// there while it is live: its files cache, logs and build state are
 	// that node's).
