@@ -112,8 +112,8 @@ func TestClusterTemplates(t *testing.T) {
 	t.Logf("record: %+v", rec.Spec)
 	if rec.Spec.Team != "team-a" || !slices.Contains(rec.Spec.Aliases, alias) || rec.Spec.Build != info.BuildID ||
 		rec.Spec.Reference != prefix+"/"+id+":"+info.BuildID || !strings.HasPrefix(rec.Spec.Digest, "sha256:") || rec.Spec.Node == "" ||
-		rec.Spec.CPUCount != 2 || rec.Spec.MemoryMB != 1024 {
-		t.Fatalf("record %+v: want team-a, alias %s, build %s, reference %s/%s:%s, a digest, a node", rec.Spec, alias, info.BuildID, prefix, id, info.BuildID)
+		rec.Spec.CPUCount != 1 || rec.Spec.MemoryMB != 768 {
+		t.Fatalf("record %+v: want team-a, alias %s, build %s, reference %s/%s:%s, a digest, a node, 1 vCPU and 768 MiB", rec.Spec, alias, info.BuildID, prefix, id, info.BuildID)
 	}
 	if got := manifestDigest(t, reg.Addr, "cella-test/"+id, rec.Spec.Digest); got != rec.Spec.Digest {
 		t.Fatalf("the registry serves %q for %s@%s", got, id, rec.Spec.Digest)
@@ -165,10 +165,10 @@ func TestClusterTemplates(t *testing.T) {
 		if err != nil || r.Stdout != "copied through the gateway\nbuilt-in-the-cluster\n" {
 			t.Fatalf("the sandbox on %s does not see the build's files: %+v %v", other.Name, r, err)
 		}
-		// The build's requested size (E2B's defaults: 2 vCPUs, 1 GiB)
-		// came with the record, not the node's create defaults.
-		if d, err := a2.Get(ctx, sb.SandboxID); err != nil || d.CPUCount != 2 || d.MemoryMB != 1024 {
-			t.Errorf("the sandbox on %s: %v vCPUs, %d MiB (%v); want the build's 2 and 1024", other.Name, d.CPUCount, d.MemoryMB, err)
+		// The build's requested size came with the record (not E2B's
+		// defaults, 2 and 1024, nor the node's create defaults).
+		if d, err := a2.Get(ctx, sb.SandboxID); err != nil || d.CPUCount != 1 || d.MemoryMB != 768 {
+			t.Errorf("the sandbox on %s: %v vCPUs, %d MiB (%v); want the build's 1 and 768", other.Name, d.CPUCount, d.MemoryMB, err)
 		}
 	}
 	log, _ := os.ReadFile(other.Log)

@@ -2,7 +2,8 @@
 // class, for internal/gateway's cluster test (TestClusterTemplates): the
 // SDK talks to the gateway at CELLA_E2B_URL with the key CELLA_E2B_KEY and
 // builds CELLA_BUILD_ALIAS from the base template with a COPY (so the
-// files link and the upload go through the gateway too) and a RUN. It
+// files link and the upload go through the gateway too) and a RUN, asking
+// for 1 vCPU and 768 MiB. It
 // prints the BuildInfo as one JSON line, or exits 1 with the error.
 import fs from 'node:fs'
 import os from 'node:os'
@@ -27,7 +28,8 @@ try {
     .copy('hello.txt', '/home/user/hello.txt')
     .runCmd('echo built-in-the-cluster > /home/user/built.txt')
   const logs = []
-  const info = await Template.build(t, alias, { onBuildLogs: (e) => logs.push(e.toString()) })
+  // Sizes other than E2B's defaults: a sandbox of it on any node must get them.
+  const info = await Template.build(t, alias, { cpuCount: 1, memoryMB: 768, onBuildLogs: (e) => logs.push(e.toString()) })
   console.log(JSON.stringify({ ...info, logs }))
 } catch (err) {
   console.error(err)
