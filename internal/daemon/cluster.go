@@ -52,6 +52,9 @@ func (c ClusterConfig) validate() error {
 		if c.NodeName != "" {
 			return fieldErr("node-name", "%q: needs --cluster (a kubeconfig file or %s)", c.NodeName, cluster.InCluster)
 		}
+		if c.TemplateRegistry != "" {
+			return fieldErr("template-registry", "%q: needs --cluster (a standalone daemon's templates are its own: cella template push)", c.TemplateRegistry)
+		}
 		return nil
 	}
 	if c.NodeName == "" {
