@@ -64,8 +64,12 @@ func TestClusterTemplates(t *testing.T) {
 	t.Cleanup(reg.Stop)
 	prefix := reg.Addr + "/cella-test"
 	args := []string{"--template-registry=" + prefix, "--insecure-registry=" + reg.Addr}
-	nodeA := cp.StartNode(t, clustertest.NodeOptions{Name: "node-a", Namespace: ns, Args: args})
-	nodeB := cp.StartNode(t, clustertest.NodeOptions{Name: "node-b", Namespace: ns, Args: args})
+	// Nothing here waits for a lapse (a node leaves by a clean stop), and
+	// a push's compression on this loaded machine has held a renewal past
+	// the 3 s default: leases of 10 s.
+	const lease = 10 * time.Second
+	nodeA := cp.StartNode(t, clustertest.NodeOptions{Name: "node-a", Namespace: ns, Args: args, LeaseDuration: lease})
+	nodeB := cp.StartNode(t, clustertest.NodeOptions{Name: "node-b", Namespace: ns, Args: args, LeaseDuration: lease})
 	gw1 := cp.StartGateway(t, "gw-1", ns)
 	gw2 := cp.StartGateway(t, "gw-2", ns)
 	clustertest.WaitLive(t, cl, ns, 2)
@@ -120,6 +124,7 @@ func TestClusterTemplates(t *testing.T) {
 	}
 	builder := rec.Spec.Node
 	other := map[string]*clustertest.Proc{"node-a": nodeB, "node-b": nodeA}[builder]
+	builderProc := map[string]*clustertest.Proc{"node-a": nodeA, "node-b": nodeB}[builder]
 
 	// Two creates through gateway 2 on the node that did not build it.
 	if err := cluster.SetDrain(ctx, cl, ns, builder, true); err != nil {
@@ -274,6 +279,54 @@ func TestClusterTemplates(t *testing.T) {
 			t.Errorf("%s imported the refused record %s: %v", other.Name, name, ids)
 		}
 	}
+
+	// A rebuild once the builder left, on a node that never had the
+	// template (the puller drained): the alias keeps its template ID, the
+	// record moves to the new builder with the new build.
+	builderProc.Stop(t)
+	nodeC := cp.StartNode(t, clustertest.NodeOptions{Name: "node-c", Namespace: ns, Args: args, LeaseDuration: lease})
+	clustertest.WaitLive(t, cl, ns, 2)
+	if err := cluster.SetDrain(ctx, cl, ns, other.Name, true); err != nil {
+		t.Fatal(err)
+	}
+	clustertest.Poll(t, time.Minute, "the drain seen", func(ctx context.Context) (bool, string) {
+		return drained(ctx, t, cl, ns, other.Name), ""
+	})
+	info2 := sdkBuild(t, gw2.URL, keyA, alias)
+	rec2, err := records.Template(ctx, id)
+	if err != nil || info2.TemplateID != id || info2.BuildID == info.BuildID || rec2.Spec.Node != nodeC.Name ||
+		rec2.Spec.Build != info2.BuildID || rec2.Spec.Digest == "" || rec2.Spec.Digest == rec.Spec.Digest {
+		t.Fatalf("the rebuild after %s left: %+v; record %+v %v; want template %s, a new build and digest, built on %s", builder, info2, rec2, err, id, nodeC.Name)
+	}
+	if err := cluster.SetDrain(ctx, cl, ns, other.Name, false); err != nil {
+		t.Fatal(err)
+	}
+	// The puller, whose copy is the first build, pulls the new one.
+	if err := cluster.SetDrain(ctx, cl, ns, nodeC.Name, true); err != nil {
+		t.Fatal(err)
+	}
+	clustertest.Poll(t, time.Minute, "the drain seen", func(ctx context.Context) (bool, string) {
+		return drained(ctx, t, cl, ns, nodeC.Name) && !drained(ctx, t, cl, ns, other.Name), ""
+	})
+	again, err := a1.Create(ctx, client.CreateRequest{TemplateID: alias, Timeout: new(int64(600))})
+	if err != nil {
+		t.Fatalf("create of the rebuilt template on %s: %v", other.Name, err)
+	}
+	sandboxes = append(sandboxes, again.SandboxID)
+	conn, err := a1.Sandbox(ctx, again.SandboxID) // the gateway that placed it: the node records it within a second
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := conn.Exec(ctx, "cat /home/user/built.txt", client.ExecOptions{}); err != nil || r.Stdout != "built-in-the-cluster\n" {
+		t.Errorf("the rebuilt template's sandbox: %+v %v", r, err)
+	}
+	if log, _ := os.ReadFile(other.Log); strings.Count(string(log), "cluster: pulling a template built on another node\" template="+id+" build="+info2.BuildID) != 1 {
+		t.Errorf("%s did not pull the rebuild %s once", other.Name, info2.BuildID)
+	}
+	clustertest.Poll(t, time.Minute, "the create recorded", func(ctx context.Context) (bool, string) {
+		_, err := records.Sandbox(ctx, again.SandboxID)
+		return err == nil, fmt.Sprint(err)
+	})
 
 	// DELETE through gateway 2 (after the sandboxes of it are gone).
 	for _, id := range sandboxes {
