@@ -227,6 +227,16 @@ func TestClusterTemplates(t *testing.T) {
 			t.Errorf("team-b's create of team-a's %s: %v; want a 404", ref, err)
 		}
 	}
+	// An upload URL is its own credential: a forged one is refused by
+	// the node that would have signed it, as one for no template is by
+	// the gateway.
+	hash := strings.Repeat("ab", 32)
+	for _, tid := range []string{id, "nosuchtemplate00000x"} {
+		code, body := send(t, http.MethodPut, gw2.URL+"/templates/"+tid+"/files/"+hash+"?team=team-b&expires=9999999999&token=forged", "", "x")
+		if code != http.StatusForbidden {
+			t.Errorf("a forged upload URL for %s: %d %s; want 403", tid, code, body)
+		}
+	}
 	if err := b1.DeleteTemplate(ctx, id); !client.IsNotFound(err) {
 		t.Errorf("team-b's delete of team-a's template: %v; want a 404", err)
 	}
@@ -458,7 +468,9 @@ func templateIDs(ctx context.Context, t *testing.T, c *client.Client) []string {
 func send(t *testing.T, method, url, key, body string) (int, string) {
 	t.Helper()
 	req, _ := http.NewRequest(method, url, strings.NewReader(body))
-	req.Header.Set("X-API-Key", key)
+	if key != "" {
+		req.Header.Set("X-API-Key", key)
+	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
