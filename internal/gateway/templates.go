@@ -164,8 +164,10 @@ func (g *Gateway) toTemplate(w http.ResponseWriter, r *http.Request, ref string)
 }
 
 // requestBuild is POST /v3/templates: a rebuild goes to the node of the
-// alias's record while it is live, a new template to a node picked as a
-// create is (the node records itself as the builder before it answers).
+// alias's record while it is live and not drained (its step cache is
+// there), a new template or one whose builder is gone or drained to a node
+// picked as a create is (the node records itself as the builder before it
+// answers).
 func (g *Gateway) requestBuild(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Name string `json:"name"`
@@ -174,23 +176,27 @@ func (g *Gateway) requestBuild(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "%v", err)
 		return
 	}
+	nodes, err := g.nodes(r.Context())
+	if err != nil {
+		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
+		return
+	}
 	if req.Name != "" {
 		t, err := g.template(r.Context(), aliasOf(req.Name))
 		if err != nil && !errdefs.Is(err, errdefs.KindNotFound) {
 			writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 			return
 		}
-		if err == nil {
-			if u, live, err := g.liveNode(r.Context(), t.Spec.Node); err == nil && live {
-				g.forward(w, r, u)
-				return
+		for _, n := range nodes {
+			// A drained builder gets no new build: another node takes the
+			// template over (same ID; the record names it from then on).
+			if err == nil && n.Name == t.Spec.Node && n.Live && !n.Drained() && n.Endpoint != "" {
+				if u, perr := url.Parse(n.Endpoint); perr == nil {
+					g.forward(w, r, u)
+					return
+				}
 			}
 		}
-	}
-	nodes, err := g.nodes(r.Context())
-	if err != nil {
-		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
-		return
 	}
 	n, pc, ok := g.pick(nodes, "")
 	if !ok {

@@ -124,7 +124,6 @@ func TestClusterTemplates(t *testing.T) {
 	}
 	builder := rec.Spec.Node
 	other := map[string]*clustertest.Proc{"node-a": nodeB, "node-b": nodeA}[builder]
-	builderProc := map[string]*clustertest.Proc{"node-a": nodeA, "node-b": nodeB}[builder]
 
 	// Two creates through gateway 2 on the node that did not build it.
 	if err := cluster.SetDrain(ctx, cl, ns, builder, true); err != nil {
@@ -290,12 +289,12 @@ func TestClusterTemplates(t *testing.T) {
 		}
 	}
 
-	// A rebuild once the builder left, on a node that never had the
-	// template (the puller drained): the alias keeps its template ID, the
-	// record moves to the new builder with the new build.
-	builderProc.Stop(t)
+	// A rebuild while the builder is drained goes to another node, here
+	// one that never had the template (the puller drained too): the alias
+	// keeps its template ID, the record moves to the new builder with the
+	// new build.
 	nodeC := cp.StartNode(t, clustertest.NodeOptions{Name: "node-c", Namespace: ns, Args: args, LeaseDuration: lease})
-	clustertest.WaitLive(t, cl, ns, 2)
+	clustertest.WaitLive(t, cl, ns, 3)
 	if err := cluster.SetDrain(ctx, cl, ns, other.Name, true); err != nil {
 		t.Fatal(err)
 	}
@@ -306,7 +305,7 @@ func TestClusterTemplates(t *testing.T) {
 	rec2, err := records.Template(ctx, id)
 	if err != nil || info2.TemplateID != id || info2.BuildID == info.BuildID || rec2.Spec.Node != nodeC.Name ||
 		rec2.Spec.Build != info2.BuildID || rec2.Spec.Digest == "" || rec2.Spec.Digest == rec.Spec.Digest {
-		t.Fatalf("the rebuild after %s left: %+v; record %+v %v; want template %s, a new build and digest, built on %s", builder, info2, rec2, err, id, nodeC.Name)
+		t.Fatalf("the rebuild with %s drained: %+v; record %+v %v; want template %s, a new build and digest, built on %s", builder, info2, rec2, err, id, nodeC.Name)
 	}
 	if err := cluster.SetDrain(ctx, cl, ns, other.Name, false); err != nil {
 		t.Fatal(err)
