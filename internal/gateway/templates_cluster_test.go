@@ -301,6 +301,11 @@ func TestClusterTemplates(t *testing.T) {
 	clustertest.Poll(t, time.Minute, "the drain seen", func(ctx context.Context) (bool, string) {
 		return drained(ctx, t, cl, ns, other.Name), ""
 	})
+	// A team's alias is its own cluster-wide: another team's build of it,
+	// here on node-c, which never had the template, is E2B's 409.
+	if code, body := send(t, http.MethodPost, gw1.URL+"/v3/templates", keyB, `{"name":"`+alias+`"}`); code != http.StatusConflict {
+		t.Errorf("team-b's build request for team-a's alias: %d %s; want 409", code, body)
+	}
 	info2 := sdkBuild(t, gw2.URL, keyA, alias)
 	rec2, err := records.Template(ctx, id)
 	if err != nil || info2.TemplateID != id || info2.BuildID == info.BuildID || rec2.Spec.Node != nodeC.Name ||
