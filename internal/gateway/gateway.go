@@ -140,7 +140,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The cluster's keys and secrets are in the Kubernetes API: any
 		// node serves them.
 		g.toAnyNode(w, r)
-	case g.templateRoute(w, r): // templates.go
+	case g.templateRoute(w, r): // templates.go: serves what it reports as a template route
 	default:
 		if id, ok := sandboxPath(r.URL.Path); ok {
 			g.toSandbox(w, r, id)
