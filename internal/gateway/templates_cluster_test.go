@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/cella-sandbox/cella/internal/build"
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/cluster"
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
@@ -97,9 +98,18 @@ func TestClusterTemplates(t *testing.T) {
 	a1, a2 := newClient(gw1.URL, keyA), newClient(gw2.URL, keyA)
 	b1, b2 := newClient(gw1.URL, keyB), newClient(gw2.URL, keyB)
 	var sandboxes []string
+	// The template's copies, on every node (the template cache is this
+	// host's, shared with other tests), go too when the test stops early.
+	var built string
+	nodes := []*clustertest.Proc{nodeA, nodeB}
 	t.Cleanup(func() {
 		for _, id := range sandboxes {
 			_ = newClient(gw2.URL, admin).Kill(context.Background(), id)
+		}
+		for _, n := range nodes {
+			if built != "" {
+				_ = newClient(n.URL, admin).DeleteTemplate(context.Background(), built)
+			}
 		}
 	})
 
@@ -109,6 +119,7 @@ func TestClusterTemplates(t *testing.T) {
 	alias := "cluster-demo-" + hex.EncodeToString(suffix)
 	info := sdkBuild(t, gw1.URL, keyA, alias)
 	id := info.TemplateID
+	built = id
 	rec, err := records.Template(ctx, id)
 	if err != nil {
 		t.Fatalf("no Template record of the build %s: %v", id, err)
@@ -294,6 +305,7 @@ func TestClusterTemplates(t *testing.T) {
 	// keeps its template ID, the record moves to the new builder with the
 	// new build.
 	nodeC := cp.StartNode(t, clustertest.NodeOptions{Name: "node-c", Namespace: ns, Args: args, LeaseDuration: lease})
+	nodes = append(nodes, nodeC)
 	clustertest.WaitLive(t, cl, ns, 3)
 	if err := cluster.SetDrain(ctx, cl, ns, other.Name, true); err != nil {
 		t.Fatal(err)
@@ -483,4 +495,74 @@ func send(t *testing.T, method, url, key, body string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// TestClusterKeepsLocalTemplates: an API template a daemon built before it
+// joined a cluster has no Template record, and that is no deletion: the
+// node, restarted on its data dir as a cluster node, still creates from
+// it (only a copy the cluster recorded is dropped when its record goes).
+func TestClusterKeepsLocalTemplates(t *testing.T) {
+	const ns = "cella-keep"
+	cp, cl := clustertest.StartIn(t, ns)
+	dir, err := os.MkdirTemp("", "cella-keep-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // last: after the node stopped
+		if left := daemontest.MountsUnder(dir); len(left) > 0 {
+			t.Errorf("mounts left under %s: %v", dir, left)
+			return
+		}
+		os.RemoveAll(dir)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+
+	env := daemontest.Start(t, "gvisor", daemontest.Options{DataDir: dir})
+	c, err := client.New(client.Config{URL: env.URL, APIKey: env.APIKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	suffix := make([]byte, 3)
+	_, _ = rand.Read(suffix)
+	alias := "pre-cluster-" + hex.EncodeToString(suffix)
+	tb := &client.TemplateBuilds{C: c}
+	if err := tb.Build(ctx, build.Spec{Name: alias, Base: build.Base{Template: "base"},
+		Steps: []build.Step{{Type: build.StepRun, Args: []string{"echo made-standalone > /home/user/pre.txt"}}}}, nil); err != nil {
+		t.Fatalf("standalone build: %v", err)
+	}
+	env.Close()
+
+	node := cp.StartNode(t, clustertest.NodeOptions{Name: "node-a", Namespace: ns, DataDir: dir})
+	clustertest.WaitLive(t, cl, ns, 1)
+	// The cluster's admin key (the data dir's admin.key is the standalone
+	// daemon's).
+	admin, err := cluster.AdminKey(ctx, cl, ns, func() (string, error) { return "", errors.New("no cluster admin key yet") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := client.New(client.Config{URL: node.URL, APIKey: admin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := nc.Create(ctx, client.CreateRequest{TemplateID: alias, Timeout: new(int64(300))})
+	if err != nil {
+		t.Fatalf("create of the pre-cluster template on the cluster node: %v", err)
+	}
+	t.Cleanup(func() { // the template cache is this host's, shared with other tests
+		_ = nc.Kill(context.Background(), sb.SandboxID)
+		if err := nc.DeleteTemplate(context.Background(), alias); err != nil {
+			t.Errorf("delete the pre-cluster template: %v", err)
+		}
+	})
+	conn, err := nc.Sandbox(ctx, sb.SandboxID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := conn.Exec(ctx, "cat /home/user/pre.txt", client.ExecOptions{}); err != nil || r.Stdout != "made-standalone\n" {
+		t.Errorf("the pre-cluster template's sandbox: %+v %v", r, err)
+	}
+	if ids := templateIDs(ctx, t, nc); !slices.ContainsFunc(ids, func(id string) bool { return id != "" && !slices.Contains([]string{"base", "code-interpreter-v1", "desktop", "docker"}, id) }) {
+		t.Errorf("the node no longer lists the pre-cluster template: %v", ids)
+	}
 }
