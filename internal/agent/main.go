@@ -42,6 +42,10 @@ func Main(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	socketPath, err := pinRunDir()
+	if err != nil {
+		return err
+	}
 
 	// PID-1 duties. PATH is set for the agent's own lookups; commands get
 	// their own environment. The kernel never delivers SIGTERM/SIGINT to a
@@ -119,7 +123,7 @@ func Main(ctx context.Context) error {
 
 	slog.Info("agent starting", "sandbox", cfg.SandboxID, "runtime", cfg.Runtime, "version", agentapi.Version)
 	var once sync.Once
-	err = serveChannel(ctx, agentapi.GuestSocketPath, srv.hello, srv.Handler(), func() {
+	err = serveChannel(ctx, socketPath, srv.hello, srv.Handler(), func() {
 		once.Do(func() {
 			for _, f := range afterHello {
 				f()
@@ -178,6 +182,23 @@ func newHTTPServer(h http.Handler) *http.Server {
 		IdleTimeout:       640 * time.Second, // envd's
 		ErrorLog:          slog.NewLogLogger(slog.Default().Handler(), slog.LevelError),
 	}
+}
+
+// pinRunDir holds the run directory open, before any command runs, and
+// returns the daemon's socket as reached through that descriptor. A root
+// that may mount (the docker template's has CAP_SYS_ADMIN) can lay a tmpfs
+// of its own over /run/cella with a socket where the agent would redial,
+// to take the agent's hello credential and pass for it; the pinned
+// directory is the daemon's whatever is mounted over its path later. The
+// daemon re-creates the socket in that same directory when it restarts, and
+// a restore from a checkpoint reopens the descriptor in the restored run
+// directory.
+func pinRunDir() (string, error) {
+	fd, err := unix.Open(agentapi.GuestRunDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("pin the run directory %s: %w", agentapi.GuestRunDir, err)
+	}
+	return fmt.Sprintf("/proc/self/fd/%d/%s", fd, agentapi.SocketName), nil
 }
 
 // serveChannel keeps a session with the daemon up until ctx ends: it dials,

@@ -267,6 +267,51 @@ ls /dev | tr '\n' ' '; echo; echo escape script ran`, maj, min)
 		}
 	})
 
+	// The docker template's root may mount: it can hide /run/cella under a
+	// tmpfs of its own with a socket where the agent redials, to take the
+	// agent's hello credential and pass for it. The agent dials through the
+	// run directory it pinned at boot, so the redial still reaches the
+	// daemon and the decoy hears nothing.
+	t.Run("OvermountedRunDir", func(t *testing.T) {
+		decoy := `import os, socket, subprocess, sys, time
+subprocess.run(['mount', '-t', 'tmpfs', 'decoy', '/run/cella'], check=True)
+s = socket.socket(socket.AF_UNIX)
+s.bind('/run/cella/agent.sock')
+s.listen(8)
+open('/tmp/decoy.ready', 'w').close()
+while True:
+    c, _ = s.accept()
+    c.settimeout(2)
+    try:
+        b = c.recv(256)
+    except Exception:
+        b = b''
+    with open('/tmp/decoy.log', 'a') as f:
+        f.write('DIALED %r\n' % b)
+`
+		if err := sb.WriteFile(ctx, "/tmp/decoy.py", "root", strings.NewReader(decoy)); err != nil {
+			t.Fatal(err)
+		}
+		dockerOK(t, sb, "root", "rm -f /tmp/decoy.log /tmp/decoy.ready; setsid python3 /tmp/decoy.py >/tmp/decoy.out 2>&1 < /dev/null & for i in $(seq 100); do [ -e /tmp/decoy.ready ] && break; sleep 0.1; done; [ -e /tmp/decoy.ready ] || { cat /tmp/decoy.out; exit 1; }")
+		// A resume from memory breaks the agent's socket (the checkpoint
+		// does), so the restored agent dials again — with the overmount and
+		// the decoy restored with it.
+		if err := env.Client.Pause(ctx, id, true); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := env.Client.ConnectResumed(ctx, id); err != nil {
+			t.Fatalf("resume with /run/cella overmounted: %v", err)
+		}
+		res := shT(t, sb, "root", "cat /tmp/decoy.log 2>/dev/null; pgrep -f '[d]ecoy.py' >/dev/null && echo decoy-alive; grep -c ' /run/cella tmpfs' /proc/mounts", time.Minute)
+		if strings.Contains(res.Stdout, "DIALED") {
+			t.Fatalf("the resumed agent dialed the decoy socket over /run/cella:\n%s", res.Stdout)
+		}
+		if !strings.Contains(res.Stdout, "decoy-alive") {
+			t.Fatalf("the decoy did not survive the resume, so the test proved nothing:\n%s%s", res.Stdout, res.Stderr)
+		}
+		dockerOK(t, sb, "root", "pkill -f '[d]ecoy.py'; umount /run/cella")
+	})
+
 	t.Run("EgressHoldsForInnerContainers", func(t *testing.T) {
 		since := time.Now()
 		// TCP goes to the egress proxy, which refuses and logs it; raw ICMP

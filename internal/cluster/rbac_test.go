@@ -168,6 +168,45 @@ func TestRBAC(t *testing.T) {
 			t.Errorf("cella-gateway read Secret %s: %v", name, err)
 		}
 	}
+	// Volume records are the gateways' (they place and route volumes);
+	// webhooks are the nodes' (each delivers its sandboxes' events).
+	vr := cluster.NewVolumeRecords(gw, ns)
+	vol, err := vr.Reserve(ctx, v1alpha1.VolumeSpec{Team: "alpha", Name: "data", Node: "rbac-node"})
+	if err != nil {
+		t.Fatalf("reserve a volume as cella-gateway: %v", err)
+	}
+	if _, err := vr.Reserve(ctx, v1alpha1.VolumeSpec{Team: "alpha", Name: "data", Node: "other"}); !errdefs.Is(err, errdefs.KindConflict) {
+		t.Errorf("a team's volume name reserved twice: %v", err)
+	}
+	if err := vr.Complete(ctx, vol, "vol_1"); err != nil {
+		t.Fatalf("complete a volume record as cella-gateway: %v", err)
+	}
+	if got, err := vr.ByID(ctx, "vol_1"); err != nil || got.Spec.Node != "rbac-node" {
+		t.Errorf("volume by ID: %+v %v", got, err)
+	}
+	if err := vr.Delete(ctx, vol); err != nil {
+		t.Errorf("delete a volume record as cella-gateway: %v", err)
+	}
+	if _, err := cluster.NewVolumeRecords(node, ns).Reserve(ctx, v1alpha1.VolumeSpec{Team: "t", Name: "x", Node: "n"}); !errdefs.Is(err, errdefs.KindForbidden) {
+		t.Errorf("cella-node wrote a volume record: %v", err)
+	}
+	wr := cluster.NewWebhookRecords(node, ns)
+	if err := wr.PutWebhook(ctx, store.Webhook{ID: "wh_1", TeamID: "alpha", URL: "http://127.0.0.1:1/"}); err != nil {
+		t.Fatalf("store a webhook as cella-node: %v", err)
+	}
+	if hs, err := wr.ListWebhooks(ctx, "beta"); err != nil || len(hs) != 0 {
+		t.Errorf("another team's webhooks: %+v %v", hs, err)
+	}
+	if err := wr.DeleteWebhook(ctx, "beta", "wh_1"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("another team deleted a webhook: %v", err)
+	}
+	if err := wr.DeleteWebhook(ctx, "alpha", "wh_1"); err != nil {
+		t.Errorf("delete a webhook as cella-node: %v", err)
+	}
+	if _, err := cluster.NewWebhookRecords(gw, ns).ListWebhooks(ctx, ""); !errdefs.Is(err, errdefs.KindForbidden) {
+		t.Errorf("cella-gateway read the webhooks: %v", err)
+	}
+
 	// The node brings its record back from Lost: the node's truth wins.
 	if err := recs.SyncNode(ctx, "rbac-node", obs); err != nil {
 		t.Fatal(err)

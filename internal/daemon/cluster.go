@@ -144,6 +144,14 @@ func clusterSecrets(ctx context.Context, cl client.Client, c ClusterConfig) (sec
 	return cluster.NewSecretRecords(cl, c.Namespace), box, nil
 }
 
+// clusterWebhooks are the cluster's webhooks: each node delivers its own
+// sandboxes' events to every team webhook registered through any node or
+// gateway. Their signing secrets are sealed under the cluster's master key
+// (clusterSecrets' box), which every node opens.
+func clusterWebhooks(cl client.Client, c ClusterConfig) *cluster.WebhookRecords {
+	return cluster.NewWebhookRecords(cl, c.Namespace)
+}
+
 // secretsReload is how often a node reads the cluster's secrets again: a
 // secret set through any node is injected by every node within it.
 const secretsReload = time.Second

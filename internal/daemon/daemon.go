@@ -237,7 +237,11 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		d.add("network", closeNet)
 	}
 
-	evs, err := events.New(events.Config{Store: st, Box: box, Audit: agentAudit{al}, Log: log, Allow: c.WebhookAllow})
+	evCfg := events.Config{Store: st, Box: box, Audit: agentAudit{al}, Log: log, Allow: c.WebhookAllow}
+	if d.cluster != nil { // every node delivers to the cluster's webhooks (cluster.go)
+		evCfg.Webhooks, evCfg.Box = clusterWebhooks(d.cluster, c.Cluster), secretBox
+	}
+	evs, err := events.New(evCfg)
 	if err != nil {
 		return nil, err
 	}

@@ -49,6 +49,7 @@ type Gateway struct {
 	cfg     Config
 	records *cluster.Records
 	keys    *cluster.Keys
+	volumes *cluster.VolumeRecords
 	akey    assertionKey
 	proxy   *httputil.ReverseProxy
 	// client asks the nodes for their part of a list (list.go).
@@ -77,7 +78,8 @@ func New(cfg Config) *Gateway {
 		cfg.Log = slog.Default()
 	}
 	g := &Gateway{cfg: cfg, records: cluster.NewRecords(cfg.Client, cfg.Namespace), keys: cluster.NewKeys(cfg.Client, cfg.Namespace),
-		placed: map[string]placement{}, pending: map[string][]*pendingCreate{},
+		volumes: cluster.NewVolumeRecords(cfg.Client, cfg.Namespace),
+		placed:  map[string]placement{}, pending: map[string][]*pendingCreate{},
 		client: &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -124,12 +126,19 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.upload(w, r, id)
 		return
 	}
+	if id, ok := volumeContentID(r.URL.Path); ok { // volumes.go: a volume token is no API key
+		g.volumeContent(w, r, id)
+		return
+	}
 	p, err := g.authenticate(r) // auth.go
 	if err != nil {
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return
 	}
 	r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
+	if g.serveMore(w, r) { // more.go: volumes, snapshots, events, metrics, pools
+		return
+	}
 	switch {
 	case r.Method == http.MethodPost && (r.URL.Path == "/sandboxes" || r.URL.Path == "/v2/sandboxes"):
 		g.create(w, r)
@@ -299,7 +308,11 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "%v", err)
 		return
 	}
-	n, pc, ok := g.pick(nodes, tpl)
+	n, pc, ok, err := g.placeCreate(r, nodes, tpl) // pin.go: a volume's or a snapshot's node, else pick
+	if err != nil {
+		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
+		return
+	}
 	if !ok {
 		writeError(w, http.StatusServiceUnavailable, "no live node to place the sandbox on (%d nodes known, none renewing its lease and not drained)", len(nodes))
 		return

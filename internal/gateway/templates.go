@@ -327,21 +327,25 @@ func (g *Gateway) listTemplates(w http.ResponseWriter, r *http.Request) {
 			ours[recs[i].Name] = &recs[i]
 		}
 	}
-	answers := g.askNodes(r, nodes, listQuery{})
+	// Each live node's list, as the caller (fanout.go); a node that does
+	// not answer is left out (its templates are the records' below).
+	answers := map[string][]json.RawMessage{}
+	for _, rep := range g.askLive(r, nodes, http.MethodGet, "/templates", "", nil) {
+		var items []json.RawMessage
+		if rep.failure() == "" && json.Unmarshal(rep.body, &items) == nil {
+			answers[rep.node] = items
+		}
+	}
 	if len(answers) == 0 {
-		writeError(w, http.StatusServiceUnavailable, "no live node (%d nodes known, none renewing its lease)", len(nodes))
+		writeError(w, http.StatusServiceUnavailable, "no live node answered (%d nodes known)", len(nodes))
 		return
 	}
 	byID := map[string]json.RawMessage{}
 	var order []string
 	take := func(node string, own bool) {
-		a := answers[node]
-		if a == nil || a.err != nil || a.status != 0 {
-			return
-		}
-		for _, it := range a.items {
+		for _, raw := range answers[node] {
 			var lt listedTemplate
-			if json.Unmarshal(it.raw, &lt) != nil || lt.TemplateID == "" {
+			if json.Unmarshal(raw, &lt) != nil || lt.TemplateID == "" {
 				continue
 			}
 			if _, seen := byID[lt.TemplateID]; seen {
@@ -359,7 +363,7 @@ func (g *Gateway) listTemplates(w http.ResponseWriter, r *http.Request) {
 				// cluster (this node drops its copy on its next use).
 				continue
 			}
-			byID[lt.TemplateID] = it.raw
+			byID[lt.TemplateID] = raw
 			order = append(order, lt.TemplateID)
 		}
 	}

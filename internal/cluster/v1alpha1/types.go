@@ -27,6 +27,7 @@ var GroupVersion = schema.GroupVersion{Group: Group, Version: Version}
 // AddToScheme registers the types with a scheme (the client's).
 func AddToScheme(s *runtime.Scheme) error {
 	s.AddKnownTypes(GroupVersion, &Sandbox{}, &SandboxList{}, &Template{}, &TemplateList{})
+	s.AddKnownTypes(GroupVersion, &Volume{}, &VolumeList{}) // volume.go
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }
