@@ -120,6 +120,28 @@ func TestRBAC(t *testing.T) {
 	if err := node.Get(ctx, types.NamespacedName{Namespace: ns, Name: "unrelated"}, &corev1.Secret{}); !errdefs.Is(cluster.KindOf(err), errdefs.KindForbidden) {
 		t.Errorf("cella-node read another Secret: %v", err)
 	}
+	// A node records the templates it builds; a gateway reads them and
+	// removes one, never writes one.
+	for _, digest := range []string{"", "sha256:" + strings.Repeat("cd", 32)} {
+		if _, err := recs.EditTemplate(ctx, "rbactpl", func(tp *v1alpha1.Template) error {
+			tp.Spec.Team, tp.Spec.Node, tp.Spec.Digest = "t", "rbac-node", digest
+			if digest != "" {
+				tp.Spec.Reference = "registry.test/cella/rbactpl:b1"
+			}
+			return nil
+		}); err != nil {
+			t.Fatalf("record a template as cella-node (digest %q): %v", digest, err)
+		}
+	}
+	gwRecs := cluster.NewRecords(gw, ns)
+	if _, err := gwRecs.EditTemplate(ctx, "rbactpl2", func(*v1alpha1.Template) error { return nil }); !errdefs.Is(err, errdefs.KindForbidden) {
+		t.Errorf("cella-gateway created a template record: %v", err)
+	}
+	if tp, err := gwRecs.FindTemplate(ctx, "rbactpl", "", func(*v1alpha1.Template) bool { return true }); err != nil {
+		t.Errorf("read a template as cella-gateway: %v", err)
+	} else if err := gwRecs.DeleteTemplate(ctx, tp); err != nil {
+		t.Errorf("delete a template as cella-gateway: %v", err)
+	}
 
 	nodes, err := cluster.Nodes(ctx, gw, ns)
 	if err != nil || len(nodes) != 1 || !nodes[0].Live {

@@ -282,7 +282,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		return nil, fmt.Errorf("warm pools: %w", err)
 	}
 	if c.Cluster.Kubeconfig != "" { // after Reconcile: the first beat counts the adopted sandboxes
-		if err := d.joinCluster(ctx, c.Cluster, mgr, tpls); err != nil {
+		if err := d.joinCluster(ctx, c.Cluster, mgr, tpls, st); err != nil {
 			return nil, err
 		}
 	}
@@ -303,7 +303,8 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	if c.Builder != nil {
 		builder = c.Builder
 	}
-	bsvc, err := builds.New(builds.Config{Store: st, Templates: tpls, Builder: builder, Dir: filepath.Join(c.DataDir, "builds"), Log: log})
+	bsvc, err := builds.New(builds.Config{Store: st, Templates: tpls, Builder: builder, Dir: filepath.Join(c.DataDir, "builds"), Log: log,
+		Shared: d.shared(c.Cluster, tpls)}) // clustertemplates.go
 	if err != nil {
 		return nil, fmt.Errorf("template builds: %w", err)
 	}

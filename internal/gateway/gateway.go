@@ -123,6 +123,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
+	if id, ok := isUpload(r); ok { // templates.go: its token is the credential
+		g.upload(w, r, id)
+		return
+	}
 	if id, ok := volumeContentID(r.URL.Path); ok { // volumes.go: a volume token is no API key
 		g.volumeContent(w, r, id)
 		return
@@ -146,15 +150,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The cluster's keys and secrets are in the Kubernetes API: any
 		// node serves them.
 		g.toAnyNode(w, r)
+	case g.templateRoute(w, r): // templates.go: serves what it reports as a template route
 	default:
 		if id, ok := sandboxPath(r.URL.Path); ok {
 			g.toSandbox(w, r, id)
-			return
-		}
-		if r.Method == http.MethodDelete && strings.HasPrefix(r.URL.Path, "/templates/") {
-			// Not one of the caller's snapshots (snapshots.go): a node
-			// answers, for a template of its own or with E2B's 404.
-			g.toAnyNode(w, r)
 			return
 		}
 		writeError(w, http.StatusNotImplemented, "%s %s is not served by the gateway yet: only sandbox creates and requests for one sandbox are (ask a node directly)", r.Method, r.URL.Path)
