@@ -363,6 +363,9 @@ func TestServeRefusesBadConfigAtOnce(t *testing.T) {
 		{args: []string{"--cluster", "/nonexistent/kubeconfig", "--node-name", "Bad_Name"}, want: "cella serve: --node-name: node name \"Bad_Name\": want 1-42 characters"},
 		{args: []string{"--cluster", "/nonexistent/kubeconfig", "--node-name", "n1", "--advertise-url", "http://0.0.0.0:3000"}, want: "cella serve: --advertise-url: \"http://0.0.0.0:3000\": want the http(s)://HOST:PORT"},
 		{env: "CELLA_LEASE_DURATION=1s", args: []string{"--cluster", "/nonexistent/kubeconfig", "--node-name", "n1"}, want: "cella serve: CELLA_LEASE_DURATION: 1s is out of range (3s to 10m)"},
+		{args: []string{"--template-registry", "127.0.0.1:5000/cella"}, want: "cella serve: --template-registry: \"127.0.0.1:5000/cella\": needs --cluster"},
+		{args: []string{"--cluster", "/nonexistent/kubeconfig", "--node-name", "n1", "--template-registry", "http://127.0.0.1:5000/cella"}, want: "cella serve: --template-registry: \"http://127.0.0.1:5000/cella\": want HOST[:PORT]/PREFIX"},
+		{args: []string{"--cluster", "/nonexistent/kubeconfig", "--node-name", "n1", "--template-registry", "127.0.0.1:5000/cella:v1"}, want: "cella serve: --template-registry: \"127.0.0.1:5000/cella:v1\": want HOST[:PORT]/PREFIX"},
 	} {
 		name := tc.env
 		if name == "" {

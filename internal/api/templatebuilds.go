@@ -372,7 +372,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 				BuildCount: t.BuildCount, EnvdVersion: agentapi.Version, BuildStatus: status}
 			// The build a create of it starts from (its default tag, else
 			// its newest ready build), as Sandbox.create resolves it.
-			if name, _, err := s.cfg.Builds.Resolve(r.Context(), buildCaller(r), t.ID); err == nil {
+			if name, _, err := s.cfg.Builds.ResolveHere(r.Context(), buildCaller(r), t.ID); err == nil {
 				info.templateStore = s.describeTemplate(name, nil)
 			}
 			out = append(out, info)

@@ -55,7 +55,10 @@ type Config struct {
 	Dir string
 	// MaxLogBytes bounds each build's log (0: DefaultMaxLogBytes).
 	MaxLogBytes int64
-	Log         *slog.Logger
+	// Shared, on a cluster node, is the cluster's record of API
+	// templates (shared.go); nil: standalone.
+	Shared Shared
+	Log    *slog.Logger
 }
 
 // Service is the build API's core.
@@ -251,6 +254,16 @@ func (s *Service) RequestBuild(ctx context.Context, c Caller, req Request) (Requ
 	if err := s.cfg.Store.PutBuild(ctx, b); err != nil {
 		return Requested{}, err
 	}
+	if s.cfg.Shared != nil {
+		// Recorded before the answer: the build's next call may come
+		// through another gateway, which routes it by the record.
+		if err := s.cfg.Shared.Building(ctx, t, b); err != nil {
+			return Requested{}, fmt.Errorf("record the build in the cluster: %w", err)
+		}
+		if err := s.cfg.Store.SetAPITemplateShared(ctx, t.ID); err != nil {
+			return Requested{}, err
+		}
+	}
 	// An older build the client never started is superseded (E2B's
 	// InvalidateUnstartedTemplateBuilds).
 	if _, err := s.cfg.Store.FailBuilds(ctx, t.ID, []string{StatusWaiting}, b.ID, ReasonSuperseded); err != nil {
@@ -283,8 +296,17 @@ func (s *Service) templateFor(ctx context.Context, c Caller, alias string) (stor
 		if _, err := s.cfg.Templates.Get(alias); err == nil {
 			return t, errdefs.Conflict("Alias '%s' is already used (by a template of this machine: cella template ls)", alias)
 		}
+		// On a cluster node the alias may be the team's on another node
+		// already: a rebuild here keeps its template ID.
+		id, err := s.sharedAlias(ctx, c, alias)
+		if err != nil {
+			return t, err
+		}
+		if id == "" {
+			id = store.NewID()
+		}
 		now := time.Now()
-		t = store.APITemplate{ID: store.NewID(), Alias: alias, TeamID: c.P.Team, KeyID: c.P.Key, CreatedAt: now, UpdatedAt: now}
+		t = store.APITemplate{ID: id, Alias: alias, TeamID: c.P.Team, KeyID: c.P.Key, CreatedAt: now, UpdatedAt: now}
 		err = s.cfg.Store.PutAPITemplate(ctx, t)
 		if err == nil {
 			return t, nil
@@ -491,6 +513,15 @@ func (s *Service) run(p tenant.Principal, t store.APITemplate, b store.Build, sp
 		return
 	}
 	ctx := context.Background()
+	if err == nil && s.cfg.Shared != nil {
+		// Shared before it is ready: a create through any gateway may
+		// land on another node the moment the client sees "ready".
+		logf := func(msg string) { lg.add(build.LogEntry{Level: build.LevelInfo, Message: msg, Step: "finalize"}) }
+		if perr := s.cfg.Shared.Publish(ctx, t, b, logf); perr != nil {
+			err = &build.StepError{Step: "finalize", Message: perr.Error(), Err: perr}
+			lg.add(build.LogEntry{Level: build.LevelError, Message: "Build failed: " + perr.Error(), Step: "finalize"})
+		}
+	}
 	if err == nil {
 		for _, tag := range b.Tags {
 			if err = s.cfg.Store.SetTag(ctx, t.ID, tag, b.ID); err != nil {
@@ -618,7 +649,21 @@ func (s *Service) ApplySizes(ctx context.Context, storeName string, cpus *float6
 // namespace/alias[:tag], or one of its builds' store names) the caller may
 // use, its build's store name and ours=true; a foreign private one answers
 // what an unknown one does. Any other ref is returned as it is, ours=false.
+//
+// On a cluster node a template of the cluster this node lacks is pulled
+// first (shared.go).
 func (s *Service) Resolve(ctx context.Context, c Caller, ref string) (name string, ours bool, err error) {
+	if s.cfg.Shared != nil && !localOnly(ref) {
+		if name, handled, err := s.resolveShared(ctx, c, ref); handled {
+			return name, true, err
+		}
+	}
+	return s.ResolveHere(ctx, c, ref)
+}
+
+// ResolveHere is Resolve among this node's templates only: what a listing
+// describes, which must never pull.
+func (s *Service) ResolveHere(ctx context.Context, c Caller, ref string) (name string, ours bool, err error) {
 	if IsStoreName(ref) {
 		b, err := s.cfg.Store.GetBuildByStoreName(ctx, ref)
 		if err != nil {
@@ -846,7 +891,15 @@ func (s *Service) Delete(ctx context.Context, c Caller, ref string, held func(st
 			return true, fmt.Errorf("delete template %s: %w", t.Alias, err)
 		}
 	}
-	return true, s.cfg.Store.DeleteAPITemplate(ctx, t.ID)
+	if err := s.cfg.Store.DeleteAPITemplate(ctx, t.ID); err != nil {
+		return true, err
+	}
+	if s.cfg.Shared != nil {
+		if err := s.cfg.Shared.Deleted(ctx, t.ID); err != nil {
+			return true, fmt.Errorf("delete the cluster's record of template %s: %w", t.ID, err)
+		}
+	}
+	return true, nil
 }
 
 // SetPublic publishes (or unpublishes) the caller's template; it returns
@@ -858,6 +911,11 @@ func (s *Service) SetPublic(ctx context.Context, c Caller, ref string, public bo
 	}
 	if err := s.cfg.Store.SetAPITemplatePublic(ctx, t.ID, public); err != nil {
 		return nil, err
+	}
+	if s.cfg.Shared != nil {
+		if err := s.cfg.Shared.Published(ctx, t.ID, public); err != nil {
+			return nil, fmt.Errorf("record the template's publication in the cluster: %w", err)
+		}
 	}
 	return s.names(ctx, t), nil
 }

@@ -124,7 +124,7 @@ func TestCRDRoundTrip(t *testing.T) {
 
 	tpl := &v1alpha1.Template{ObjectMeta: metav1.ObjectMeta{Name: "tpl1"}, Spec: v1alpha1.TemplateSpec{
 		Team: "team-a", Aliases: []string{"py", "python"}, Reference: "registry.test/cella/py:1",
-		Digest: "sha256:" + strings.Repeat("ab", 32),
+		Digest: "sha256:" + strings.Repeat("ab", 32), Build: "b1", CPUCount: 2, MemoryMB: 1024, Node: "node-a", Public: true,
 	}}
 	if err := r.PutTemplate(ctx, tpl.DeepCopy()); err != nil {
 		t.Fatal(err)

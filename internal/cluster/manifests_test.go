@@ -3,12 +3,14 @@ package cluster_test
 import (
 	"bytes"
 	"context"
+	"io/fs"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cella-sandbox/cella/deploy/kubernetes/crds"
 	"github.com/cella-sandbox/cella/internal/cluster"
 	"github.com/cella-sandbox/cella/internal/clustertest"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
@@ -89,8 +91,10 @@ func TestManifests(t *testing.T) {
 			t.Errorf("the kustomization builds no %s", k)
 		}
 	}
-	if kinds["CustomResourceDefinition"] != 2 {
-		t.Errorf("%d CRDs, want sandboxes and templates", kinds["CustomResourceDefinition"])
+	// Every CRD of deploy/kubernetes/crds is deployed (sandboxes,
+	// templates, volumes).
+	if files, _ := fs.Glob(crds.FS, "*.yaml"); kinds["CustomResourceDefinition"] != len(files) || len(files) < 3 {
+		t.Errorf("%d CRDs, want the %d of deploy/kubernetes/crds", kinds["CustomResourceDefinition"], len(files))
 	}
 
 	node := ds.Spec.Template.Spec

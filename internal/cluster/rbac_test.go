@@ -120,6 +120,28 @@ func TestRBAC(t *testing.T) {
 	if err := node.Get(ctx, types.NamespacedName{Namespace: ns, Name: "unrelated"}, &corev1.Secret{}); !errdefs.Is(cluster.KindOf(err), errdefs.KindForbidden) {
 		t.Errorf("cella-node read another Secret: %v", err)
 	}
+	// A node records the templates it builds; a gateway reads them and
+	// removes one, never writes one.
+	for _, digest := range []string{"", "sha256:" + strings.Repeat("cd", 32)} {
+		if _, err := recs.EditTemplate(ctx, "rbactpl", func(tp *v1alpha1.Template) error {
+			tp.Spec.Team, tp.Spec.Node, tp.Spec.Digest = "t", "rbac-node", digest
+			if digest != "" {
+				tp.Spec.Reference = "registry.test/cella/rbactpl:b1"
+			}
+			return nil
+		}); err != nil {
+			t.Fatalf("record a template as cella-node (digest %q): %v", digest, err)
+		}
+	}
+	gwRecs := cluster.NewRecords(gw, ns)
+	if _, err := gwRecs.EditTemplate(ctx, "rbactpl2", func(*v1alpha1.Template) error { return nil }); !errdefs.Is(err, errdefs.KindForbidden) {
+		t.Errorf("cella-gateway created a template record: %v", err)
+	}
+	if tp, err := gwRecs.FindTemplate(ctx, "rbactpl", "", func(*v1alpha1.Template) bool { return true }); err != nil {
+		t.Errorf("read a template as cella-gateway: %v", err)
+	} else if err := gwRecs.DeleteTemplate(ctx, tp); err != nil {
+		t.Errorf("delete a template as cella-gateway: %v", err)
+	}
 
 	nodes, err := cluster.Nodes(ctx, gw, ns)
 	if err != nil || len(nodes) != 1 || !nodes[0].Live {
@@ -146,6 +168,45 @@ func TestRBAC(t *testing.T) {
 			t.Errorf("cella-gateway read Secret %s: %v", name, err)
 		}
 	}
+	// Volume records are the gateways' (they place and route volumes);
+	// webhooks are the nodes' (each delivers its sandboxes' events).
+	vr := cluster.NewVolumeRecords(gw, ns)
+	vol, err := vr.Reserve(ctx, v1alpha1.VolumeSpec{Team: "alpha", Name: "data", Node: "rbac-node"})
+	if err != nil {
+		t.Fatalf("reserve a volume as cella-gateway: %v", err)
+	}
+	if _, err := vr.Reserve(ctx, v1alpha1.VolumeSpec{Team: "alpha", Name: "data", Node: "other"}); !errdefs.Is(err, errdefs.KindConflict) {
+		t.Errorf("a team's volume name reserved twice: %v", err)
+	}
+	if err := vr.Complete(ctx, vol, "vol_1"); err != nil {
+		t.Fatalf("complete a volume record as cella-gateway: %v", err)
+	}
+	if got, err := vr.ByID(ctx, "vol_1"); err != nil || got.Spec.Node != "rbac-node" {
+		t.Errorf("volume by ID: %+v %v", got, err)
+	}
+	if err := vr.Delete(ctx, vol); err != nil {
+		t.Errorf("delete a volume record as cella-gateway: %v", err)
+	}
+	if _, err := cluster.NewVolumeRecords(node, ns).Reserve(ctx, v1alpha1.VolumeSpec{Team: "t", Name: "x", Node: "n"}); !errdefs.Is(err, errdefs.KindForbidden) {
+		t.Errorf("cella-node wrote a volume record: %v", err)
+	}
+	wr := cluster.NewWebhookRecords(node, ns)
+	if err := wr.PutWebhook(ctx, store.Webhook{ID: "wh_1", TeamID: "alpha", URL: "http://127.0.0.1:1/"}); err != nil {
+		t.Fatalf("store a webhook as cella-node: %v", err)
+	}
+	if hs, err := wr.ListWebhooks(ctx, "beta"); err != nil || len(hs) != 0 {
+		t.Errorf("another team's webhooks: %+v %v", hs, err)
+	}
+	if err := wr.DeleteWebhook(ctx, "beta", "wh_1"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("another team deleted a webhook: %v", err)
+	}
+	if err := wr.DeleteWebhook(ctx, "alpha", "wh_1"); err != nil {
+		t.Errorf("delete a webhook as cella-node: %v", err)
+	}
+	if _, err := cluster.NewWebhookRecords(gw, ns).ListWebhooks(ctx, ""); !errdefs.Is(err, errdefs.KindForbidden) {
+		t.Errorf("cella-gateway read the webhooks: %v", err)
+	}
+
 	// The node brings its record back from Lost: the node's truth wins.
 	if err := recs.SyncNode(ctx, "rbac-node", obs); err != nil {
 		t.Fatal(err)

@@ -7,9 +7,12 @@ import (
 	"log/slog"
 	"net/url"
 	"regexp"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/api"
+	"github.com/cella-sandbox/cella/internal/builds"
 	"github.com/cella-sandbox/cella/internal/cluster"
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
 	"github.com/cella-sandbox/cella/internal/errdefs"
@@ -35,6 +38,10 @@ type ClusterConfig struct {
 	Endpoint string
 	// LeaseDuration is how long one renewal keeps the node alive (0: 10 s).
 	LeaseDuration time.Duration
+	// TemplateRegistry is REGISTRY/PREFIX, where the node pushes the
+	// templates it builds over the API and pulls the ones other nodes
+	// built (clustertemplates.go); "": API builds stay on their node.
+	TemplateRegistry string
 }
 
 var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
@@ -44,6 +51,9 @@ func (c ClusterConfig) validate() error {
 	if c.Kubeconfig == "" {
 		if c.NodeName != "" {
 			return fieldErr("node-name", "%q: needs --cluster (a kubeconfig file or %s)", c.NodeName, cluster.InCluster)
+		}
+		if c.TemplateRegistry != "" {
+			return fieldErr("template-registry", "%q: needs --cluster (a standalone daemon's templates are its own: cella template push)", c.TemplateRegistry)
 		}
 		return nil
 	}
@@ -62,6 +72,12 @@ func (c ClusterConfig) validate() error {
 	}
 	if c.LeaseDuration != 0 && (c.LeaseDuration < 3*time.Second || c.LeaseDuration > 10*time.Minute) {
 		return fieldErr("lease-duration", "%v is out of range (3s to 10m)", c.LeaseDuration)
+	}
+	if r := c.TemplateRegistry; r != "" {
+		host, prefix, _ := strings.Cut(r, "/")
+		if host == "" || strings.Contains(r, "://") || strings.ContainsAny(prefix, ":@") || strings.HasSuffix(r, "/") || prefix != strings.ToLower(prefix) {
+			return fieldErr("template-registry", "%q: want HOST[:PORT]/PREFIX, e.g. registry.example:5000/cella (lower-case, no scheme, tag or digest)", r)
+		}
 	}
 	return nil
 }
@@ -128,6 +144,14 @@ func clusterSecrets(ctx context.Context, cl client.Client, c ClusterConfig) (sec
 	return cluster.NewSecretRecords(cl, c.Namespace), box, nil
 }
 
+// clusterWebhooks are the cluster's webhooks: each node delivers its own
+// sandboxes' events to every team webhook registered through any node or
+// gateway. Their signing secrets are sealed under the cluster's master key
+// (clusterSecrets' box), which every node opens.
+func clusterWebhooks(cl client.Client, c ClusterConfig) *cluster.WebhookRecords {
+	return cluster.NewWebhookRecords(cl, c.Namespace)
+}
+
 // secretsReload is how often a node reads the cluster's secrets again: a
 // secret set through any node is injected by every node within it.
 const secretsReload = time.Second
@@ -160,13 +184,13 @@ func reloadSecrets(sm *secrets.Manager, log *slog.Logger) (stop func()) {
 
 // joinCluster takes the node's Lease and keeps renewing it, with the
 // capacity counted from the manager and the template store.
-func (d *Daemon) joinCluster(ctx context.Context, c ClusterConfig, mgr *sandbox.Manager, tpls *template.Store) error {
+func (d *Daemon) joinCluster(ctx context.Context, c ClusterConfig, mgr *sandbox.Manager, tpls *template.Store, st *store.Store) error {
 	cl := d.cluster
 	jctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	n, err := cluster.Join(jctx, cluster.NodeConfig{
 		Client: cl, Namespace: c.Namespace, Name: c.NodeName, Endpoint: c.Endpoint,
-		Inventory: inventory{mgr, tpls}, Duration: c.LeaseDuration, Log: d.log,
+		Inventory: inventory{mgr, tpls, st}, Duration: c.LeaseDuration, Log: d.log,
 	})
 	if err != nil {
 		return fmt.Errorf("join the cluster as node %s: %w", c.NodeName, err)
@@ -282,6 +306,8 @@ func observe(mgr *sandbox.Manager) []cluster.Observed {
 type inventory struct {
 	mgr  *sandbox.Manager
 	tpls *template.Store
+	// st has the API templates this node built or pulled.
+	st *store.Store
 }
 
 func (i inventory) Sandboxes() int { return len(i.mgr.List(tenant.System)) }
@@ -293,7 +319,31 @@ func (i inventory) Templates() []string {
 	}
 	names := make([]string, 0, len(ts))
 	for _, t := range ts {
-		names = append(names, t.Name)
+		if !builds.IsStoreName(t.Name) { // the template store may be shared by nodes on one host
+			names = append(names, t.Name)
+		}
+	}
+	// The API templates by ID and alias, as creates name them, when this
+	// node has a ready build of one (no pull).
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	apis, err := i.st.ListAPITemplates(ctx)
+	if err != nil {
+		return names
+	}
+	for _, t := range apis {
+		bs, err := i.st.ListBuilds(ctx, t.ID)
+		if err == nil && slices.ContainsFunc(bs, func(b store.Build) bool { return b.Status == builds.StatusReady }) {
+			names = append(names, t.ID, t.Alias)
+		}
 	}
 	return names
+}
+
+// shared is the node's builds.Shared (nil when standalone).
+func (d *Daemon) shared(c ClusterConfig, tpls *template.Store) builds.Shared {
+	if d.cluster == nil {
+		return nil
+	}
+	return &sharedTemplates{records: cluster.NewRecords(d.cluster, c.Namespace), tpls: tpls, node: c.NodeName, registry: c.TemplateRegistry, log: d.log}
 }

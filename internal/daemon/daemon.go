@@ -237,7 +237,11 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		d.add("network", closeNet)
 	}
 
-	evs, err := events.New(events.Config{Store: st, Box: box, Audit: agentAudit{al}, Log: log, Allow: c.WebhookAllow})
+	evCfg := events.Config{Store: st, Box: box, Audit: agentAudit{al}, Log: log, Allow: c.WebhookAllow}
+	if d.cluster != nil { // every node delivers to the cluster's webhooks (cluster.go)
+		evCfg.Webhooks, evCfg.Box = clusterWebhooks(d.cluster, c.Cluster), secretBox
+	}
+	evs, err := events.New(evCfg)
 	if err != nil {
 		return nil, err
 	}
@@ -278,7 +282,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		return nil, fmt.Errorf("warm pools: %w", err)
 	}
 	if c.Cluster.Kubeconfig != "" { // after Reconcile: the first beat counts the adopted sandboxes
-		if err := d.joinCluster(ctx, c.Cluster, mgr, tpls); err != nil {
+		if err := d.joinCluster(ctx, c.Cluster, mgr, tpls, st); err != nil {
 			return nil, err
 		}
 	}
@@ -299,7 +303,8 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	if c.Builder != nil {
 		builder = c.Builder
 	}
-	bsvc, err := builds.New(builds.Config{Store: st, Templates: tpls, Builder: builder, Dir: filepath.Join(c.DataDir, "builds"), Log: log})
+	bsvc, err := builds.New(builds.Config{Store: st, Templates: tpls, Builder: builder, Dir: filepath.Join(c.DataDir, "builds"), Log: log,
+		Shared: d.shared(c.Cluster, tpls)}) // clustertemplates.go
 	if err != nil {
 		return nil, fmt.Errorf("template builds: %w", err)
 	}

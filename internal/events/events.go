@@ -73,9 +73,21 @@ type Recorder interface {
 	Lifecycle(sandboxID, message string)
 }
 
+// Webhooks keeps the webhooks (a node's store; a cluster's are in the
+// Kubernetes API, cluster.WebhookRecords, so every node delivers every
+// team's events to them).
+type Webhooks interface {
+	PutWebhook(ctx context.Context, w store.Webhook) error
+	GetWebhook(ctx context.Context, team, id string) (store.Webhook, error)
+	ListWebhooks(ctx context.Context, team string) ([]store.Webhook, error)
+	DeleteWebhook(ctx context.Context, team, id string) error
+}
+
 // Config configures a Service.
 type Config struct {
 	Store *store.Store
+	// Webhooks keeps the webhooks (nil: Store).
+	Webhooks Webhooks
 	// Box seals the webhooks' signing secrets in the store.
 	Box   *secrets.Box
 	Audit Recorder // nil: deliveries are not recorded
@@ -124,6 +136,9 @@ type delivery struct {
 func New(cfg Config) (*Service, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
+	}
+	if cfg.Webhooks == nil {
+		cfg.Webhooks = cfg.Store
 	}
 	if cfg.Box == nil {
 		return nil, errors.New("events: no box to seal webhook secrets")
@@ -293,7 +308,7 @@ func (s *Service) handle(lev sandbox.LifecycleEvent) {
 		At: ev.Timestamp, Record: body}); err != nil {
 		s.log.Error("store lifecycle event", "sandbox", ev.SandboxID, "err", err)
 	}
-	hooks, err := s.cfg.Store.ListWebhooks(s.ctx, ev.SandboxTeamID)
+	hooks, err := s.cfg.Webhooks.ListWebhooks(s.ctx, ev.SandboxTeamID)
 	if err != nil {
 		s.log.Error("list webhooks", "team", ev.SandboxTeamID, "err", err)
 		return
@@ -342,7 +357,7 @@ func Sign(secret string, body []byte) string {
 // remain. The webhook is read again each time: a deleted or disabled one
 // gets no more attempts.
 func (s *Service) attempt(d *delivery) {
-	w, err := s.cfg.Store.GetWebhook(s.ctx, d.teamID, d.webhookID)
+	w, err := s.cfg.Webhooks.GetWebhook(s.ctx, d.teamID, d.webhookID)
 	if err != nil || !w.Enabled {
 		return
 	}
@@ -572,7 +587,7 @@ func (s *Service) CreateWebhook(ctx context.Context, p tenant.Principal, in Webh
 	if len(s.cfg.Allow) == 0 {
 		return store.Webhook{}, s.errNotAllowed(*in.URL)
 	}
-	have, err := s.cfg.Store.ListWebhooks(ctx, p.Team)
+	have, err := s.cfg.Webhooks.ListWebhooks(ctx, p.Team)
 	if err != nil {
 		return store.Webhook{}, err
 	}
@@ -587,7 +602,7 @@ func (s *Service) CreateWebhook(ctx context.Context, p tenant.Principal, in Webh
 	if err := s.apply(ctx, &w, in); err != nil {
 		return store.Webhook{}, err
 	}
-	if err := s.cfg.Store.PutWebhook(ctx, w); err != nil {
+	if err := s.cfg.Webhooks.PutWebhook(ctx, w); err != nil {
 		return store.Webhook{}, err
 	}
 	return w, nil
@@ -605,7 +620,7 @@ func notFound(id string) error { return errdefs.NotFound("webhook %q not found",
 
 // Webhook returns a webhook p may see.
 func (s *Service) Webhook(ctx context.Context, p tenant.Principal, id string) (store.Webhook, error) {
-	w, err := s.cfg.Store.GetWebhook(ctx, scope(p), id)
+	w, err := s.cfg.Webhooks.GetWebhook(ctx, scope(p), id)
 	if errors.Is(err, store.ErrNotFound) {
 		return w, notFound(id)
 	}
@@ -614,7 +629,7 @@ func (s *Service) Webhook(ctx context.Context, p tenant.Principal, id string) (s
 
 // Webhooks lists the webhooks p may see.
 func (s *Service) Webhooks(ctx context.Context, p tenant.Principal) ([]store.Webhook, error) {
-	return s.cfg.Store.ListWebhooks(ctx, scope(p))
+	return s.cfg.Webhooks.ListWebhooks(ctx, scope(p))
 }
 
 // UpdateWebhook changes the fields in gives.
@@ -626,12 +641,12 @@ func (s *Service) UpdateWebhook(ctx context.Context, p tenant.Principal, id stri
 	if err := s.apply(ctx, &w, in); err != nil {
 		return store.Webhook{}, err
 	}
-	return w, s.cfg.Store.PutWebhook(ctx, w)
+	return w, s.cfg.Webhooks.PutWebhook(ctx, w)
 }
 
 // DeleteWebhook removes a webhook; its pending retries stop.
 func (s *Service) DeleteWebhook(ctx context.Context, p tenant.Principal, id string) error {
-	err := s.cfg.Store.DeleteWebhook(ctx, scope(p), id)
+	err := s.cfg.Webhooks.DeleteWebhook(ctx, scope(p), id)
 	if errors.Is(err, store.ErrNotFound) {
 		return notFound(id)
 	}

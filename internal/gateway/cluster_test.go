@@ -232,20 +232,30 @@ func runscOf(t *testing.T, dataDir string) bool {
 // daemon).
 func runSDK(t *testing.T, url, key, pattern string) {
 	t.Helper()
+	runSuite(t, "sdk.test.mjs", url, key, pattern)
+}
+
+// runSuite runs compat/e2b's suite file's steps matching pattern (""
+// every one) against the gateway at url.
+func runSuite(t *testing.T, file, url, key, pattern string) {
+	t.Helper()
 	dir := filepath.Join(daemontest.RepoRoot(t), "compat", "e2b")
 	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b-2.51.0")); err != nil {
 		t.Fatalf("compat/e2b's SDKs are not installed (make test-cluster runs npm ci there): %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "--test", "--test-concurrency=1", "--test-timeout=120000", "--test-reporter=spec",
-		"--test-name-pattern="+pattern, "sdk.test.mjs")
+	args := []string{"--test", "--test-concurrency=1", "--test-timeout=120000", "--test-reporter=spec"}
+	if pattern != "" {
+		args = append(args, "--test-name-pattern="+pattern)
+	}
+	cmd := exec.CommandContext(ctx, "node", append(args, file)...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CELLA_E2B_URL="+url, "CELLA_E2B_KEY="+key)
 	out, err := cmd.CombinedOutput()
-	passed := strings.Count(string(out), "✔ step")
-	t.Logf("E2B SDK suite through %s (%q): %d steps passed", url, pattern, passed)
+	passed := strings.Count(string(out), "✔ ")
+	t.Logf("E2B %s through %s (%q): %d passed", file, url, pattern, passed)
 	if err != nil || passed == 0 {
-		t.Errorf("E2B SDK suite through the gateway %s: %v\n%s", url, err, out)
+		t.Errorf("E2B %s through the gateway %s: %v\n%s", file, url, err, out)
 	}
 }

@@ -3,7 +3,8 @@
 // capacity are their Leases: internal/cluster) and forwards every later
 // request for a sandbox — REST and sandbox traffic, WebSockets included —
 // to the node that holds it (its Sandbox record, or the gateway's own
-// placement until the node has recorded it).
+// placement until the node has recorded it; with neither, the live nodes
+// are asked before a 404: holder.go).
 //
 // It forwards at the HTTP level rather than implementing edge.Router over
 // remote nodes: the node's own API and edge answer every request (its
@@ -49,6 +50,7 @@ type Gateway struct {
 	cfg     Config
 	records *cluster.Records
 	keys    *cluster.Keys
+	volumes *cluster.VolumeRecords
 	akey    assertionKey
 	proxy   *httputil.ReverseProxy
 	// client asks the nodes for their part of a list (list.go).
@@ -77,7 +79,8 @@ func New(cfg Config) *Gateway {
 		cfg.Log = slog.Default()
 	}
 	g := &Gateway{cfg: cfg, records: cluster.NewRecords(cfg.Client, cfg.Namespace), keys: cluster.NewKeys(cfg.Client, cfg.Namespace),
-		placed: map[string]placement{}, pending: map[string][]*pendingCreate{},
+		volumes: cluster.NewVolumeRecords(cfg.Client, cfg.Namespace),
+		placed:  map[string]placement{}, pending: map[string][]*pendingCreate{},
 		client: &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -120,12 +123,23 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
+	if id, ok := isUpload(r); ok { // templates.go: its token is the credential
+		g.upload(w, r, id)
+		return
+	}
+	if id, ok := volumeContentID(r.URL.Path); ok { // volumes.go: a volume token is no API key
+		g.volumeContent(w, r, id)
+		return
+	}
 	p, err := g.authenticate(r) // auth.go
 	if err != nil {
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return
 	}
 	r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
+	if g.serveMore(w, r) { // more.go: volumes, snapshots, events, metrics, pools
+		return
+	}
 	switch {
 	case r.Method == http.MethodPost && (r.URL.Path == "/sandboxes" || r.URL.Path == "/v2/sandboxes"):
 		g.create(w, r)
@@ -136,6 +150,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The cluster's keys and secrets are in the Kubernetes API: any
 		// node serves them.
 		g.toAnyNode(w, r)
+	case g.templateRoute(w, r): // templates.go: serves what it reports as a template route
 	default:
 		if id, ok := sandboxPath(r.URL.Path); ok {
 			g.toSandbox(w, r, id)
@@ -250,11 +265,18 @@ func (g *Gateway) nodeOf(ctx context.Context, id string) (*url.URL, error) {
 			return nil, errdefs.Unavailable("sandbox %s is lost: %s", id, sb.Status.Message)
 		}
 		name = sb.Spec.Node
-	case errdefs.Is(err, errdefs.KindNotFound):
-		if !placed || !visible(ctx, p.owner) {
+	case errdefs.Is(err, errdefs.KindNotFound) && placed:
+		if !visible(ctx, p.owner) {
 			return nil, errdefs.NotFound("sandbox %q not found", id)
 		}
 		name = p.node
+	case errdefs.Is(err, errdefs.KindNotFound):
+		// No record may be one its node has not written yet (holder.go).
+		n, ok := g.holder(ctx, id)
+		if !ok {
+			return nil, errdefs.NotFound("sandbox %q not found", id)
+		}
+		name = n
 	default:
 		return nil, err
 	}
@@ -294,7 +316,11 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "%v", err)
 		return
 	}
-	n, pc, ok := g.pick(nodes, tpl)
+	n, pc, ok, err := g.placeCreate(r, nodes, tpl) // pin.go: a volume's or a snapshot's node, else pick
+	if err != nil {
+		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
+		return
+	}
 	if !ok {
 		writeError(w, http.StatusServiceUnavailable, "no live node to place the sandbox on (%d nodes known, none renewing its lease and not drained)", len(nodes))
 		return

@@ -3,10 +3,9 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -171,21 +170,12 @@ func (g *Gateway) list(w http.ResponseWriter, r *http.Request) {
 	answers := map[string]*nodeAnswer{}
 	if lq.askNodes {
 		var mu sync.Mutex
-		var wg sync.WaitGroup
-		for _, n := range nodes {
-			if !n.Live || n.Endpoint == "" {
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				a := g.askNode(r, n, lq)
-				mu.Lock()
-				answers[n.Name] = a
-				mu.Unlock()
-			}()
-		}
-		wg.Wait()
+		<-eachLive(nodes, func(n cluster.NodeInfo) { // fanout.go
+			a := g.askNode(r, n, lq)
+			mu.Lock()
+			answers[n.Name] = a
+			mu.Unlock()
+		})
 	}
 	var items []listed
 	more := false
@@ -230,40 +220,18 @@ const listTimeout = 15 * time.Second
 
 // askNode sends the list query to node n as the caller.
 func (g *Gateway) askNode(in *http.Request, n cluster.NodeInfo, lq listQuery) *nodeAnswer {
-	u, err := url.Parse(n.Endpoint)
-	if err != nil {
-		return &nodeAnswer{err: fmt.Errorf("bad endpoint %q: %w", n.Endpoint, err)}
+	rep := g.ask(in, n, http.MethodGet, in.URL.Path, lq.toNodes, nil) // fanout.go
+	if rep.refused() {
+		return &nodeAnswer{status: rep.status, body: rep.body}
 	}
-	u.Path, u.RawQuery = in.URL.Path, lq.toNodes
-	ctx, cancel := context.WithTimeout(in.Context(), listTimeout)
-	defer cancel()
-	out, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
-	if err != nil {
-		return &nodeAnswer{err: err}
-	}
-	out.Host = in.Host
-	out.Header = in.Header.Clone()
-	g.sign(in, out) // auth.go
-	resp, err := g.client.Do(out)
-	if err != nil {
-		return &nodeAnswer{err: err}
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return &nodeAnswer{err: err}
-	}
-	if resp.StatusCode/100 == 4 {
-		return &nodeAnswer{status: resp.StatusCode, body: body}
-	}
-	if resp.StatusCode != http.StatusOK {
-		return &nodeAnswer{err: fmt.Errorf("answered %s: %.200s", resp.Status, body)}
+	if f := rep.failure(); f != "" {
+		return &nodeAnswer{err: errors.New(f)}
 	}
 	var raws []json.RawMessage
-	if err := json.Unmarshal(body, &raws); err != nil {
+	if err := json.Unmarshal(rep.body, &raws); err != nil {
 		return &nodeAnswer{err: fmt.Errorf("list answer: %w", err)}
 	}
-	a := &nodeAnswer{more: resp.Header.Get("X-Next-Token") != ""}
+	a := &nodeAnswer{more: rep.header.Get("X-Next-Token") != ""}
 	for _, raw := range raws {
 		it := listed{raw: raw}
 		if err := json.Unmarshal(raw, &it); err != nil {

@@ -39,27 +39,37 @@ type pendingCreate struct {
 
 // templateOf reads the create body's templateID and puts the body back.
 func templateOf(r *http.Request) (string, error) {
-	if r.Body == nil {
-		return "", nil
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20+1))
-	r.Body.Close()
-	if err != nil {
-		return "", fmt.Errorf("read the create body: %w", err)
-	}
-	if len(body) > 1<<20 {
-		return "", fmt.Errorf("the create body is larger than 1 MiB")
-	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	r.ContentLength = int64(len(body))
 	var b struct {
 		TemplateID string `json:"templateID"`
 	}
-	_ = json.Unmarshal(body, &b) // a bad body is the node's to refuse
+	if err := peekBody(r, &b); err != nil {
+		return "", err
+	}
 	if b.TemplateID == "" {
 		b.TemplateID = "base"
 	}
 	return b.TemplateID, nil
+}
+
+// peekBody decodes r's JSON body (at most 1 MiB) into v and puts it back
+// for the node; a body that is no JSON leaves v as it was (the node's to
+// refuse).
+func peekBody(r *http.Request, v any) error {
+	if r.Body == nil {
+		return nil
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20+1))
+	r.Body.Close()
+	if err != nil {
+		return fmt.Errorf("read the request body: %w", err)
+	}
+	if len(body) > 1<<20 {
+		return fmt.Errorf("the request body is larger than 1 MiB")
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	_ = json.Unmarshal(body, v)
+	return nil
 }
 
 // pick chooses the node for a create of template tpl and counts the

@@ -96,6 +96,8 @@ CREATE TABLE sandbox_events (
 CREATE INDEX sandbox_events_sandbox ON sandbox_events(sandbox_id, seq);
 CREATE INDEX sandbox_events_at ON sandbox_events(at);`)}, // webhooks.go
 	{"template builds", migrateTemplateBuilds}, // templatebuilds.go
+	// templatebuilds.go: API templates the cluster has a record of
+	{"cluster templates", addColumns("api_templates", column{"shared", "INTEGER NOT NULL DEFAULT 0"})},
 }
 
 // execSQL is a migration that runs statements.

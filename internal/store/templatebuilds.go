@@ -23,6 +23,9 @@ type APITemplate struct {
 	Public    bool
 	CreatedAt time.Time
 	UpdatedAt time.Time
+	// Shared: the cluster has a record of it (a cluster node's build or
+	// pull).
+	Shared bool
 }
 
 // Build is one build of an API template. StoreName is the template-store
@@ -107,12 +110,12 @@ CREATE TABLE template_tags (
 	return err
 }
 
-const apiTemplateCols = `id,alias,team_id,key_id,public,created_at,updated_at`
+const apiTemplateCols = `id,alias,team_id,key_id,public,created_at,updated_at,shared`
 
 // PutAPITemplate inserts a template; an alias or ID in use is ErrExists.
 func (s *Store) PutAPITemplate(ctx context.Context, t APITemplate) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO api_templates(`+apiTemplateCols+`) VALUES(?,?,?,?,?,?,?)`,
-		t.ID, t.Alias, t.TeamID, t.KeyID, t.Public, t.CreatedAt.UnixMilli(), t.UpdatedAt.UnixMilli())
+	_, err := s.db.ExecContext(ctx, `INSERT INTO api_templates(`+apiTemplateCols+`) VALUES(?,?,?,?,?,?,?,?)`,
+		t.ID, t.Alias, t.TeamID, t.KeyID, t.Public, t.CreatedAt.UnixMilli(), t.UpdatedAt.UnixMilli(), t.Shared)
 	if err != nil && strings.Contains(err.Error(), "UNIQUE") {
 		return fmt.Errorf("store template %s: %w", t.Alias, ErrExists)
 	}
@@ -125,7 +128,7 @@ func (s *Store) PutAPITemplate(ctx context.Context, t APITemplate) error {
 func scanAPITemplate(r scanner) (APITemplate, error) {
 	var t APITemplate
 	var created, updated int64
-	if err := r.Scan(&t.ID, &t.Alias, &t.TeamID, &t.KeyID, &t.Public, &created, &updated); err != nil {
+	if err := r.Scan(&t.ID, &t.Alias, &t.TeamID, &t.KeyID, &t.Public, &created, &updated, &t.Shared); err != nil {
 		return t, err
 	}
 	t.CreatedAt, t.UpdatedAt = time.UnixMilli(created), time.UnixMilli(updated)
@@ -162,6 +165,17 @@ func (s *Store) ListAPITemplates(ctx context.Context) ([]APITemplate, error) {
 		out = append(out, t)
 	}
 	return out, rows.Err()
+}
+
+// SetAPITemplateShared marks a template as the cluster's: it has a
+// Template record (internal/builds' shared.go), and a copy whose record is
+// gone is dropped.
+func (s *Store) SetAPITemplateShared(ctx context.Context, id string) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE api_templates SET shared=1 WHERE id=?`, id)
+	if err != nil {
+		return fmt.Errorf("mark template %s shared: %w", id, err)
+	}
+	return mustAffect(res, id)
 }
 
 // SetAPITemplatePublic publishes or unpublishes a template.

@@ -41,7 +41,17 @@ func TestDeepCopyShares(t *testing.T) {
 	if tpl.Spec.Aliases[0] != "a" || tl.Items[0].Spec.Aliases[0] != "a" {
 		t.Fatal("the template copy shares its aliases")
 	}
-	if (*Sandbox)(nil).DeepCopy() != nil || (*Template)(nil).DeepCopy() != nil {
+	vol := &Volume{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"k": "v"}}, Spec: VolumeSpec{Name: "data"}}
+	vc := vol.DeepCopyObject().(*Volume)
+	vc.Labels["k"] = "changed"
+	vl := &VolumeList{Items: []Volume{*vol}}
+	vlc := vl.DeepCopyObject().(*VolumeList)
+	vlc.Items[0].Spec.Name = "other"
+	vlc.Items[0].Labels["k"] = "changed too"
+	if vol.Labels["k"] != "v" || vl.Items[0].Spec.Name != "data" {
+		t.Fatal("the volume copy shares state with the original")
+	}
+	if (*Sandbox)(nil).DeepCopy() != nil || (*Template)(nil).DeepCopy() != nil || (*Volume)(nil).DeepCopy() != nil {
 		t.Fatal("nil copies")
 	}
 }

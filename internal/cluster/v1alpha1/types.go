@@ -27,6 +27,7 @@ var GroupVersion = schema.GroupVersion{Group: Group, Version: Version}
 // AddToScheme registers the types with a scheme (the client's).
 func AddToScheme(s *runtime.Scheme) error {
 	s.AddKnownTypes(GroupVersion, &Sandbox{}, &SandboxList{}, &Template{}, &TemplateList{})
+	s.AddKnownTypes(GroupVersion, &Volume{}, &VolumeList{}) // volume.go
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }
@@ -96,7 +97,7 @@ type SandboxList struct {
 }
 
 // Template is a template every node can pull: an OCI image reference and
-// the digest it was pushed as. Its name is the template ID.
+// the digest it was pushed as. Its name is the template ID (E2B's).
 type Template struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -109,10 +110,23 @@ type TemplateSpec struct {
 	// Team owns the template; Aliases are its names (E2B's aliases).
 	Team    string   `json:"team,omitempty"`
 	Aliases []string `json:"aliases,omitempty"`
-	// Reference is the OCI image reference (registry/repository:tag).
-	Reference string `json:"reference"`
+	// Public: every team may create from it (E2B's publish).
+	Public bool `json:"public,omitempty"`
+	// Reference is the OCI image reference (registry/repository:tag) of
+	// the template's current build; empty until its first build is pushed.
+	Reference string `json:"reference,omitempty"`
 	// Digest is the manifest digest (sha256:...) nodes pull and check.
-	Digest string `json:"digest"`
+	Digest string `json:"digest,omitempty"`
+	// Build is the build ID Reference holds (E2B's buildID), and
+	// CPUCount and MemoryMB the sizes it was requested with (a sandbox of
+	// it gets them unless its create asks for its own).
+	Build    string `json:"build,omitempty"`
+	CPUCount int    `json:"cpuCount,omitempty"`
+	MemoryMB int    `json:"memoryMB,omitempty"`
+	// Node is the node that builds the template (an API build's calls go
+	// there while it is live: its files cache, logs and build state are
+	// that node's).
+	Node string `json:"node,omitempty"`
 }
 
 // TemplateList is a list of Templates.

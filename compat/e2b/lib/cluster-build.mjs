@@ -1,0 +1,39 @@
+// One template build through the real, unmodified e2b@2.51.0 Template
+// class, for internal/gateway's cluster test (TestClusterTemplates): the
+// SDK talks to the gateway at CELLA_E2B_URL with the key CELLA_E2B_KEY and
+// builds CELLA_BUILD_ALIAS from the base template with a COPY (so the
+// files link and the upload go through the gateway too) and a RUN, asking
+// for 1 vCPU and 768 MiB. It
+// prints the BuildInfo as one JSON line, or exits 1 with the error.
+import fs from 'node:fs'
+import os from 'node:os'
+import path from 'node:path'
+
+const url = process.env.CELLA_E2B_URL
+const key = process.env.CELLA_E2B_KEY
+const alias = process.env.CELLA_BUILD_ALIAS
+if (!url || !key || !alias) throw new Error('CELLA_E2B_URL, CELLA_E2B_KEY and CELLA_BUILD_ALIAS must be set')
+if (!['127.0.0.1', 'localhost'].includes(new URL(url).hostname)) throw new Error(`refusing a non-loopback gateway: ${url}`)
+process.env.E2B_API_URL = url
+process.env.E2B_API_KEY = key
+delete process.env.E2B_DOMAIN
+delete process.env.E2B_ACCESS_TOKEN
+
+const { Template } = await import('e2b-2.51.0')
+const ctx = fs.mkdtempSync(path.join(os.tmpdir(), 'cella-cluster-build-'))
+try {
+  fs.writeFileSync(path.join(ctx, 'hello.txt'), 'copied through the gateway\n')
+  const t = Template({ fileContextPath: ctx })
+    .fromBaseImage()
+    .copy('hello.txt', '/home/user/hello.txt')
+    .runCmd('echo built-in-the-cluster > /home/user/built.txt')
+  const logs = []
+  // Sizes other than E2B's defaults: a sandbox of it on any node must get them.
+  const info = await Template.build(t, alias, { cpuCount: 1, memoryMB: 768, onBuildLogs: (e) => logs.push(e.toString()) })
+  console.log(JSON.stringify({ ...info, logs }))
+} catch (err) {
+  console.error(err)
+  process.exitCode = 1
+} finally {
+  fs.rmSync(ctx, { recursive: true, force: true })
+}

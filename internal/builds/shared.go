@@ -1,0 +1,180 @@
+package builds
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/store"
+	"github.com/cella-sandbox/cella/internal/template"
+	"github.com/cella-sandbox/cella/internal/tenant"
+)
+
+// On a cluster node the API templates are the cluster's (Config.Shared):
+// each has a record every node reads (the daemon's, in the Kubernetes API)
+// with its team, alias, the node that builds it and, once built, the OCI
+// reference and digest of its current build. The node that builds a
+// template pushes each finished build and records it before the build is
+// ready; a create of a template this node lacks pulls the record's build
+// and imports it here under the same template ID, alias and build ID; a
+// template whose record is gone is dropped here on its next use.
+
+// Shared is the cluster's side of API templates.
+type Shared interface {
+	// Lookup is the record of the template ref names (its ID, else the
+	// alias within the caller's team); NotFound for an unknown one and a
+	// foreign one alike.
+	Lookup(ctx context.Context, c Caller, id, alias string) (SharedTemplate, error)
+	// Building records that this node builds b of t (gateways pin the
+	// build's calls here).
+	Building(ctx context.Context, t store.APITemplate, b store.Build) error
+	// Publish pushes the finished build b of t to the cluster's registry
+	// and records it; its failure fails the build.
+	Publish(ctx context.Context, t store.APITemplate, b store.Build, log func(string)) error
+	// Fetch pulls st's build into the template store as name, its digest
+	// checked. Concurrent fetches of one build pull once.
+	Fetch(ctx context.Context, st SharedTemplate, name string) error
+	// Published records that template id is public (or no longer is):
+	// any team may create from it, on any node.
+	Published(ctx context.Context, id string, public bool) error
+	// Deleted removes the record of template id (gone already: nil).
+	Deleted(ctx context.Context, id string) error
+}
+
+// SharedTemplate is what the cluster records of an API template.
+type SharedTemplate struct {
+	ID, Team, Alias string
+	// Public: any team may use it (E2B's publish).
+	Public bool
+	// Build is the build ID of Reference/Digest ("": not built yet),
+	// requested with CPUCount and MemoryMB (0: E2B's defaults).
+	Build, Reference, Digest string
+	CPUCount, MemoryMB       int
+}
+
+// sharedAlias is the template ID the cluster knows the caller's alias by
+// ("": none yet); an alias of another team is a conflict.
+func (s *Service) sharedAlias(ctx context.Context, c Caller, alias string) (string, error) {
+	if s.cfg.Shared == nil {
+		return "", nil
+	}
+	st, err := s.cfg.Shared.Lookup(ctx, Caller{P: tenant.System}, "", alias)
+	if errdefs.Is(err, errdefs.KindNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	if !c.P.Can(tenant.Owner{Team: st.Team}) {
+		return "", errdefs.Conflict("Alias '%s' is already used by another team", alias)
+	}
+	return st.ID, nil
+}
+
+// resolveShared is Resolve on a cluster node for a ref that may name an
+// API template: handled=false leaves ref to the local resolution
+// (builtins, this machine's templates).
+func (s *Service) resolveShared(ctx context.Context, c Caller, ref string) (name string, handled bool, err error) {
+	n, perr := ParseName(ref)
+	alias := n.Alias
+	if perr != nil {
+		alias = ""
+	}
+	st, err := s.cfg.Shared.Lookup(ctx, c, ref, alias)
+	if errdefs.Is(err, errdefs.KindNotFound) {
+		_, serr := s.cfg.Shared.Lookup(ctx, Caller{P: tenant.System}, ref, alias)
+		if serr == nil { // another team's
+			return ref, true, unknownTemplate(ref)
+		}
+		if !errdefs.Is(serr, errdefs.KindNotFound) {
+			return ref, true, serr
+		}
+		// Not the cluster's (any more): a local copy of an API template
+		// of that name was deleted from the cluster. (One made before this
+		// node joined a cluster has never had a record: it stays.)
+		if t, _, ferr := s.findTemplate(ctx, Caller{P: tenant.System}, ref, false); ferr == nil && t.Shared {
+			if _, derr := s.Delete(ctx, Caller{P: tenant.System}, t.ID, nil); derr != nil {
+				s.log.Warn("template deleted from the cluster: dropping the local copy failed", "template", t.ID, "err", derr)
+			} else {
+				s.log.Info("template deleted from the cluster: local copy dropped", "template", t.ID)
+			}
+			return ref, true, unknownTemplate(ref)
+		}
+		return ref, false, nil
+	}
+	if err != nil {
+		// The cluster's API is out of reach: what this node has serves
+		// meanwhile (a template of the cluster it lacks is not found).
+		s.log.Warn("cluster: the template records are out of reach; resolving among this node's templates", "template", ref, "err", err)
+		return ref, false, nil
+	}
+	if n.Tag != "" && n.Tag != DefaultTag {
+		// Tags are the building node's; the cluster records the current
+		// build only.
+		return ref, false, nil
+	}
+	if st.Digest == "" {
+		return ref, true, errdefs.NotFound("template %q has no finished build yet", ref)
+	}
+	name = storeName(st.ID, st.Build)
+	if _, err := s.cfg.Store.GetBuild(ctx, st.Build); err == nil {
+		if _, err := s.cfg.Templates.Get(name); err == nil {
+			return name, true, s.syncPublic(ctx, st)
+		}
+	}
+	if err := s.cfg.Shared.Fetch(ctx, st, name); err != nil {
+		return ref, true, err
+	}
+	if err := s.importShared(ctx, st, name); err != nil {
+		return ref, true, err
+	}
+	return name, true, nil
+}
+
+// importShared records a fetched build here as the cluster has it: the
+// template (same ID, alias and team), the build, ready, and its default
+// tag. Each row may exist already (a concurrent import, or an earlier
+// build of the template).
+func (s *Service) importShared(ctx context.Context, st SharedTemplate, name string) error {
+	now := time.Now()
+	t := store.APITemplate{ID: st.ID, Alias: st.Alias, TeamID: st.Team, Public: st.Public, CreatedAt: now, UpdatedAt: now, Shared: true}
+	if err := s.cfg.Store.PutAPITemplate(ctx, t); err != nil && !errors.Is(err, store.ErrExists) {
+		return fmt.Errorf("import template %s: %w", st.ID, err)
+	}
+	if err := s.syncPublic(ctx, st); err != nil {
+		return err
+	}
+	b := store.Build{ID: st.Build, TemplateID: st.ID, Status: StatusReady, Tags: []string{DefaultTag}, StoreName: name,
+		CPUCount: cmp.Or(st.CPUCount, DefaultCPUCount), MemoryMB: cmp.Or(st.MemoryMB, DefaultMemoryMB), CreatedAt: now, UpdatedAt: now, FinishedAt: now}
+	if _, err := s.cfg.Store.GetBuild(ctx, b.ID); errors.Is(err, store.ErrNotFound) {
+		if err := s.cfg.Store.PutBuild(ctx, b); err != nil {
+			if _, gerr := s.cfg.Store.GetBuild(ctx, b.ID); gerr != nil { // not a concurrent import's
+				return fmt.Errorf("import template %s: %w", st.ID, err)
+			}
+		}
+	}
+	if err := s.cfg.Store.SetTag(ctx, st.ID, DefaultTag, b.ID); err != nil {
+		return fmt.Errorf("import template %s: %w", st.ID, err)
+	}
+	return nil
+}
+
+// localOnly says whether ref never names a cluster template: a build's
+// store name, or a builtin.
+func localOnly(ref string) bool { return IsStoreName(ref) || template.IsBuiltin(ref) }
+
+// syncPublic makes this node's copy as public as the cluster's record (a
+// publish went through the building node).
+func (s *Service) syncPublic(ctx context.Context, st SharedTemplate) error {
+	cur, err := s.cfg.Store.GetAPITemplate(ctx, st.ID)
+	if err != nil || cur.Public == st.Public {
+		return nil
+	}
+	if err := s.cfg.Store.SetAPITemplatePublic(ctx, st.ID, st.Public); err != nil {
+		return fmt.Errorf("template %s: record its publication: %w", st.ID, err)
+	}
+	return nil
+}
