@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -9,7 +10,6 @@ import (
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/cluster"
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
-	"github.com/cella-sandbox/cella/internal/errdefs"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -161,12 +161,26 @@ func (r *resumer) pause(ctx context.Context, id string) (string, error) {
 	if err := r.gw.Pause(ctx, id, true); err != nil {
 		return "", fmt.Errorf("pause: %w", err)
 	}
-	rec, err := r.wait(ctx, id, v1alpha1.SandboxPaused)
+	// The node says whether the pause archived (its detail's lifecycle);
+	// its record may say paused a pass before it says archived.
+	d, err := r.gw.Get(ctx, id)
+	if err != nil {
+		return "", fmt.Errorf("read the paused sandbox: %w", err)
+	}
+	var detail struct {
+		Lifecycle struct {
+			Archived bool `json:"archived"`
+		} `json:"lifecycle"`
+	}
+	if err := json.Unmarshal(d.Raw, &detail); err != nil {
+		return "", fmt.Errorf("read the paused sandbox: %w", err)
+	}
+	if !detail.Lifecycle.Archived {
+		return "", errNoArchive
+	}
+	rec, err := r.waitFor(ctx, id, v1alpha1.SandboxPaused, true)
 	if err != nil {
 		return "", err
-	}
-	if !rec.Status.Archived {
-		return "", errNoArchive
 	}
 	return rec.Spec.Node, nil
 }
@@ -174,11 +188,16 @@ func (r *resumer) pause(ctx context.Context, id string) (string, error) {
 // wait waits for the record of sandbox id to be in phase: its node writes
 // its records at its own pace, so this is bounded, not timed.
 func (r *resumer) wait(ctx context.Context, id string, phase v1alpha1.SandboxPhase) (*v1alpha1.Sandbox, error) {
+	return r.waitFor(ctx, id, phase, false)
+}
+
+// waitFor is wait, for a record that also says archived when archived.
+func (r *resumer) waitFor(ctx context.Context, id string, phase v1alpha1.SandboxPhase, archived bool) (*v1alpha1.Sandbox, error) {
 	wait, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	for {
 		rec, err := r.records.Sandbox(wait, id)
-		if err == nil && rec.Status.Phase == phase {
+		if err == nil && rec.Status.Phase == phase && (!archived || rec.Status.Archived) {
 			return rec, nil
 		}
 		select {
@@ -226,7 +245,7 @@ func (r *resumer) kill(ctx context.Context, id string) {
 	defer cancel()
 	for {
 		err := r.gw.Kill(ctx, id)
-		if err == nil || errdefs.Is(err, errdefs.KindNotFound) {
+		if err == nil || client.IsNotFound(err) {
 			return
 		}
 		select {
