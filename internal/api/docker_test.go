@@ -310,6 +310,9 @@ while True:
 			t.Fatalf("the decoy did not survive the resume, so the test proved nothing:\n%s%s", res.Stdout, res.Stderr)
 		}
 		dockerOK(t, sb, "root", "pkill -f '[d]ecoy.py'; umount /run/cella")
+		// A resume from memory restarts the engine (its bridge is gone):
+		// the next subtests need it answering again.
+		dockerOK(t, sb, "", "for i in $(seq 600); do docker info >/dev/null 2>&1 && ip link show docker0 >/dev/null 2>&1 && break; sleep 0.1; done; docker info >/dev/null")
 	})
 
 	t.Run("EgressHoldsForInnerContainers", func(t *testing.T) {
