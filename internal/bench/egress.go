@@ -54,11 +54,49 @@ for _ in range(n):
 print(json.dumps(out))
 `
 
+// egressUpstream is the floor's upstream inside the sandbox: the least an
+// HTTP server can do (read a request head, answer a fixed body, close), so
+// that the floor is the sandbox's own cost of a connection — its network
+// stack and the client — with no proxy, no DNS and no host hop. With a
+// certificate and key it speaks TLS, as the proxied upstream does.
+const egressUpstream = `
+import socket, ssl, sys, threading
+port = int(sys.argv[1])
+ctx = None
+if len(sys.argv) > 3:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(sys.argv[2], sys.argv[3])
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", port))
+ls.listen(128)
+def serve(c):
+    try:
+        if ctx:
+            c = ctx.wrap_socket(c, server_side=True)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            d = c.recv(4096)
+            if not d:
+                return
+            buf += d
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n")
+    except Exception:
+        pass
+    finally:
+        c.close()
+while True:
+    c, _ = ls.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+`
+
 // Egress measures what the egress proxy costs: n small HTTP requests, then
 // n small HTTPS requests, from inside a sandbox to an allowed name (DNS
 // through cella, every connection decided and proxied; HTTPS terminated
 // and re-encrypted), beside the same client on the host talking to the
-// same upstream directly, in the same run.
+// same upstream directly, in the same run, and beside the sandbox's own
+// floor: the same client in the same sandbox talking to an upstream on the
+// sandbox's loopback (no proxy).
 func Egress(ctx context.Context, cfg Config, n int) ([]Figure, error) {
 	if n <= 0 {
 		n = 1000
@@ -72,7 +110,7 @@ func Egress(ctx context.Context, cfg Config, n int) ([]Figure, error) {
 	if err := os.WriteFile(script, []byte(egressClient), 0o644); err != nil {
 		return nil, err
 	}
-	caPEM, leaf, err := benchCert("bench.test")
+	caPEM, leaf, leafPEM, err := benchCert("bench.test")
 	if err != nil {
 		return nil, err
 	}
@@ -114,56 +152,90 @@ func Egress(ctx context.Context, cfg Config, n int) ([]Figure, error) {
 		b := summarize(fmt.Sprintf("%d %s GETs, host → upstream (no proxy)", n, upper), "", base)
 		figs = append(figs, b)
 		for _, rt := range runtimesOf(cfg) {
-			f, err := egressOne(ctx, cfg, rt, fmt.Sprintf("%d %s GETs, sandbox → egress proxy → upstream", n, upper), port, n, caFile, caPEM, extra)
+			f, floor, err := egressOne(ctx, cfg, rt, upper, port, n, caFile, caPEM, leafPEM, extra)
 			if err != nil {
 				f.Err = err.Error()
 			}
 			f.against(b)
-			figs = append(figs, f)
+			f.alsoAgainst(floor)
+			figs = append(figs, floor, f)
 		}
 		srv.Close()
 	}
 	return figs, nil
 }
 
-func egressOne(ctx context.Context, cfg Config, rt, name, port string, n int, caFile string, caPEM []byte, extra []string) (Figure, error) {
+// egressOne runs the client n times in one sandbox of runtime rt through
+// the egress proxy to the host's upstream on port, then n times against
+// an upstream on the sandbox's own loopback: the proxied figure and its
+// floor, measured in the same sandbox.
+func egressOne(ctx context.Context, cfg Config, rt, scheme, port string, n int, caFile string, caPEM []byte, leaf leafFiles, extra []string) (proxied, floor Figure, err error) {
+	proxied = Figure{Name: fmt.Sprintf("%d %s GETs, sandbox → egress proxy → upstream", n, scheme), Runtime: rt}
+	floor = Figure{Name: fmt.Sprintf("%d %s GETs, sandbox → upstream on its own loopback (no proxy)", n, scheme), Runtime: rt}
 	l, err := startLocalNet(ctx, cfg, rt, daemon.NetworkConfig{
 		Allow: []string{"bench.test"}, Resolve: []string{"bench.test=127.0.0.1"}, UpstreamCAFile: caFile,
 	})
 	if err != nil {
-		return Figure{Name: name, Runtime: rt}, err
+		return proxied, floor, err
 	}
 	defer l.Close()
 	conn, err := l.sandbox(ctx, client.CreateRequest{})
 	if err != nil {
-		return Figure{Name: name, Runtime: rt}, err
+		return proxied, floor, err
 	}
-	if err := conn.WriteFile(ctx, "/tmp/egress.py", "", strings.NewReader(egressClient)); err != nil {
-		return Figure{Name: name, Runtime: rt}, err
+	for path, body := range map[string]string{
+		"/tmp/egress.py": egressClient, "/tmp/egress-upstream.py": egressUpstream, "/tmp/bench-ca.pem": string(caPEM),
+		"/tmp/bench-leaf.pem": leaf.cert, "/tmp/bench-leaf.key": leaf.key,
+	} {
+		if err := conn.WriteFile(ctx, path, "", strings.NewReader(body)); err != nil {
+			return proxied, floor, err
+		}
 	}
-	if err := conn.WriteFile(ctx, "/tmp/bench-ca.pem", "", strings.NewReader(string(caPEM))); err != nil {
-		return Figure{Name: name, Runtime: rt}, err
+	run := func(f Figure, cmd string) (Figure, error) {
+		res, err := conn.Exec(ctx, cmd, client.ExecOptions{Timeout: 10 * time.Minute})
+		if err != nil {
+			return f, err
+		}
+		if res.ExitCode != 0 {
+			return f, fmt.Errorf("sandbox client exited %d: %s %v", res.ExitCode, res.Stderr, res.SandboxEvents)
+		}
+		ds, err := parseNanos([]byte(res.Stdout))
+		if err != nil {
+			return f, err
+		}
+		return summarize(f.Name, rt, ds), nil
 	}
-	cmd := strings.Join(append([]string{"python3 /tmp/egress.py bench.test", port, strconv.Itoa(n)}, extra...), " ")
-	res, err := conn.Exec(ctx, cmd, client.ExecOptions{Timeout: 10 * time.Minute})
-	if err != nil {
-		return Figure{Name: name, Runtime: rt}, err
+	proxiedCmd := strings.Join(append([]string{"python3 /tmp/egress.py bench.test", port, strconv.Itoa(n)}, extra...), " ")
+	if proxied, err = run(proxied, proxiedCmd); err != nil {
+		return proxied, floor, err
 	}
-	if res.ExitCode != 0 {
-		return Figure{Name: name, Runtime: rt}, fmt.Errorf("sandbox client exited %d: %s %v", res.ExitCode, res.Stderr, res.SandboxEvents)
+	// The floor's upstream listens on the sandbox's loopback; the client
+	// waits for it, then runs exactly as above but to 127.0.0.1 (the leaf
+	// names that address too).
+	const floorPort = "18089"
+	tlsArgs := ""
+	if len(extra) > 0 {
+		tlsArgs = " /tmp/bench-leaf.pem /tmp/bench-leaf.key"
 	}
-	ds, err := parseNanos([]byte(res.Stdout))
-	if err != nil {
-		return Figure{Name: name, Runtime: rt}, err
+	floorCmd := "python3 /tmp/egress-upstream.py " + floorPort + tlsArgs + " >/dev/null 2>&1 & up=$!; " +
+		"for i in $(seq 200); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", " + floorPort + "), 1)' 2>/dev/null && break; sleep 0.05; done; " +
+		strings.Join(append([]string{"python3 /tmp/egress.py 127.0.0.1", floorPort, strconv.Itoa(n)}, extra...), " ") + "; rc=$?; kill $up; exit $rc"
+	if floor, err = run(floor, floorCmd); err != nil {
+		return proxied, floor, fmt.Errorf("the no-proxy floor: %w", err)
 	}
-	return summarize(name, rt, ds), nil
+	return proxied, floor, nil
 }
 
-// benchCert makes a CA and a leaf for name and 127.0.0.1 signed by it.
-func benchCert(name string) ([]byte, tls.Certificate, error) {
+// leafFiles is a leaf certificate and its key, PEM-encoded, for a server
+// in a sandbox.
+type leafFiles struct{ cert, key string }
+
+// benchCert makes a CA and a leaf for name and 127.0.0.1 signed by it (the
+// leaf also PEM-encoded, for a server in a sandbox).
+func benchCert(name string) ([]byte, tls.Certificate, leafFiles, error) {
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, tls.Certificate{}, err
+		return nil, tls.Certificate{}, leafFiles{}, err
 	}
 	now := time.Now()
 	caTmpl := &x509.Certificate{
@@ -173,12 +245,12 @@ func benchCert(name string) ([]byte, tls.Certificate, error) {
 	}
 	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
 	if err != nil {
-		return nil, tls.Certificate{}, err
+		return nil, tls.Certificate{}, leafFiles{}, err
 	}
 	ca, _ := x509.ParseCertificate(caDER)
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, tls.Certificate{}, err
+		return nil, tls.Certificate{}, leafFiles{}, err
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: name}, DNSNames: []string{name},
@@ -188,9 +260,17 @@ func benchCert(name string) ([]byte, tls.Certificate, error) {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 	if err != nil {
-		return nil, tls.Certificate{}, err
+		return nil, tls.Certificate{}, leafFiles{}, err
 	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, tls.Certificate{}, leafFiles{}, err
+	}
+	files := leafFiles{
+		cert: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})),
+		key:  string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})),
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, files, nil
 }
 
 func parseNanos(b []byte) ([]time.Duration, error) {
