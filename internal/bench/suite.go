@@ -304,14 +304,21 @@ func humanSize(n int64) string {
 }
 
 // Density starts n idle sandboxes and reports the host memory each adds
-// (PSS of everything in its cgroups plus its writable layer) and the API's
-// latency while they idle.
+// (PSS of everything in its cgroups plus its writable layer) beside the
+// floor measured first in the same run (raw idle containers of the
+// runtime on the same root, rawIdleFloor), and the API's latency while
+// they idle.
 func Density(ctx context.Context, cfg Config, n int) ([]Figure, error) {
 	if n <= 0 {
 		n = 200
 	}
+	_, base, err := ensureBase(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
 	var figs []Figure
 	for _, rt := range runtimesOf(cfg) {
+		floor, floorErr := rawIdleFloor(ctx, cfg, rt, base.RootFS, min(n, 8))
 		l, err := startLocal(ctx, cfg, rt)
 		if err != nil {
 			figs = append(figs, Figure{Name: "density", Runtime: rt, Err: err.Error()})
@@ -340,8 +347,15 @@ func Density(ctx context.Context, cfg Config, n int) ([]Figure, error) {
 			// among their users; the cgroup charge is what the kernel bills
 			// the sandbox (its own anon memory, gVisor's memory file, page
 			// cache it brought in).
-			f.Extra = fmt.Sprintf("%.1f MB PSS each, %.1f MB cgroup charge each",
-				float64(total)/float64(len(ids))/1e6, float64(charged)/float64(len(ids))/1e6)
+			pss, charge := float64(total)/float64(len(ids)), float64(charged)/float64(len(ids))
+			f.Extra = fmt.Sprintf("%.1f MB PSS each, %.1f MB cgroup charge each", pss/1e6, charge/1e6)
+			switch {
+			case floorErr != nil:
+				f.Extra += "; the raw floor: error: " + floorErr.Error()
+			case floor.Charged > 0:
+				f.Extra += fmt.Sprintf("; %.2f× the charge (%.2f× the PSS) of %s each: %.1f MB charge, %.1f MB PSS",
+					charge/float64(floor.Charged), pss/float64(max(floor.PSS, 1)), floorName(rt, floor.N), float64(floor.Charged)/1e6, float64(floor.PSS)/1e6)
+			}
 		}
 		if firstErr != nil {
 			f.Err = fmt.Sprintf("stopped at %d: %v", len(ids), firstErr)
@@ -376,9 +390,18 @@ func health(base string) error {
 // sandboxPSS sums the proportional set size of every process in the
 // sandbox's memory cgroup (cella/<id>): runsc's sandbox (sentry) and gofer,
 // or the crun container's processes.
-func sandboxPSS(id string) int64 {
+func sandboxPSS(id string) int64 { return cgroupPSS(filepath.Join("/sys/fs/cgroup/memory/cella", id)) }
+
+// cgroupCharge is the memory cgroup v1 usage of a sandbox's container.
+func cgroupCharge(id string) int64 {
+	return cgroupUsage(filepath.Join("/sys/fs/cgroup/memory/cella", id))
+}
+
+// cgroupPSS sums the proportional set size of every process in the memory
+// cgroup at dir.
+func cgroupPSS(dir string) int64 {
 	var total int64
-	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory/cella", id, "cgroup.procs"))
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 	if err == nil {
 		for _, f := range strings.Fields(string(b)) {
 			total += pssOf(f)
@@ -387,9 +410,9 @@ func sandboxPSS(id string) int64 {
 	return total
 }
 
-// cgroupCharge is the memory cgroup v1 usage of a sandbox's container.
-func cgroupCharge(id string) int64 {
-	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory/cella", id, "memory.usage_in_bytes"))
+// cgroupUsage is the usage of the memory cgroup v1 at dir.
+func cgroupUsage(dir string) int64 {
+	b, err := os.ReadFile(filepath.Join(dir, "memory.usage_in_bytes"))
 	if err != nil {
 		return 0
 	}
