@@ -41,13 +41,18 @@ type StateResult struct {
 	Rounds int           `json:"rounds"`
 	Pause  time.Duration `json:"pause_ns"`
 	Resume time.Duration `json:"resume_ns"` // connect → the holder answered an exec
-	// RawRestore: `runsc restore` of a raw container's pause-shaped image
-	// (same runsc, flags, memory limit and touched memory) → its holder
-	// answered a `runsc exec` of the same ask. ResumeRatio = Resume / it.
+	// RawRestore: `runsc restore --background` (the flags of cella's
+	// resume) of a raw container's pause-shaped image (same runsc, global
+	// flags, memory limit and touched memory) → its holder answered a
+	// `runsc exec` of the same ask. ResumeRatio = Resume / it. RawPlain is
+	// the same restore without --background, PlainRatio Resume / it.
 	RawRestore    time.Duration   `json:"raw_restore_ns,omitempty"`
 	ResumeRatio   float64         `json:"resume_ratio,omitempty"`
+	RawPlain      time.Duration   `json:"raw_restore_plain_ns,omitempty"`
+	PlainRatio    float64         `json:"resume_plain_ratio,omitempty"`
 	ResumeRuns    []time.Duration `json:"resume_runs_ns"`
 	RawRestoreRun []time.Duration `json:"raw_restore_runs_ns,omitempty"`
+	RawPlainRun   []time.Duration `json:"raw_restore_plain_runs_ns,omitempty"`
 	Snapshot      time.Duration   `json:"snapshot_ns"`
 	Forks         int             `json:"forks"`
 	Fork          time.Duration   `json:"fork_ns"` // the fork call, until it answered
@@ -129,7 +134,7 @@ func (r *StateResult) Check() error {
 	if r.FloorErr != "" {
 		return fmt.Errorf("bench state %s: floor: %s", r.Runtime, r.FloorErr)
 	}
-	for name, x := range map[string]float64{"resume": r.ResumeRatio, "fork call": r.ForkCallRatio,
+	for name, x := range map[string]float64{"resume": r.ResumeRatio, "resume (plain)": r.PlainRatio, "fork call": r.ForkCallRatio,
 		"fork all answer": r.ForkAllRatio, "fork PSS": r.ForkPSSRatio, "raw fork PSS": r.RawForkPSSRatio} {
 		if x <= 0 {
 			return fmt.Errorf("bench state %s: no %s ratio", r.Runtime, name)
@@ -146,6 +151,7 @@ func (r *StateResult) ratios() {
 		return float64(a) / float64(b)
 	}
 	r.ResumeRatio = div(int64(r.Resume), int64(r.RawRestore))
+	r.PlainRatio = div(int64(r.Resume), int64(r.RawPlain))
 	r.ForkCallRatio = div(int64(r.Fork), int64(r.RawForks))
 	r.ForkAllRatio = div(int64(r.ForkAllAnswer), int64(r.RawForks))
 	r.ForkPSSRatio = div(r.ForkPSSMean, r.OriginalPSS)
@@ -261,12 +267,17 @@ func state(ctx context.Context, cfg Config, rt string, mb, forks, rounds int) (S
 		if raw == nil {
 			return
 		}
-		d, err := raw.rawResume(ctx, rawSrc)
+		d, err := raw.rawResume(ctx, rawSrc, "--background")
 		if err != nil {
 			floorFailed(err)
 			return
 		}
 		res.RawRestoreRun = append(res.RawRestoreRun, d)
+		if d, err = raw.rawResume(ctx, rawSrc); err != nil {
+			floorFailed(err)
+			return
+		}
+		res.RawPlainRun = append(res.RawPlainRun, d)
 	}
 	for i := range rounds {
 		t0 = time.Now()
@@ -293,6 +304,7 @@ func state(ctx context.Context, cfg Config, rt string, mb, forks, rounds int) (S
 		}
 	}
 	res.Pause, res.Resume, res.RawRestore = p50(pauses), p50(res.ResumeRuns), p50(res.RawRestoreRun)
+	res.RawPlain = p50(res.RawPlainRun)
 
 	t0 = time.Now()
 	sn, err := c.Snapshot(ctx, sb.SandboxID, "")
@@ -441,9 +453,11 @@ func PrintState(w io.Writer, rs []StateResult, asJSON bool) error {
 		}
 		fmt.Fprintf(tw, "  cold create → first exec (baseline)\t%s\n", ms(r.ColdCreate))
 		fmt.Fprintf(tw, "  pause (keep memory), p50 of %d\t%s\n", r.Rounds, ms(r.Pause))
-		fmt.Fprintf(tw, "  resume → holder answers, p50 of %d\t%s\t%s\n", r.Rounds, ms(r.Resume), ratio(r.ResumeRatio, "raw runsc restore"))
+		fmt.Fprintf(tw, "  resume → holder answers, p50 of %d\t%s\t%s\n", r.Rounds, ms(r.Resume),
+			strings.TrimSuffix(ratio(r.ResumeRatio, "raw runsc restore --background")+"; "+ratio(r.PlainRatio, "raw plain runsc restore"), "; "))
 		if r.RawRestore > 0 {
-			fmt.Fprintf(tw, "  raw runsc restore → holder answers (floor), p50 of %d\t%s\n", len(r.RawRestoreRun), ms(r.RawRestore))
+			fmt.Fprintf(tw, "  raw runsc restore --background → holder answers (floor), p50 of %d\t%s\n", len(r.RawRestoreRun), ms(r.RawRestore))
+			fmt.Fprintf(tw, "  raw plain runsc restore → holder answers, p50 of %d\t%s\n", len(r.RawPlainRun), ms(r.RawPlain))
 		}
 		fmt.Fprintf(tw, "  snapshot (original keeps running)\t%s\t%s on disk\n", ms(r.Snapshot), mib(r.SnapshotBytes))
 		fmt.Fprintf(tw, "  fork ×%d (API call)\t%s\t%s per fork, %d failed; %s\n", r.Forks, ms(r.Fork), ms(r.Fork/time.Duration(max(1, r.Forks))), r.ForksFailed, ratio(r.ForkCallRatio, "raw restores"))
@@ -469,9 +483,11 @@ func StateFigures(rs []StateResult) []Figure {
 		fig := func(name string, d ...time.Duration) Figure {
 			return summarize(fmt.Sprintf("%s (%d MiB touched)", name, r.MemoryMB), r.Runtime, slices.Clone(d))
 		}
-		rawRestore := fig("raw runsc restore → holder answers (state floor)", r.RawRestoreRun...)
+		rawRestore := fig("raw runsc restore --background → holder answers (resume floor)", r.RawRestoreRun...)
+		rawPlain := fig("raw plain runsc restore → holder answers", r.RawPlainRun...)
 		resume := fig("resume → holder answers", r.ResumeRuns...)
 		resume.against(rawRestore)
+		resume.alsoAgainst(rawPlain)
 		rawForksName := fmt.Sprintf("raw runsc restore --background ×%d, %d at a time → every holder answered (fork floor)", r.Forks, sandbox.ForkParallel)
 		rawForks := fig(rawForksName)
 		if r.RawForks > 0 {
@@ -488,15 +504,15 @@ func StateFigures(rs []StateResult) []Figure {
 		pause := fig("pause (keep memory), p50 of the rounds", r.Pause)
 		pause.N = r.Rounds
 		snap := fig("snapshot (original keeps running)", r.Snapshot)
-		for _, f := range []*Figure{&pause, &resume, &rawRestore, &snap, &call, &all, &rawForks, &pss} {
+		for _, f := range []*Figure{&pause, &resume, &rawRestore, &rawPlain, &snap, &call, &all, &rawForks, &pss} {
 			if f.Err == "" && r.Err != "" {
 				f.Err = r.Err
 			}
-			if f.Err == "" && r.FloorErr != "" && (f == &rawRestore || f == &rawForks) {
+			if f.Err == "" && r.FloorErr != "" && (f == &rawRestore || f == &rawPlain || f == &rawForks) {
 				f.Err = r.FloorErr
 			}
 		}
-		figs = append(figs, pause, resume, rawRestore, snap, call, all, rawForks, pss)
+		figs = append(figs, pause, resume, rawRestore, rawPlain, snap, call, all, rawForks, pss)
 	}
 	return figs
 }

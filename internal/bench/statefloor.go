@@ -21,9 +21,9 @@ import (
 // cella's API: raw runsc containers of the base root holding the same
 // touched memory under the same memory limit, checkpointed and restored by
 // runsc itself with the flags cella's gVisor runtime passes (its global
-// flags; the pause's plain checkpoint and plain restore; the snapshot's
-// `checkpoint --leave-running --compression=none` and `restore
-// --background`), each timed until the holder answers a `runsc exec` of
+// flags; the pause's checkpoint and the resume's `restore --background`,
+// and beside it a plain restore; the snapshot's `checkpoint --leave-running
+// --compression=none` and the forks' `restore --background`), each timed until the holder answers a `runsc exec` of
 // the same ask cella's figures run.
 
 // rawAskHolder is askHolder as an argv for `runsc exec`.
@@ -204,13 +204,13 @@ func (r *rawRunsc) source(ctx context.Context, mb int) (rawSource, error) {
 	return s, nil
 }
 
-// rawResume is the floor of a resume: a plain `runsc restore` of the
-// pause-shaped image into the source's container until the holder
-// answers; the container is removed after, so the next round can restore
-// again.
-func (r *rawRunsc) rawResume(ctx context.Context, s rawSource) (time.Duration, error) {
+// rawResume is the floor of a resume: `runsc restore` (with extra: cella's
+// resume passes --background) of the pause-shaped image into the source's
+// container until the holder answers; the container is removed after, so
+// the next round can restore again.
+func (r *rawRunsc) rawResume(ctx context.Context, s rawSource, extra ...string) (time.Duration, error) {
 	t0 := time.Now()
-	err := r.launch(ctx, s.id, s.bundle, "restore", "--image-path="+s.pauseImage)
+	err := r.launch(ctx, s.id, s.bundle, append([]string{"restore", "--image-path=" + s.pauseImage}, extra...)...)
 	if err == nil {
 		err = r.ask(ctx, s.id)
 	}
