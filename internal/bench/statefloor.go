@@ -47,8 +47,11 @@ func newRawRunsc(runsc, rootfs string, memMB int) (*rawRunsc, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &rawRunsc{runsc: runsc, rootfs: rootfs, memMB: memMB, dir: dir, prefix: fmt.Sprintf("bench-state-%d-", os.Getpid())}, nil
+	return &rawRunsc{runsc: runsc, rootfs: rootfs, memMB: memMB, dir: dir, prefix: rawContainerPrefix()}, nil
 }
+
+// rawContainerPrefix starts this process's raw container ids.
+func rawContainerPrefix() string { return fmt.Sprintf("bench-state-%d-", os.Getpid()) }
 
 func (r *rawRunsc) root() string { return filepath.Join(r.dir, "state") }
 
