@@ -79,10 +79,15 @@ type StateResult struct {
 	RawSourcePSS    int64   `json:"raw_source_pss_bytes,omitempty"`
 	RawForkPSSMean  int64   `json:"raw_fork_pss_mean_bytes,omitempty"`
 	RawForkPSSRatio float64 `json:"raw_fork_pss_ratio,omitempty"`
-	DiskGrowth      int64   `json:"disk_growth_bytes"` // data dir (own fs) after the forks
-	SnapshotBytes   int64   `json:"snapshot_bytes"`
-	FloorErr        string  `json:"floor_error,omitempty"`
-	Err             string  `json:"error,omitempty"`
+	// Mean host CPU per second of an idle fork once all answered (and
+	// of an idle raw restore): what forks already up take from the rest.
+	ForkIdleCPU     time.Duration `json:"fork_idle_cpu_ns_per_s"`
+	OriginalIdleCPU time.Duration `json:"original_idle_cpu_ns_per_s"`
+	RawForkIdleCPU  time.Duration `json:"raw_fork_idle_cpu_ns_per_s,omitempty"`
+	DiskGrowth      int64         `json:"disk_growth_bytes"` // data dir (own fs) after the forks
+	SnapshotBytes   int64         `json:"snapshot_bytes"`
+	FloorErr        string        `json:"floor_error,omitempty"`
+	Err             string        `json:"error,omitempty"`
 }
 
 // holderPy holds MB MiB of touched memory and answers on 127.0.0.1:8000
@@ -367,6 +372,8 @@ func state(ctx context.Context, cfg Config, rt string, mb, forks, rounds int) (S
 	if len(ids) > 0 {
 		res.ForkPSSMean /= int64(len(ids))
 	}
+	res.ForkIdleCPU = idleCPU(ids)
+	res.OriginalIdleCPU = idleCPU([]string{sb.SandboxID})
 	if ents, err := os.ReadDir(filepath.Join(dataDir, "snapshots")); err == nil {
 		for _, e := range ents {
 			res.SnapshotBytes += stateDu(filepath.Join(dataDir, "snapshots", e.Name()))
@@ -376,11 +383,11 @@ func state(ctx context.Context, cfg Config, rt string, mb, forks, rounds int) (S
 	// memory and cores for both).
 	killForks()
 	if raw != nil {
-		took, pss, err := raw.rawForks(ctx, mb, forks, sandbox.ForkParallel, rawSrc)
+		took, pss, cpu, err := raw.rawForks(ctx, mb, forks, sandbox.ForkParallel, rawSrc)
 		if err != nil {
 			floorFailed(err)
 		} else {
-			res.RawForks = took
+			res.RawForks, res.RawForkIdleCPU = took, cpu
 			for _, p := range pss {
 				res.RawForkPSSMean += p / int64(len(pss))
 			}
@@ -470,6 +477,8 @@ func PrintState(w io.Writer, rs []StateResult, asJSON bool) error {
 		if r.RawSourcePSS > 0 {
 			fmt.Fprintf(tw, "  host memory (PSS): raw source / per raw restore, mean\t%s / %s\t%s\n", mib(r.RawSourcePSS), mib(r.RawForkPSSMean), ratio(r.RawForkPSSRatio, "the raw source"))
 		}
+		fmt.Fprintf(tw, "  host CPU of an idle fork, mean / the original / an idle raw restore\t%.1f / %.1f / %.1f ms/s\n",
+			float64(r.ForkIdleCPU)/1e6, float64(r.OriginalIdleCPU)/1e6, float64(r.RawForkIdleCPU)/1e6)
 		fmt.Fprintf(tw, "  data dir growth for the forks\t%s\n", mib(r.DiskGrowth))
 	}
 	return tw.Flush()
@@ -501,6 +510,7 @@ func StateFigures(rs []StateResult) []Figure {
 		pss := fig("host memory (PSS) per idle fork")
 		pss.Extra = fmt.Sprintf("%s per fork = %.2f× the original's %s; raw runsc restores: %s = %.2f× their source's %s",
 			mib(r.ForkPSSMean), r.ForkPSSRatio, mib(r.OriginalPSS), mib(r.RawForkPSSMean), r.RawForkPSSRatio, mib(r.RawSourcePSS))
+		pss.Extra += fmt.Sprintf("; idle host CPU %.1f ms/s per fork, %.1f per raw restore", float64(r.ForkIdleCPU)/1e6, float64(r.RawForkIdleCPU)/1e6)
 		pause := fig("pause (keep memory), p50 of the rounds", r.Pause)
 		pause.N = r.Rounds
 		snap := fig("snapshot (original keeps running)", r.Snapshot)

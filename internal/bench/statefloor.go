@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -225,9 +227,10 @@ func (r *rawRunsc) rawResume(ctx context.Context, s rawSource, extra ...string) 
 // rawForks is the floor of fork ×n: n `runsc restore --background` of the
 // snapshot-shaped image into new containers (spec validation a warning, as
 // for cella's forks), parallel at most at a time as cella's forks restore,
-// each until its holder answers; the time until every one answered, and
-// each restored container's PSS once all answered (they are removed after).
-func (r *rawRunsc) rawForks(ctx context.Context, mb, n, parallel int, s rawSource) (time.Duration, []int64, error) {
+// each until its holder answers; the time until every one answered, each
+// restored container's PSS once all answered and their mean idle CPU (they
+// are removed after).
+func (r *rawRunsc) rawForks(ctx context.Context, mb, n, parallel int, s rawSource) (took time.Duration, pss []int64, cpu time.Duration, err error) {
 	ids := make([]string, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -251,19 +254,45 @@ func (r *rawRunsc) rawForks(ctx context.Context, mb, n, parallel int, s rawSourc
 		}()
 	}
 	wg.Wait()
-	took := time.Since(t0)
+	took = time.Since(t0)
 	defer func() {
 		for _, id := range ids {
 			r.remove(id)
 		}
 	}()
 	if err := errors.Join(errs...); err != nil {
-		return took, nil, err
+		return took, nil, 0, err
 	}
 	time.Sleep(2 * time.Second) // background page loading settles, as for cella's forks
-	pss := make([]int64, n)
+	pss = make([]int64, n)
 	for i, id := range ids {
 		pss[i] = sandboxPSS(id)
 	}
-	return took, pss, nil
+	return took, pss, idleCPU(ids), nil
+}
+
+// idleCPUWindow is how long idleCPU watches the forks.
+const idleCPUWindow = 2 * time.Second
+
+// idleCPU is the mean host CPU time per second that each container of ids
+// used over idleCPUWindow (cpuacct v1 of its cgroup, /cella/<id>): what
+// idle forks take from the restores still to come.
+func idleCPU(ids []string) time.Duration {
+	usage := func() (total int64) {
+		for _, id := range ids {
+			b, err := os.ReadFile(filepath.Join(cgroup.Root, "cpuacct", cgroup.Parent, id, "cpuacct.usage"))
+			if err == nil {
+				n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+				total += n
+			}
+		}
+		return total
+	}
+	if len(ids) == 0 {
+		return 0
+	}
+	before, t0 := usage(), time.Now()
+	time.Sleep(idleCPUWindow)
+	used := usage() - before
+	return time.Duration(float64(used) / time.Since(t0).Seconds() / float64(len(ids)))
 }
