@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -100,6 +101,17 @@ func newBenchCmd() *cobra.Command {
 			func(ctx context.Context) ([]bench.Figure, error) { return bench.Egress(ctx, b.cfg, b.egress) },
 			func(ctx context.Context) ([]bench.Figure, error) { return bench.Template(ctx, b.cfg) },
 			func(ctx context.Context) ([]bench.Figure, error) { return bench.Docker(ctx, b.cfg) },
+			func(ctx context.Context) ([]bench.Figure, error) {
+				// State under gVisor, beside its raw runsc floors (bench_state.go).
+				if !slices.Contains(b.cfg.Runtimes, "gvisor") {
+					return nil, nil
+				}
+				cfg := b.cfg
+				cfg.Runtimes = []string{"gvisor"}
+				mb, forks, rounds := stateSize(b.smoke)
+				rs, err := bench.State(ctx, cfg, mb, forks, rounds)
+				return bench.StateFigures(rs), err
+			},
 		} {
 			got, err := f(ctx)
 			if err != nil {

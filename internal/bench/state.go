@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,8 +12,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -21,30 +24,70 @@ import (
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/envd/process"
+	"github.com/cella-sandbox/cella/internal/runtime"
+	"github.com/cella-sandbox/cella/internal/sandbox"
 )
 
 // StateResult is `cella bench state` for one runtime: the state operations
-// on a sandbox holding MB of touched memory, beside a cold create.
+// on a sandbox holding MB of touched memory, beside a cold create and, under
+// gVisor, beside raw runsc restores of the same image shape (statefloor.go)
+// in the same run.
 type StateResult struct {
 	Runtime    string        `json:"runtime"`
 	MemoryMB   int           `json:"touched_memory_mb"`
 	ColdCreate time.Duration `json:"cold_create_ns"` // create → first exec done
-	Pause      time.Duration `json:"pause_ns"`
-	Resume     time.Duration `json:"resume_ns"`
-	Snapshot   time.Duration `json:"snapshot_ns"`
-	Forks      int           `json:"forks"`
-	Fork       time.Duration `json:"fork_ns"` // all forks, until every one answers
-	// ForkFirstAnswer: fork call → the slowest fork's holder process answered.
+	// Rounds of pause and resume, each resume beside a raw restore (taking
+	// turns which goes first); Pause, Resume and RawRestore are the p50s.
+	Rounds int           `json:"rounds"`
+	Pause  time.Duration `json:"pause_ns"`
+	Resume time.Duration `json:"resume_ns"` // connect → the holder answered an exec
+	// RawRestore: `runsc restore --background` (the flags of cella's
+	// resume) of a raw container's pause-shaped image (same runsc, global
+	// flags, memory limit and touched memory) → its holder answered a
+	// `runsc exec` of the same ask. ResumeRatio = Resume / it. RawPlain is
+	// the same restore without --background, PlainRatio Resume / it.
+	RawRestore    time.Duration   `json:"raw_restore_ns,omitempty"`
+	ResumeRatio   float64         `json:"resume_ratio,omitempty"`
+	RawPlain      time.Duration   `json:"raw_restore_plain_ns,omitempty"`
+	PlainRatio    float64         `json:"resume_plain_ratio,omitempty"`
+	ResumeRuns    []time.Duration `json:"resume_runs_ns"`
+	RawRestoreRun []time.Duration `json:"raw_restore_runs_ns,omitempty"`
+	RawPlainRun   []time.Duration `json:"raw_restore_plain_runs_ns,omitempty"`
+	Snapshot      time.Duration   `json:"snapshot_ns"`
+	Forks         int             `json:"forks"`
+	Fork          time.Duration   `json:"fork_ns"` // the fork call, until it answered
+	// ForkAllAnswer: fork call → every fork's holder answered (asked all
+	// at once once the call answered).
 	ForkAllAnswer time.Duration `json:"fork_all_answer_ns"`
 	ForksFailed   int           `json:"forks_failed"`
+	// RawForks: Forks raw `runsc restore --background` of the raw
+	// container's snapshot-shaped image, sandbox.ForkParallel at a time as
+	// cella's forks restore, until every holder answered. The ratios are
+	// Fork and ForkAllAnswer over it.
+	RawForks      time.Duration `json:"raw_forks_all_answer_ns,omitempty"`
+	ForkCallRatio float64       `json:"fork_call_ratio,omitempty"`
+	ForkAllRatio  float64       `json:"fork_all_answer_ratio,omitempty"`
 	// PSS of the original's and each fork's sandbox processes (runsc
 	// sandbox + gofer, or the container's processes), from smaps_rollup.
-	OriginalPSS   int64   `json:"original_pss_bytes"`
-	ForkPSS       []int64 `json:"fork_pss_bytes"`
-	ForkPSSMean   int64   `json:"fork_pss_mean_bytes"`
-	DiskGrowth    int64   `json:"disk_growth_bytes"` // data dir (own fs) after the forks
-	SnapshotBytes int64   `json:"snapshot_bytes"`
-	Err           string  `json:"error,omitempty"`
+	OriginalPSS int64   `json:"original_pss_bytes"`
+	ForkPSS     []int64 `json:"fork_pss_bytes"`
+	ForkPSSMean int64   `json:"fork_pss_mean_bytes"`
+	// ForkPSSRatio = ForkPSSMean / OriginalPSS (the target: ≤ 0.25, forks
+	// sharing their source's pages); the raw pair says what runsc's own
+	// restore gives.
+	ForkPSSRatio    float64 `json:"fork_pss_ratio,omitempty"`
+	RawSourcePSS    int64   `json:"raw_source_pss_bytes,omitempty"`
+	RawForkPSSMean  int64   `json:"raw_fork_pss_mean_bytes,omitempty"`
+	RawForkPSSRatio float64 `json:"raw_fork_pss_ratio,omitempty"`
+	// Mean host CPU per second of an idle fork once all answered (and
+	// of an idle raw restore): what forks already up take from the rest.
+	ForkIdleCPU     time.Duration `json:"fork_idle_cpu_ns_per_s"`
+	OriginalIdleCPU time.Duration `json:"original_idle_cpu_ns_per_s"`
+	RawForkIdleCPU  time.Duration `json:"raw_fork_idle_cpu_ns_per_s,omitempty"`
+	DiskGrowth      int64         `json:"disk_growth_bytes"` // data dir (own fs) after the forks
+	SnapshotBytes   int64         `json:"snapshot_bytes"`
+	FloorErr        string        `json:"floor_error,omitempty"`
+	Err             string        `json:"error,omitempty"`
 }
 
 // holderPy holds MB MiB of touched memory and answers on 127.0.0.1:8000
@@ -59,31 +102,72 @@ class H(http.server.BaseHTTPRequestHandler):
         body = ("%d %d" % (len(buf), buf[len(buf)//2])).encode()
         self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
 srv = http.server.HTTPServer(("127.0.0.1", 8000), H)
-open("/home/user/marker", "w").write("ready")
+open(sys.argv[2] if len(sys.argv) > 2 else "/home/user/marker", "w").write("ready")
 srv.serve_forever()
 `
 
 const askHolder = `python3 -c "import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:8000', timeout=30).read().decode())"`
 
-// State measures pause, resume, snapshot and fork×forks of a sandbox with
-// mb MiB of touched memory, beside a cold create, per runtime.
-func State(ctx context.Context, cfg Config, mb, forks int) ([]StateResult, error) {
+// State measures pause, resume (rounds times), snapshot and fork×forks of a
+// sandbox with mb MiB of touched memory, beside a cold create and, under
+// gVisor, raw runsc restores of the same image shape, per runtime.
+func State(ctx context.Context, cfg Config, mb, forks, rounds int) ([]StateResult, error) {
 	if len(cfg.Runtimes) == 0 {
 		cfg.Runtimes = []string{"gvisor"}
 	}
 	var out []StateResult
 	for _, rt := range cfg.Runtimes {
-		r, err := state(ctx, cfg, rt, mb, forks)
+		r, err := state(ctx, cfg, rt, mb, forks, max(1, rounds))
 		if err != nil {
 			r.Err = err.Error()
 		}
+		r.ratios()
 		out = append(out, r)
 	}
 	return out, nil
 }
 
-func state(ctx context.Context, cfg Config, rt string, mb, forks int) (StateResult, error) {
-	res := StateResult{Runtime: rt, MemoryMB: mb, Forks: forks}
+// Check fails when r has an error, or under gVisor lacks a floor or a
+// ratio (a smoke run fails on it, so `make test` keeps every figure).
+func (r *StateResult) Check() error {
+	if r.Err != "" {
+		return fmt.Errorf("bench state %s: %s", r.Runtime, r.Err)
+	}
+	if r.Runtime != runtime.GVisor {
+		return nil
+	}
+	if r.FloorErr != "" {
+		return fmt.Errorf("bench state %s: floor: %s", r.Runtime, r.FloorErr)
+	}
+	for name, x := range map[string]float64{"resume": r.ResumeRatio, "resume (plain)": r.PlainRatio, "fork call": r.ForkCallRatio,
+		"fork all answer": r.ForkAllRatio, "fork PSS": r.ForkPSSRatio, "raw fork PSS": r.RawForkPSSRatio} {
+		if x <= 0 {
+			return fmt.Errorf("bench state %s: no %s ratio", r.Runtime, name)
+		}
+	}
+	return nil
+}
+
+func (r *StateResult) ratios() {
+	div := func(a, b int64) float64 {
+		if a <= 0 || b <= 0 {
+			return 0
+		}
+		return float64(a) / float64(b)
+	}
+	r.ResumeRatio = div(int64(r.Resume), int64(r.RawRestore))
+	r.PlainRatio = div(int64(r.Resume), int64(r.RawPlain))
+	r.ForkCallRatio = div(int64(r.Fork), int64(r.RawForks))
+	r.ForkAllRatio = div(int64(r.ForkAllAnswer), int64(r.RawForks))
+	r.ForkPSSRatio = div(r.ForkPSSMean, r.OriginalPSS)
+	r.RawForkPSSRatio = div(r.RawForkPSSMean, r.RawSourcePSS)
+}
+
+func p50(d []time.Duration) time.Duration { return summarize("", "", slices.Clone(d)).P50 }
+
+func state(ctx context.Context, cfg Config, rt string, mb, forks, rounds int) (StateResult, error) {
+	res := StateResult{Runtime: rt, MemoryMB: mb, Forks: forks, Rounds: rounds}
+	memMB := max(512, 2*mb+256)
 	dataDir, err := os.MkdirTemp("", "cella-bench-state-")
 	if err != nil {
 		return res, err
@@ -120,6 +204,36 @@ func state(ctx context.Context, cfg Config, rt string, mb, forks int) (StateResu
 		return r.Stdout, err
 	}
 
+	// The raw floor's source, checkpointed in both shapes (it ends there).
+	var raw *rawRunsc
+	var rawSrc rawSource
+	floorFailed := func(err error) {
+		if res.FloorErr == "" {
+			res.FloorErr = err.Error()
+		}
+		raw.close()
+		raw = nil
+	}
+	if rt == runtime.GVisor {
+		_, base, err := ensureBase(ctx, cfg)
+		if err == nil {
+			raw, err = newRawRunsc(cfg.RunscPath, base.RootFS, memMB)
+		}
+		if err != nil {
+			res.FloorErr = err.Error()
+		} else {
+			defer func() {
+				if raw != nil {
+					raw.close()
+				}
+			}()
+			if rawSrc, err = raw.source(ctx, mb); err != nil {
+				floorFailed(err)
+			}
+			res.RawSourcePSS = rawSrc.pss
+		}
+	}
+
 	// Cold create → first exec, in the same run.
 	t0 := time.Now()
 	cold, err := c.Create(ctx, client.CreateRequest{})
@@ -137,7 +251,7 @@ func state(ctx context.Context, cfg Config, rt string, mb, forks int) (StateResu
 	}
 
 	// The sandbox holding mb MiB.
-	sb, err := c.Create(ctx, client.CreateRequest{MemoryMB: int64(max(512, 2*mb+256)), Timeout: new(int64(1800))})
+	sb, err := c.Create(ctx, client.CreateRequest{MemoryMB: int64(memMB), Timeout: new(int64(1800))})
 	if err != nil {
 		return res, err
 	}
@@ -151,22 +265,51 @@ func state(ctx context.Context, cfg Config, rt string, mb, forks int) (StateResu
 	}
 	res.OriginalPSS = sandboxPSS(sb.SandboxID)
 
-	t0 = time.Now()
-	if err := c.Pause(ctx, sb.SandboxID, true); err != nil {
-		return res, fmt.Errorf("pause: %w", err)
+	// Pause and resume, each resume beside a raw restore, taking turns
+	// which goes first.
+	var pauses []time.Duration
+	rawResume := func() {
+		if raw == nil {
+			return
+		}
+		d, err := raw.rawResume(ctx, rawSrc, "--background")
+		if err != nil {
+			floorFailed(err)
+			return
+		}
+		res.RawRestoreRun = append(res.RawRestoreRun, d)
+		if d, err = raw.rawResume(ctx, rawSrc); err != nil {
+			floorFailed(err)
+			return
+		}
+		res.RawPlainRun = append(res.RawPlainRun, d)
 	}
-	res.Pause = time.Since(t0)
-	t0 = time.Now()
-	if _, err := c.Connect(ctx, sb.SandboxID); err != nil {
-		return res, fmt.Errorf("resume: %w", err)
+	for i := range rounds {
+		t0 = time.Now()
+		if err := c.Pause(ctx, sb.SandboxID, true); err != nil {
+			return res, fmt.Errorf("pause: %w", err)
+		}
+		pauses = append(pauses, time.Since(t0))
+		if i%2 == 1 {
+			rawResume()
+		}
+		t0 = time.Now()
+		if _, err := c.Connect(ctx, sb.SandboxID); err != nil {
+			return res, fmt.Errorf("resume: %w", err)
+		}
+		if conn, err = c.Sandbox(ctx, sb.SandboxID); err != nil {
+			return res, err
+		}
+		if _, err := exec1(conn, askHolder); err != nil {
+			return res, fmt.Errorf("holder after resume: %w", err)
+		}
+		res.ResumeRuns = append(res.ResumeRuns, time.Since(t0))
+		if i%2 == 0 {
+			rawResume()
+		}
 	}
-	if conn, err = c.Sandbox(ctx, sb.SandboxID); err != nil {
-		return res, err
-	}
-	if _, err := exec1(conn, askHolder); err != nil {
-		return res, fmt.Errorf("holder after resume: %w", err)
-	}
-	res.Resume = time.Since(t0)
+	res.Pause, res.Resume, res.RawRestore = p50(pauses), p50(res.ResumeRuns), p50(res.RawRestoreRun)
+	res.RawPlain = p50(res.RawPlainRun)
 
 	t0 = time.Now()
 	sn, err := c.Snapshot(ctx, sb.SandboxID, "")
@@ -184,24 +327,41 @@ func state(ctx context.Context, cfg Config, rt string, mb, forks int) (StateResu
 	}
 	res.Fork = time.Since(t0)
 	var ids []string
+	killForks := func() {
+		for _, id := range ids {
+			_ = c.Kill(context.WithoutCancel(ctx), id)
+		}
+		ids = nil
+	}
+	defer killForks()
 	for _, f := range fr {
 		if f.Sandbox == nil {
 			res.ForksFailed++
 			continue
 		}
 		ids = append(ids, f.Sandbox.SandboxID)
-		defer c.Kill(context.WithoutCancel(ctx), f.Sandbox.SandboxID)
 	}
-	for _, id := range ids {
-		fc, err := c.Sandbox(ctx, id)
-		if err == nil {
-			_, err = exec1(fc, askHolder)
-		}
-		if err != nil {
-			return res, fmt.Errorf("fork %s: %w", id, err)
-		}
+	// Every fork is asked at once, as a client of many forks would.
+	askErrs := make([]error, len(ids))
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fc, err := c.Sandbox(ctx, id)
+			if err == nil {
+				_, err = exec1(fc, askHolder)
+			}
+			if err != nil {
+				askErrs[i] = fmt.Errorf("fork %s: %w", id, err)
+			}
+		}()
 	}
+	wg.Wait()
 	res.ForkAllAnswer = time.Since(t0)
+	if err := errors.Join(askErrs...); err != nil {
+		return res, err
+	}
 	res.DiskGrowth = stateDu(dataDir) - before
 	time.Sleep(2 * time.Second) // background page loading settles
 	for _, id := range ids {
@@ -212,9 +372,25 @@ func state(ctx context.Context, cfg Config, rt string, mb, forks int) (StateResu
 	if len(ids) > 0 {
 		res.ForkPSSMean /= int64(len(ids))
 	}
+	res.ForkIdleCPU = idleCPU(ids)
+	res.OriginalIdleCPU = idleCPU([]string{sb.SandboxID})
 	if ents, err := os.ReadDir(filepath.Join(dataDir, "snapshots")); err == nil {
 		for _, e := range ents {
 			res.SnapshotBytes += stateDu(filepath.Join(dataDir, "snapshots", e.Name()))
+		}
+	}
+	// The forks' floor, after cella's forks are gone (the same host
+	// memory and cores for both).
+	killForks()
+	if raw != nil {
+		took, pss, cpu, err := raw.rawForks(ctx, mb, forks, sandbox.ForkParallel, rawSrc)
+		if err != nil {
+			floorFailed(err)
+		} else {
+			res.RawForks, res.RawForkIdleCPU = took, cpu
+			for _, p := range pss {
+				res.RawForkPSSMean += p / int64(len(pss))
+			}
 		}
 	}
 	return res, nil
@@ -273,15 +449,80 @@ func PrintState(w io.Writer, rs []StateResult, asJSON bool) error {
 		if r.Err != "" {
 			fmt.Fprintf(tw, "  error\t%s\n", r.Err)
 		}
+		if r.FloorErr != "" {
+			fmt.Fprintf(tw, "  floor error\t%s\n", r.FloorErr)
+		}
+		ratio := func(x float64, of string) string {
+			if x == 0 {
+				return ""
+			}
+			return fmt.Sprintf("%.2f× %s", x, of)
+		}
 		fmt.Fprintf(tw, "  cold create → first exec (baseline)\t%s\n", ms(r.ColdCreate))
-		fmt.Fprintf(tw, "  pause (keep memory)\t%s\n", ms(r.Pause))
-		fmt.Fprintf(tw, "  resume → holder answers\t%s\n", ms(r.Resume))
+		fmt.Fprintf(tw, "  pause (keep memory), p50 of %d\t%s\n", r.Rounds, ms(r.Pause))
+		fmt.Fprintf(tw, "  resume → holder answers, p50 of %d\t%s\t%s\n", r.Rounds, ms(r.Resume),
+			strings.TrimSuffix(ratio(r.ResumeRatio, "raw runsc restore --background")+"; "+ratio(r.PlainRatio, "raw plain runsc restore"), "; "))
+		if r.RawRestore > 0 {
+			fmt.Fprintf(tw, "  raw runsc restore --background → holder answers (floor), p50 of %d\t%s\n", len(r.RawRestoreRun), ms(r.RawRestore))
+			fmt.Fprintf(tw, "  raw plain runsc restore → holder answers, p50 of %d\t%s\n", len(r.RawPlainRun), ms(r.RawPlain))
+		}
 		fmt.Fprintf(tw, "  snapshot (original keeps running)\t%s\t%s on disk\n", ms(r.Snapshot), mib(r.SnapshotBytes))
-		fmt.Fprintf(tw, "  fork ×%d (API call)\t%s\t%s per fork, %d failed\n", r.Forks, ms(r.Fork), ms(r.Fork/time.Duration(max(1, r.Forks))), r.ForksFailed)
-		fmt.Fprintf(tw, "  fork ×%d → every fork's holder answered\t%s\n", r.Forks, ms(r.ForkAllAnswer))
+		fmt.Fprintf(tw, "  fork ×%d (API call)\t%s\t%s per fork, %d failed; %s\n", r.Forks, ms(r.Fork), ms(r.Fork/time.Duration(max(1, r.Forks))), r.ForksFailed, ratio(r.ForkCallRatio, "raw restores"))
+		fmt.Fprintf(tw, "  fork ×%d → every fork's holder answered\t%s\t%s\n", r.Forks, ms(r.ForkAllAnswer), ratio(r.ForkAllRatio, "raw restores"))
+		if r.RawForks > 0 {
+			fmt.Fprintf(tw, "  raw runsc restore --background ×%d, %d at a time → every holder answered (floor)\t%s\n", r.Forks, sandbox.ForkParallel, ms(r.RawForks))
+		}
 		fmt.Fprintf(tw, "  host memory (PSS): original\t%s\n", mib(r.OriginalPSS))
-		fmt.Fprintf(tw, "  host memory (PSS): per fork, mean\t%s\n", mib(r.ForkPSSMean))
+		fmt.Fprintf(tw, "  host memory (PSS): per fork, mean\t%s\t%s\n", mib(r.ForkPSSMean), ratio(r.ForkPSSRatio, "the original"))
+		if r.RawSourcePSS > 0 {
+			fmt.Fprintf(tw, "  host memory (PSS): raw source / per raw restore, mean\t%s / %s\t%s\n", mib(r.RawSourcePSS), mib(r.RawForkPSSMean), ratio(r.RawForkPSSRatio, "the raw source"))
+		}
+		fmt.Fprintf(tw, "  host CPU of an idle fork, mean / the original / an idle raw restore\t%.1f / %.1f / %.1f ms/s\n",
+			float64(r.ForkIdleCPU)/1e6, float64(r.OriginalIdleCPU)/1e6, float64(r.RawForkIdleCPU)/1e6)
 		fmt.Fprintf(tw, "  data dir growth for the forks\t%s\n", mib(r.DiskGrowth))
 	}
 	return tw.Flush()
+}
+
+// StateFigures are StateResults as figures, each beside its floor, for
+// `cella bench all`.
+func StateFigures(rs []StateResult) []Figure {
+	var figs []Figure
+	for _, r := range rs {
+		fig := func(name string, d ...time.Duration) Figure {
+			return summarize(fmt.Sprintf("%s (%d MiB touched)", name, r.MemoryMB), r.Runtime, slices.Clone(d))
+		}
+		rawRestore := fig("raw runsc restore --background → holder answers (resume floor)", r.RawRestoreRun...)
+		rawPlain := fig("raw plain runsc restore → holder answers", r.RawPlainRun...)
+		resume := fig("resume → holder answers", r.ResumeRuns...)
+		resume.against(rawRestore)
+		resume.alsoAgainst(rawPlain)
+		rawForksName := fmt.Sprintf("raw runsc restore --background ×%d, %d at a time → every holder answered (fork floor)", r.Forks, sandbox.ForkParallel)
+		rawForks := fig(rawForksName)
+		if r.RawForks > 0 {
+			rawForks = fig(rawForksName, r.RawForks)
+		}
+		call := fig(fmt.Sprintf("fork ×%d, the call", r.Forks), r.Fork)
+		call.against(rawForks)
+		all := fig(fmt.Sprintf("fork ×%d → every fork's holder answered", r.Forks), r.ForkAllAnswer)
+		all.against(rawForks)
+		mib := func(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+		pss := fig("host memory (PSS) per idle fork")
+		pss.Extra = fmt.Sprintf("%s per fork = %.2f× the original's %s; raw runsc restores: %s = %.2f× their source's %s",
+			mib(r.ForkPSSMean), r.ForkPSSRatio, mib(r.OriginalPSS), mib(r.RawForkPSSMean), r.RawForkPSSRatio, mib(r.RawSourcePSS))
+		pss.Extra += fmt.Sprintf("; idle host CPU %.1f ms/s per fork, %.1f per raw restore", float64(r.ForkIdleCPU)/1e6, float64(r.RawForkIdleCPU)/1e6)
+		pause := fig("pause (keep memory), p50 of the rounds", r.Pause)
+		pause.N = r.Rounds
+		snap := fig("snapshot (original keeps running)", r.Snapshot)
+		for _, f := range []*Figure{&pause, &resume, &rawRestore, &rawPlain, &snap, &call, &all, &rawForks, &pss} {
+			if f.Err == "" && r.Err != "" {
+				f.Err = r.Err
+			}
+			if f.Err == "" && r.FloorErr != "" && (f == &rawRestore || f == &rawPlain || f == &rawForks) {
+				f.Err = r.FloorErr
+			}
+		}
+		figs = append(figs, pause, resume, rawRestore, rawPlain, snap, call, all, rawForks, pss)
+	}
+	return figs
 }

@@ -23,9 +23,10 @@ import (
 // MaxForkCount bounds one fork request.
 const MaxForkCount = 32
 
-// forkParallel is how many forks restore at once: each restore is mostly
-// one runsc process loading kernel state on one core.
-const forkParallel = 4
+// ForkParallel is how many forks restore at once: each restore is mostly
+// one runsc process loading kernel state on one core. (cella bench state
+// restores its raw floor as many at a time.)
+const ForkParallel = 4
 
 // ForkResult is one fork: a sandbox or why it failed.
 type ForkResult struct {
@@ -82,7 +83,7 @@ func (m *Manager) Fork(ctx context.Context, p tenant.Principal, id string, count
 	}
 	out := make([]ForkResult, count)
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, forkParallel)
+	sem := make(chan struct{}, ForkParallel)
 	for i := range out {
 		wg.Add(1)
 		sem <- struct{}{}

@@ -384,8 +384,15 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string) error {
 // Restore implements runtime.Runtime: `runsc restore --detach` boots a
 // sandbox from imageDir with spec's bundle (rewritten, identical to the one
 // it was started with: the mounts must match) and its stdio on the log file.
+// --background (the pause's image is uncompressed, runsc's default) returns
+// once the kernel state is in and streams the pages after, as a fork's
+// restore does: cella bench state measured resume → the holder answered at
+// 1.22× a raw plain restore beside 1.60× without it (means of three runs
+// each, 100 MiB touched). The image may be removed once Restore returns:
+// runsc reads it by the descriptor it holds, and a checkpoint of the
+// restored sandbox first waits for every page (pgalloc.MemoryFile.SaveTo).
 func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir string) error {
-	return r.boot(ctx, &spec, "restore", savedMounts(imageDir), "restore", "--image-path="+imageDir)
+	return r.boot(ctx, &spec, "restore", savedMounts(imageDir), "restore", "--background", "--image-path="+imageDir)
 }
 
 // State implements runtime.Runtime.
