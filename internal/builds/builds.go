@@ -53,6 +53,9 @@ type Config struct {
 	Templates *template.Store
 	// Builder runs builds; nil: triggers answer 501.
 	Builder build.Builder
+	// Starter captures a pulled cluster build's start command running
+	// (shared.go); nil: a pulled build with one cannot be used here.
+	Starter build.Starter
 	// Dir holds the files cache and the upload key.
 	Dir string
 	// MaxLogBytes bounds each build's log (0: DefaultMaxLogBytes).

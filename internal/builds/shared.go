@@ -204,14 +204,13 @@ func (s *Service) prepareShared(ctx context.Context, c Caller, st SharedTemplate
 	if t.StartCmd == "" && t.ReadyCmd == "" {
 		return nil
 	}
-	starter, ok := s.cfg.Builder.(build.Starter)
-	if !ok {
+	if s.cfg.Starter == nil {
 		return errdefs.NotImplemented("template %q has a start command, and this node runs no builds to capture it", st.ID)
 	}
 	start := time.Now()
 	s.log.Info("cluster: running a pulled template's start command for its snapshot", "template", st.ID, "build", st.Build)
 	var last build.LogEntry
-	err = starter.CaptureStart(ctx, c.P, name, build.Sizes{CPUs: st.CPUCount, MemoryMB: st.MemoryMB}, func(e build.LogEntry) {
+	err = s.cfg.Starter.CaptureStart(ctx, c.P, name, build.Sizes{CPUs: st.CPUCount, MemoryMB: st.MemoryMB}, func(e build.LogEntry) {
 		if e.Level == build.LevelError || e.Level == build.LevelWarn {
 			last = e
 		}

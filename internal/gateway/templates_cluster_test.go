@@ -58,22 +58,8 @@ func TestClusterTemplates(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 
-	newClient := func(url, key string) *client.Client {
-		c, err := client.New(client.Config{URL: url, APIKey: key})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	adm := newClient(gw1.URL, admin)
-	keyOf := func(team string) string {
-		k, err := adm.CreateKey(ctx, client.NewKey{Name: team + "-key", Team: team})
-		if err != nil {
-			t.Fatalf("key of %s: %v", team, err)
-		}
-		return k.Key
-	}
-	keyA, keyB := keyOf("team-a"), keyOf("team-b")
+	newClient := func(url, key string) *client.Client { return tc.client(t, url, key) }
+	keyA, keyB := tc.keyOf(ctx, t, "team-a"), tc.keyOf(ctx, t, "team-b")
 	a1, a2 := newClient(gw1.URL, keyA), newClient(gw2.URL, keyA)
 	b1, b2 := newClient(gw1.URL, keyB), newClient(gw2.URL, keyB)
 	var sandboxes []string
@@ -400,6 +386,26 @@ func startTemplateCluster(t *testing.T, ns string) *templateCluster {
 	clustertest.WaitLive(t, cl, ns, 2)
 	tc.admin = tc.nodeA.AdminKey(t)
 	return tc
+}
+
+// client is a client of the cella API at url with key.
+func (tc *templateCluster) client(t *testing.T, url, key string) *client.Client {
+	t.Helper()
+	c, err := client.New(client.Config{URL: url, APIKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// keyOf makes an API key of team, through gateway 1.
+func (tc *templateCluster) keyOf(ctx context.Context, t *testing.T, team string) string {
+	t.Helper()
+	k, err := tc.client(t, tc.gw1.URL, tc.admin).CreateKey(ctx, client.NewKey{Name: team + "-key", Team: team})
+	if err != nil {
+		t.Fatalf("key of %s: %v", team, err)
+	}
+	return k.Key
 }
 
 type buildInfo struct {

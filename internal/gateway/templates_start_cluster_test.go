@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -38,36 +39,26 @@ import (
 //     removeTags through gateway 1 change the record (another team's
 //     assign is a 404 and changes nothing); alias:prod then resolves to
 //     v2's build on the pulling node, and after the remove is a 404 there.
+//   - A build on code-interpreter-v1 records its service; on the node that
+//     did not build it its sandbox's code interpreter runs a cell.
 func TestClusterTemplateStartAndTags(t *testing.T) {
 	tc := startTemplateCluster(t, "cella-tpl-start")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	newClient := func(url, key string) *client.Client {
-		c, err := client.New(client.Config{URL: url, APIKey: key})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	adm := newClient(tc.gw1.URL, tc.admin)
-	keyOf := func(team string) string {
-		k, err := adm.CreateKey(ctx, client.NewKey{Name: team + "-key", Team: team})
-		if err != nil {
-			t.Fatalf("key of %s: %v", team, err)
-		}
-		return k.Key
-	}
-	keyA, keyB := keyOf("team-a"), keyOf("team-b")
+	newClient := func(url, key string) *client.Client { return tc.client(t, url, key) }
+	keyA, keyB := tc.keyOf(ctx, t, "team-a"), tc.keyOf(ctx, t, "team-b")
 	a2 := newClient(tc.gw2.URL, keyA)
 	var sandboxes []string
-	var built string
+	var built, builtCI string
 	t.Cleanup(func() { // the template cache is this host's, shared with other tests
 		for _, id := range sandboxes {
 			_ = newClient(tc.gw2.URL, tc.admin).Kill(context.Background(), id)
 		}
 		for _, n := range []*clustertest.Proc{tc.nodeA, tc.nodeB} {
-			if built != "" {
-				_ = newClient(n.URL, tc.admin).DeleteTemplate(context.Background(), built)
+			for _, id := range []string{built, builtCI} {
+				if id != "" {
+					_ = newClient(n.URL, tc.admin).DeleteTemplate(context.Background(), id)
+				}
 			}
 		}
 	})
@@ -195,6 +186,61 @@ func TestClusterTemplateStartAndTags(t *testing.T) {
 	}
 	if log, _ := os.ReadFile(other.Log); strings.Count(string(log), "cluster: pulling a template built on another node") != 2 {
 		t.Errorf("%s pulled again for a tag of a build it has", other.Name)
+	}
+
+	// A template built on a builtin with a service runs the service on
+	// the node that pulled it too: the code interpreter answers.
+	if err := cluster.SetDrain(ctx, tc.cl, tc.ns, builder, false); err != nil {
+		t.Fatal(err)
+	}
+	clustertest.Poll(t, time.Minute, "the undrain seen", func(ctx context.Context) (bool, string) {
+		return !drained(ctx, t, tc.cl, tc.ns, builder), ""
+	})
+	ci := sdkBuild(t, tc.gw1.URL, keyA, alias+"-ci", "CELLA_BUILD_FROM_TEMPLATE=code-interpreter-v1")
+	builtCI = ci.TemplateID
+	ciRec, err := tc.records.Template(ctx, ci.TemplateID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(ciRec.Spec.Services, "code-interpreter") {
+		t.Errorf("the record of a build on code-interpreter-v1: %+v; want its service", ciRec.Spec)
+	}
+	ciBuilder := ciRec.Spec.Node
+	ciOther := map[string]*clustertest.Proc{"node-a": tc.nodeB, "node-b": tc.nodeA}[ciBuilder]
+	if err := cluster.SetDrain(ctx, tc.cl, tc.ns, ciBuilder, true); err != nil {
+		t.Fatal(err)
+	}
+	clustertest.Poll(t, time.Minute, "the drain seen", func(ctx context.Context) (bool, string) {
+		return drained(ctx, t, tc.cl, tc.ns, ciBuilder) && !drained(ctx, t, tc.cl, tc.ns, ciOther.Name), ""
+	})
+	sb, err := a2.Create(ctx, client.CreateRequest{TemplateID: alias + "-ci", Timeout: new(int64(600))})
+	if err != nil {
+		t.Fatalf("create of %s-ci through gw-2: %v\n%s", alias, err, tailOf(ciOther.Log, 4000))
+	}
+	sandboxes = append(sandboxes, sb.SandboxID)
+	clustertest.Poll(t, time.Minute, "the create recorded", func(ctx context.Context) (bool, string) {
+		r, err := tc.records.Sandbox(ctx, sb.SandboxID)
+		if err != nil {
+			return false, err.Error()
+		}
+		if r.Spec.Node == ciBuilder {
+			t.Fatalf("sandbox %s landed on the drained builder %s", sb.SandboxID, ciBuilder)
+		}
+		return true, ""
+	})
+	conn, err := a2.Sandbox(ctx, sb.SandboxID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The agent starts the service with the sandbox; its first answer
+	// may come after the create returns.
+	var res client.CodeResult
+	clustertest.Poll(t, 2*time.Minute, "the code interpreter answers", func(ctx context.Context) (bool, string) {
+		res, err = conn.RunCode(ctx, "print(6 * 7)", "")
+		return err == nil, fmt.Sprint(err)
+	})
+	if res.Stdout != "42\n" {
+		t.Errorf("the code interpreter of %s-ci on %s ran print(6 * 7): %+v", alias, ciOther.Name, res)
 	}
 }
 

@@ -5,17 +5,10 @@
 // (alias[:tag]) names, CELLA_TAG_OP=remove removes them from the template
 // CELLA_TAG_NAME. It prints the SDK's answer as one JSON line, or exits 1
 // with the error.
-const url = process.env.CELLA_E2B_URL
-const key = process.env.CELLA_E2B_KEY
-const { CELLA_TAG_OP: op, CELLA_TAG_NAME: name, CELLA_TAG_TAGS: tags } = process.env
-if (!url || !key || !name || !tags) throw new Error('CELLA_E2B_URL, CELLA_E2B_KEY, CELLA_TAG_NAME and CELLA_TAG_TAGS must be set')
-if (!['127.0.0.1', 'localhost'].includes(new URL(url).hostname)) throw new Error(`refusing a non-loopback gateway: ${url}`)
-process.env.E2B_API_URL = url
-process.env.E2B_API_KEY = key
-delete process.env.E2B_DOMAIN
-delete process.env.E2B_ACCESS_TOKEN
+import { clusterSDK } from './cluster-sdk.mjs'
 
-const { Template } = await import('e2b-2.51.0')
+const { Template } = await clusterSDK('CELLA_TAG_OP', 'CELLA_TAG_NAME', 'CELLA_TAG_TAGS')
+const { CELLA_TAG_OP: op, CELLA_TAG_NAME: name, CELLA_TAG_TAGS: tags } = process.env
 try {
   if (op === 'assign') {
     console.log(JSON.stringify(await Template.assignTags(name, tags.split(','))))
