@@ -127,16 +127,7 @@ func TestClusterTemplates(t *testing.T) {
 		sandboxes = append(sandboxes, created[i].SandboxID)
 	}
 	for _, sb := range created {
-		clustertest.Poll(t, time.Minute, "the create recorded", func(ctx context.Context) (bool, string) {
-			r, err := records.Sandbox(ctx, sb.SandboxID)
-			if err != nil {
-				return false, err.Error()
-			}
-			if r.Spec.Node == builder {
-				t.Fatalf("sandbox %s landed on the drained builder %s", sb.SandboxID, builder)
-			}
-			return true, ""
-		})
+		recordedOff(t, records, sb.SandboxID, builder)
 		conn, err := a1.Sandbox(ctx, sb.SandboxID)
 		if err != nil {
 			t.Fatal(err)
@@ -482,6 +473,22 @@ func copyImage(t *testing.T, addr, from, to string) {
 	if err := remote.Write(dst, img); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// recordedOff waits for the record of sandbox id, which must not be on
+// the drained node builder.
+func recordedOff(t *testing.T, records *cluster.Records, id, builder string) {
+	t.Helper()
+	clustertest.Poll(t, time.Minute, "the create recorded", func(ctx context.Context) (bool, string) {
+		r, err := records.Sandbox(ctx, id)
+		if err != nil {
+			return false, err.Error()
+		}
+		if r.Spec.Node == builder {
+			t.Fatalf("sandbox %s landed on the drained builder %s", id, builder)
+		}
+		return true, ""
+	})
 }
 
 func drained(ctx context.Context, t *testing.T, cl crclient.Client, ns, node string) bool {

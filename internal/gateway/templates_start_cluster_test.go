@@ -102,27 +102,25 @@ func TestClusterTemplateStartAndTags(t *testing.T) {
 
 	// serves creates ref through gateway 2 and returns what the start
 	// command's server of its sandbox answers.
-	serves := func(ref string) string {
+	// created is a sandbox of ref made through gateway 2 on other, not
+	// on the drained builder.
+	created := func(ref, builder string, other *clustertest.Proc) *client.SandboxConn {
 		t.Helper()
 		sb, err := a2.Create(ctx, client.CreateRequest{TemplateID: ref, Timeout: new(int64(600))})
 		if err != nil {
 			t.Fatalf("create of %s through gw-2: %v\n%s", ref, err, tailOf(other.Log, 4000))
 		}
 		sandboxes = append(sandboxes, sb.SandboxID)
-		clustertest.Poll(t, time.Minute, "the create recorded", func(ctx context.Context) (bool, string) {
-			r, err := tc.records.Sandbox(ctx, sb.SandboxID)
-			if err != nil {
-				return false, err.Error()
-			}
-			if r.Spec.Node == builder {
-				t.Fatalf("sandbox %s of %s landed on the drained builder %s", sb.SandboxID, ref, builder)
-			}
-			return true, ""
-		})
+		recordedOff(t, tc.records, sb.SandboxID, builder)
 		conn, err := a2.Sandbox(ctx, sb.SandboxID)
 		if err != nil {
 			t.Fatal(err)
 		}
+		return conn
+	}
+	serves := func(ref string) string {
+		t.Helper()
+		conn := created(ref, builder, other)
 		// Restored from the snapshot, the server is up already: one
 		// request, no retries (a cold boot would run no start command).
 		r, err := conn.Exec(ctx, "curl -s --max-time 30 http://127.0.0.1:8000/index.html", client.ExecOptions{})
@@ -213,25 +211,7 @@ func TestClusterTemplateStartAndTags(t *testing.T) {
 	clustertest.Poll(t, time.Minute, "the drain seen", func(ctx context.Context) (bool, string) {
 		return drained(ctx, t, tc.cl, tc.ns, ciBuilder) && !drained(ctx, t, tc.cl, tc.ns, ciOther.Name), ""
 	})
-	sb, err := a2.Create(ctx, client.CreateRequest{TemplateID: alias + "-ci", Timeout: new(int64(600))})
-	if err != nil {
-		t.Fatalf("create of %s-ci through gw-2: %v\n%s", alias, err, tailOf(ciOther.Log, 4000))
-	}
-	sandboxes = append(sandboxes, sb.SandboxID)
-	clustertest.Poll(t, time.Minute, "the create recorded", func(ctx context.Context) (bool, string) {
-		r, err := tc.records.Sandbox(ctx, sb.SandboxID)
-		if err != nil {
-			return false, err.Error()
-		}
-		if r.Spec.Node == ciBuilder {
-			t.Fatalf("sandbox %s landed on the drained builder %s", sb.SandboxID, ciBuilder)
-		}
-		return true, ""
-	})
-	conn, err := a2.Sandbox(ctx, sb.SandboxID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := created(alias+"-ci", ciBuilder, ciOther)
 	// The agent starts the service with the sandbox; its first answer
 	// may come after the create returns.
 	var res client.CodeResult
