@@ -585,3 +585,64 @@ func TestBuildFromImage(t *testing.T) {
 		t.Errorf("a step's own /etc/hosts: %q %s", out.Stdout, out.Stderr)
 	}
 }
+
+// TestCaptureStartOfPulledBuild: a build with a start command, pushed and
+// pulled back under another name (what a cluster node that lacks it
+// does), carries its start and ready commands in the image; CaptureStart
+// runs the start command once for that name's own snapshot, and a
+// sandbox of it has the server up at its first request, as one of the
+// build has.
+func TestCaptureStartOfPulledBuild(t *testing.T) {
+	e := start(t, daemontest.Options{})
+	name := e.name()
+	if _, _, err := e.build(build.Spec{Name: name, Base: build.Base{Template: "base"},
+		Steps:    []build.Step{{Type: "RUN", Args: []string{"mkdir -p /srv/www && echo served-after-a-pull > /srv/www/index.html", "root"}}},
+		StartCmd: "echo started >> ~/starts; exec python3 -m http.server 8000 --directory /srv/www",
+		ReadyCmd: "curl -sf http://127.0.0.1:8000/ >/dev/null",
+	}, nil); err != nil {
+		t.Fatalf("build: %v", err)
+	}
+	reg := registrytest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	ref, err := e.Daemon.Templates.Push(ctx, name, reg.Ref("started:1"), template.PullOptions{}, nil)
+	if err != nil {
+		t.Fatalf("push: %v", err)
+	}
+	back := e.name()
+	pulled, err := e.Daemon.Templates.Pull(ctx, back, ref, template.PullOptions{})
+	if err != nil {
+		t.Fatalf("pull back: %v", err)
+	}
+	if pulled.Snapshot != "" || !strings.Contains(pulled.StartCmd, "http.server") || !strings.Contains(pulled.ReadyCmd, "curl") {
+		t.Fatalf("pulled back: snapshot %q, start %q, ready %q; want the build's commands and no snapshot yet", pulled.Snapshot, pulled.StartCmd, pulled.ReadyCmd)
+	}
+	var starter build.Starter = e.Daemon.BuildEngine
+	l := &logs{}
+	if err := starter.CaptureStart(ctx, e.team, back, build.Sizes{}, l.add); err != nil {
+		t.Fatalf("capture: %v\n%s", err, strings.Join(l.messages(), "\n"))
+	}
+	if tpl, err := e.Daemon.Templates.Get(back); err != nil || tpl.Snapshot == "" {
+		t.Fatalf("after the capture %s names no snapshot: %+v %v", back, tpl, err)
+	}
+	sb, err := e.Client.Create(ctx, client.CreateRequest{TemplateID: back})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	defer e.Client.Kill(context.Background(), sb.SandboxID)
+	// The first request, with no wait: the server runs already.
+	if code, body, err := e.get(sb.SandboxID, 8000, "/"); err != nil || code != 200 || body != "served-after-a-pull\n" {
+		t.Errorf("first request to port 8000 of the pulled template: %d %q %v", code, body, err)
+	}
+	conn, err := e.Client.Sandbox(ctx, sb.SandboxID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := conn.Exec(ctx, "cat ~/starts; pgrep -fc [h]ttp.server", client.ExecOptions{}); err != nil || out.Stdout != "started\n1\n" {
+		t.Errorf("the start command ran %q (%v); want once (the capture's), still running", out.Stdout, err)
+	}
+	// A template with neither command is left as it is.
+	if err := starter.CaptureStart(ctx, e.team, "base", build.Sizes{}, nil); err != nil {
+		t.Errorf("capture of base: %v", err)
+	}
+}

@@ -8,7 +8,42 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/template"
+	"github.com/cella-sandbox/cella/internal/tenant"
 )
+
+var _ Starter = (*Engine)(nil)
+
+// CaptureStart is Starter's: a finalize without steps, on the template's
+// own image, with its own start and ready commands, user, workdir and env.
+func (e *Engine) CaptureStart(ctx context.Context, p tenant.Principal, name string, sizes Sizes, log func(LogEntry)) error {
+	if log == nil {
+		log = func(LogEntry) {}
+	}
+	img, err := e.cfg.Templates.Get(name)
+	if err != nil {
+		return fmt.Errorf("capture the start command of %s: %w", name, err)
+	}
+	if img.StartCmd == "" && img.ReadyCmd == "" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
+	defer cancel()
+	r := &run{e: e, p: p, spec: Spec{Name: name, CPUs: sizes.CPUs, MemoryMB: sizes.MemoryMB}, log: log, parent: img,
+		cur: state{user: img.User, uid: img.UID, gid: img.GID, workdir: img.Workdir, env: img.Env}}
+	snap, err := r.startAndSnapshot(ctx, img, img.StartCmd, img.ReadyCmd)
+	if err != nil {
+		return fmt.Errorf("capture the start command of %s: %w", name, err)
+	}
+	if _, err := e.cfg.Templates.Name(name, img.Image, snap, img.Services); err != nil {
+		r.dropSnapshot(snap)
+		return fmt.Errorf("capture the start command of %s: %w", name, err)
+	}
+	e.cfg.Sandboxes.TemplateNamed(snap)
+	if img.Snapshot != "" && img.Snapshot != snap {
+		r.dropSnapshot(img.Snapshot)
+	}
+	return nil
+}
 
 // startAndSnapshot boots the template's image, starts the start command in
 // the background (the last step's user, workdir and env), retries the

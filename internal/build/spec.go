@@ -137,6 +137,23 @@ type Builder interface {
 	Build(ctx context.Context, p tenant.Principal, spec Spec, files Files, log func(LogEntry)) (Result, error)
 }
 
+// Starter captures an installed template's start command running, as a
+// build's finalize does: what a cluster node does with a build it pulled
+// (a memory snapshot is the node's own; the registry holds the layers and
+// the image's start and ready commands). CaptureStart boots template name
+// with sizes as p's build would (the build egress within p's ceiling),
+// runs its start command, waits for its ready command and names the
+// memory snapshot sandboxes of name start from; a template with neither
+// command is left as it is.
+type Starter interface {
+	CaptureStart(ctx context.Context, p tenant.Principal, name string, sizes Sizes, log func(LogEntry)) error
+}
+
+// Sizes are a build sandbox's vCPUs and memory (0: the daemon's defaults).
+type Sizes struct {
+	CPUs, MemoryMB int
+}
+
 // StepError is a build that failed at one step: E2B's reason {message,
 // step}. Message is what E2B's reason.message would say (e.g. "failed to
 // run command 'false': exit status 1").

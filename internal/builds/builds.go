@@ -24,6 +24,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
+
 	"github.com/cella-sandbox/cella/internal/build"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/store"
@@ -51,6 +53,9 @@ type Config struct {
 	Templates *template.Store
 	// Builder runs builds; nil: triggers answer 501.
 	Builder build.Builder
+	// Starter captures a pulled cluster build's start command running
+	// (shared.go); nil: a pulled build with one cannot be used here.
+	Starter build.Starter
 	// Dir holds the files cache and the upload key.
 	Dir string
 	// MaxLogBytes bounds each build's log (0: DefaultMaxLogBytes).
@@ -70,6 +75,10 @@ type Service struct {
 	ctx    context.Context // canceled by Close: running builds stop
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	// imports are the cluster builds being pulled and prepared here, by
+	// store name (shared.go).
+	imports singleflight.Group
 
 	mu sync.Mutex
 	// running are the logs of builds in progress, by build ID.
@@ -517,7 +526,11 @@ func (s *Service) run(p tenant.Principal, t store.APITemplate, b store.Build, sp
 		// Shared before it is ready: a create through any gateway may
 		// land on another node the moment the client sees "ready".
 		logf := func(msg string) { lg.add(build.LogEntry{Level: build.LevelInfo, Message: msg, Step: "finalize"}) }
-		if perr := s.cfg.Shared.Publish(ctx, t, b, logf); perr != nil {
+		// Without a default tag a template's name is its newest ready
+		// build (resolveBuild): this one, once ready.
+		_, terr := s.cfg.Store.GetTag(ctx, t.ID, DefaultTag)
+		current := slices.Contains(b.Tags, DefaultTag) || errors.Is(terr, store.ErrNotFound)
+		if perr := s.cfg.Shared.Publish(ctx, t, b, current, logf); perr != nil {
 			err = &build.StepError{Step: "finalize", Message: perr.Error(), Err: perr}
 			lg.add(build.LogEntry{Level: build.LevelError, Message: "Build failed: " + perr.Error(), Step: "finalize"})
 		}
@@ -766,6 +779,26 @@ func (s *Service) AssignTags(ctx context.Context, c Caller, target string, tags 
 		return "", nil, err
 	}
 	src := n.TagOr(DefaultTag)
+	if s.cfg.Shared != nil && t.Shared {
+		// The cluster's record is what every node resolves a tag by: it
+		// changes first; this node's own tags follow where it has the
+		// build.
+		id, err := s.cfg.Shared.AssignTags(ctx, t.ID, src, tags)
+		if errdefs.Is(err, errdefs.KindNotFound) {
+			return "", nil, errdefs.NotFound("Template '%s' with tag '%s' not found", n.Alias, src)
+		}
+		if err != nil {
+			return "", nil, err
+		}
+		if _, err := s.cfg.Store.GetBuild(ctx, id); err == nil {
+			for _, tag := range tags {
+				if err := s.cfg.Store.SetTag(ctx, t.ID, tag, id); err != nil {
+					return "", nil, err
+				}
+			}
+		}
+		return id, tags, nil
+	}
 	b, err := s.resolveBuild(ctx, t, n, target)
 	if err != nil {
 		return "", nil, errdefs.NotFound("Template '%s' with tag '%s' not found", n.Alias, src)
@@ -801,9 +834,25 @@ func (s *Service) RemoveTags(ctx context.Context, c Caller, name string, tags []
 	if err != nil {
 		return err
 	}
-	for _, tag := range tags {
-		if _, err := s.cfg.Store.GetTag(ctx, t.ID, tag); err != nil {
-			return errdefs.NotFound("tag '%s' does not exist for template '%s'", tag, n.Alias)
+	if s.cfg.Shared != nil && t.Shared {
+		// The record first: it says which tags exist cluster-wide.
+		st, err := s.cfg.Shared.Lookup(ctx, Caller{P: tenant.System}, t.ID, "")
+		if err != nil {
+			return err
+		}
+		for _, tag := range tags {
+			if _, ok := st.tag(tag); !ok {
+				return errdefs.NotFound("tag '%s' does not exist for template '%s'", tag, n.Alias)
+			}
+		}
+		if err := s.cfg.Shared.RemoveTags(ctx, t.ID, tags); err != nil {
+			return err
+		}
+	} else {
+		for _, tag := range tags {
+			if _, err := s.cfg.Store.GetTag(ctx, t.ID, tag); err != nil {
+				return errdefs.NotFound("tag '%s' does not exist for template '%s'", tag, n.Alias)
+			}
 		}
 	}
 	for _, tag := range tags {

@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
+	"github.com/cella-sandbox/cella/internal/build"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/template"
@@ -32,27 +34,55 @@ type Shared interface {
 	// build's calls here).
 	Building(ctx context.Context, t store.APITemplate, b store.Build) error
 	// Publish pushes the finished build b of t to the cluster's registry
-	// and records it; its failure fails the build.
-	Publish(ctx context.Context, t store.APITemplate, b store.Build, log func(string)) error
+	// and records it under its tags, and as the current build if current
+	// (what the template's name alone resolves to here once b is ready);
+	// its failure fails the build.
+	Publish(ctx context.Context, t store.APITemplate, b store.Build, current bool, log func(string)) error
 	// Fetch pulls st's build into the template store as name, its digest
 	// checked. Concurrent fetches of one build pull once.
 	Fetch(ctx context.Context, st SharedTemplate, name string) error
 	// Published records that template id is public (or no longer is):
 	// any team may create from it, on any node.
 	Published(ctx context.Context, id string, public bool) error
+	// AssignTags points tags of template id at the build its tag from
+	// names in the record and returns that build's ID; NotFound if from
+	// names none there.
+	AssignTags(ctx context.Context, id, from string, tags []string) (string, error)
+	// RemoveTags drops tags (never "default") of template id from its
+	// record; one that is not there is no error.
+	RemoveTags(ctx context.Context, id string, tags []string) error
 	// Deleted removes the record of template id (gone already: nil).
 	Deleted(ctx context.Context, id string) error
 }
 
-// SharedTemplate is what the cluster records of an API template.
+// SharedTemplate is what the cluster records of an API template: its
+// current build (the default tag's) and the builds of its other tags.
 type SharedTemplate struct {
 	ID, Team, Alias string
 	// Public: any team may use it (E2B's publish).
 	Public bool
+	SharedBuild
+	Tags map[string]SharedBuild
+}
+
+// SharedBuild is one pushed build of a shared template.
+type SharedBuild struct {
 	// Build is the build ID of Reference/Digest ("": not built yet),
 	// requested with CPUCount and MemoryMB (0: E2B's defaults).
 	Build, Reference, Digest string
 	CPUCount, MemoryMB       int
+	// Services are the template-store services of the build's name
+	// (its start and ready commands travel in the image's config).
+	Services []string
+}
+
+// tag is the build the record's tag names ("": the current build).
+func (st SharedTemplate) tag(tag string) (SharedBuild, bool) {
+	if tag == "" || tag == DefaultTag {
+		return st.SharedBuild, true
+	}
+	b, ok := st.Tags[tag]
+	return b, ok
 }
 
 // sharedAlias is the template ID the cluster knows the caller's alias by
@@ -111,34 +141,93 @@ func (s *Service) resolveShared(ctx context.Context, c Caller, ref string) (name
 		s.log.Warn("cluster: the template records are out of reach; resolving among this node's templates", "template", ref, "err", err)
 		return ref, false, nil
 	}
-	if n.Tag != "" && n.Tag != DefaultTag {
-		// Tags are the building node's; the cluster records the current
-		// build only.
-		return ref, false, nil
+	sb, ok := st.tag(n.Tag)
+	if !ok {
+		return ref, true, errdefs.NotFound("tag '%s' does not exist for template '%s'", n.Tag, cmp.Or(st.Alias, st.ID))
 	}
-	if st.Digest == "" {
+	if sb.Digest == "" {
 		return ref, true, errdefs.NotFound("template %q has no finished build yet", ref)
 	}
-	name = storeName(st.ID, st.Build)
-	if _, err := s.cfg.Store.GetBuild(ctx, st.Build); err == nil {
-		if _, err := s.cfg.Templates.Get(name); err == nil {
-			return name, true, s.syncPublic(ctx, st)
+	name = storeName(st.ID, sb.Build)
+	pick := st // what is fetched: the tag's build
+	pick.SharedBuild = sb
+	if s.haveBuild(ctx, sb.Build, name) {
+		return name, true, s.syncPublic(ctx, st)
+	}
+	// One import per build, however many creates wait for it: the start
+	// command's snapshot is taken once.
+	_, err, _ = s.imports.Do(name, func() (any, error) {
+		if s.haveBuild(ctx, sb.Build, name) {
+			return nil, nil
 		}
-	}
-	if err := s.cfg.Shared.Fetch(ctx, st, name); err != nil {
-		return ref, true, err
-	}
-	if err := s.importShared(ctx, st, name); err != nil {
+		ictx := context.WithoutCancel(ctx) // shared by every waiting create
+		if err := s.cfg.Shared.Fetch(ictx, pick, name); err != nil {
+			return nil, err
+		}
+		if err := s.prepareShared(ictx, c, pick, name); err != nil {
+			return nil, err
+		}
+		return nil, s.importShared(ictx, st, sb, name)
+	})
+	if err != nil {
 		return ref, true, err
 	}
 	return name, true, nil
 }
 
+// haveBuild says whether build is here, as the template-store name name.
+func (s *Service) haveBuild(ctx context.Context, build, name string) bool {
+	if _, err := s.cfg.Store.GetBuild(ctx, build); err != nil {
+		return false
+	}
+	_, err := s.cfg.Templates.Get(name)
+	return err == nil
+}
+
+// prepareShared makes a pulled build name what its build made on the
+// builder: the services the record names, and, for a start (or ready)
+// command its image carries, this node's own memory snapshot of it
+// running (a snapshot is the node's: its runtime's and its memory's; the
+// registry holds only the layers). The command runs in a build sandbox
+// of this node with the build's sizes and the build egress within the
+// caller's ceiling.
+func (s *Service) prepareShared(ctx context.Context, c Caller, st SharedTemplate, name string) error {
+	t, err := s.cfg.Templates.Get(name)
+	if err != nil {
+		return fmt.Errorf("import template %s: %w", st.ID, err)
+	}
+	if len(st.Services) > 0 && !slices.Equal(t.Services, st.Services) {
+		if t, err = s.cfg.Templates.Name(name, t.Image, t.Snapshot, st.Services); err != nil {
+			return fmt.Errorf("import template %s: its services: %w", st.ID, err)
+		}
+	}
+	if t.StartCmd == "" && t.ReadyCmd == "" {
+		return nil
+	}
+	if s.cfg.Starter == nil {
+		return errdefs.NotImplemented("template %q has a start command, and this node runs no builds to capture it", st.ID)
+	}
+	start := time.Now()
+	s.log.Info("cluster: running a pulled template's start command for its snapshot", "template", st.ID, "build", st.Build)
+	var last build.LogEntry
+	err = s.cfg.Starter.CaptureStart(ctx, c.P, name, build.Sizes{CPUs: st.CPUCount, MemoryMB: st.MemoryMB}, func(e build.LogEntry) {
+		if e.Level == build.LevelError || e.Level == build.LevelWarn {
+			last = e
+		}
+	})
+	if err != nil {
+		s.log.Warn("cluster: a pulled template's start command failed", "template", st.ID, "build", st.Build, "err", err, "log", last.Message)
+		return errdefs.Unavailable("template %q: its start command, run on this node for its snapshot, failed: %v", st.ID, err)
+	}
+	s.log.Info("cluster: captured a pulled template's start command", "template", st.ID, "build", st.Build, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
 // importShared records a fetched build here as the cluster has it: the
-// template (same ID, alias and team), the build, ready, and its default
-// tag. Each row may exist already (a concurrent import, or an earlier
-// build of the template).
-func (s *Service) importShared(ctx context.Context, st SharedTemplate, name string) error {
+// template (same ID, alias and team), the build, ready, and the tags of
+// the record that name it. Each row may exist already (a concurrent
+// import, or an earlier build of the template).
+func (s *Service) importShared(ctx context.Context, st SharedTemplate, sb SharedBuild, name string) error {
 	now := time.Now()
 	t := store.APITemplate{ID: st.ID, Alias: st.Alias, TeamID: st.Team, Public: st.Public, CreatedAt: now, UpdatedAt: now, Shared: true}
 	if err := s.cfg.Store.PutAPITemplate(ctx, t); err != nil && !errors.Is(err, store.ErrExists) {
@@ -147,8 +236,9 @@ func (s *Service) importShared(ctx context.Context, st SharedTemplate, name stri
 	if err := s.syncPublic(ctx, st); err != nil {
 		return err
 	}
-	b := store.Build{ID: st.Build, TemplateID: st.ID, Status: StatusReady, Tags: []string{DefaultTag}, StoreName: name,
-		CPUCount: cmp.Or(st.CPUCount, DefaultCPUCount), MemoryMB: cmp.Or(st.MemoryMB, DefaultMemoryMB), CreatedAt: now, UpdatedAt: now, FinishedAt: now}
+	tags := st.tagsOf(sb.Build)
+	b := store.Build{ID: sb.Build, TemplateID: st.ID, Status: StatusReady, Tags: tags, StoreName: name,
+		CPUCount: cmp.Or(sb.CPUCount, DefaultCPUCount), MemoryMB: cmp.Or(sb.MemoryMB, DefaultMemoryMB), CreatedAt: now, UpdatedAt: now, FinishedAt: now}
 	if _, err := s.cfg.Store.GetBuild(ctx, b.ID); errors.Is(err, store.ErrNotFound) {
 		if err := s.cfg.Store.PutBuild(ctx, b); err != nil {
 			if _, gerr := s.cfg.Store.GetBuild(ctx, b.ID); gerr != nil { // not a concurrent import's
@@ -156,10 +246,27 @@ func (s *Service) importShared(ctx context.Context, st SharedTemplate, name stri
 			}
 		}
 	}
-	if err := s.cfg.Store.SetTag(ctx, st.ID, DefaultTag, b.ID); err != nil {
-		return fmt.Errorf("import template %s: %w", st.ID, err)
+	for _, tag := range tags {
+		if err := s.cfg.Store.SetTag(ctx, st.ID, tag, b.ID); err != nil {
+			return fmt.Errorf("import template %s: %w", st.ID, err)
+		}
 	}
 	return nil
+}
+
+// tagsOf are the record's tags that name build.
+func (st SharedTemplate) tagsOf(build string) []string {
+	var tags []string
+	if st.SharedBuild.Build == build {
+		tags = append(tags, DefaultTag)
+	}
+	for tag, b := range st.Tags {
+		if b.Build == build {
+			tags = append(tags, tag)
+		}
+	}
+	slices.Sort(tags)
+	return tags
 }
 
 // localOnly says whether ref never names a cluster template: a build's

@@ -123,8 +123,12 @@ func TestCRDRoundTrip(t *testing.T) {
 	}
 
 	tpl := &v1alpha1.Template{ObjectMeta: metav1.ObjectMeta{Name: "tpl1"}, Spec: v1alpha1.TemplateSpec{
-		Team: "team-a", Aliases: []string{"py", "python"}, Reference: "registry.test/cella/py:1",
-		Digest: "sha256:" + strings.Repeat("ab", 32), Build: "b1", CPUCount: 2, MemoryMB: 1024, Node: "node-a", Public: true,
+		Team: "team-a", Aliases: []string{"py", "python"},
+		TemplateBuild: v1alpha1.TemplateBuild{Reference: "registry.test/cella/py:1", Digest: "sha256:" + strings.Repeat("ab", 32),
+			Build: "b1", CPUCount: 2, MemoryMB: 1024, Services: []string{"code-interpreter"}},
+		Tags: []v1alpha1.TemplateTag{{Tag: "v2", TemplateBuild: v1alpha1.TemplateBuild{Reference: "registry.test/cella/py:0",
+			Digest: "sha256:" + strings.Repeat("cd", 32), Build: "b0", CPUCount: 1, MemoryMB: 512, Services: []string{"docker"}}}},
+		Node: "node-a", Public: true,
 	}}
 	if err := r.PutTemplate(ctx, tpl.DeepCopy()); err != nil {
 		t.Fatal(err)
@@ -138,7 +142,9 @@ func TestCRDRoundTrip(t *testing.T) {
 	}
 
 	for name, bad := range map[string]client.Object{
-		"bad digest":   &v1alpha1.Template{ObjectMeta: metav1.ObjectMeta{Name: "tpl2"}, Spec: v1alpha1.TemplateSpec{Reference: "r", Digest: "md5:00"}},
+		"bad digest": &v1alpha1.Template{ObjectMeta: metav1.ObjectMeta{Name: "tpl2"}, Spec: v1alpha1.TemplateSpec{TemplateBuild: v1alpha1.TemplateBuild{Reference: "r", Digest: "md5:00"}}},
+		"bad tag digest": &v1alpha1.Template{ObjectMeta: metav1.ObjectMeta{Name: "tpl3"}, Spec: v1alpha1.TemplateSpec{
+			Tags: []v1alpha1.TemplateTag{{Tag: "v2", TemplateBuild: v1alpha1.TemplateBuild{Reference: "r", Digest: "md5:00"}}}}},
 		"no node":      &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: "nonode"}, Spec: v1alpha1.SandboxSpec{Team: "t", Template: "base"}},
 		"bad id chars": sandbox("Bad_ID", "node-a"),
 	} {

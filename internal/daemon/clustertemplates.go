@@ -49,12 +49,22 @@ func (s *sharedTemplates) Lookup(ctx context.Context, c builds.Caller, id, alias
 	if err != nil {
 		return builds.SharedTemplate{}, err
 	}
-	st := builds.SharedTemplate{ID: t.Name, Team: t.Spec.Team, Public: t.Spec.Public, Build: t.Spec.Build, Reference: t.Spec.Reference, Digest: t.Spec.Digest,
-		CPUCount: t.Spec.CPUCount, MemoryMB: t.Spec.MemoryMB}
+	st := builds.SharedTemplate{ID: t.Name, Team: t.Spec.Team, Public: t.Spec.Public, SharedBuild: sharedBuild(t.Spec.TemplateBuild)}
 	if len(t.Spec.Aliases) > 0 {
 		st.Alias = t.Spec.Aliases[0]
 	}
+	for _, tg := range t.Spec.Tags {
+		if st.Tags == nil {
+			st.Tags = map[string]builds.SharedBuild{}
+		}
+		st.Tags[tg.Tag] = sharedBuild(tg.TemplateBuild)
+	}
 	return st, nil
+}
+
+func sharedBuild(b v1alpha1.TemplateBuild) builds.SharedBuild {
+	return builds.SharedBuild{Build: b.Build, Reference: b.Reference, Digest: b.Digest, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB,
+		Services: slices.Clone(b.Services)}
 }
 
 // claim sets the record's owner, alias and builder to t's and this node,
@@ -75,12 +85,16 @@ func (s *sharedTemplates) Building(ctx context.Context, t store.APITemplate, b s
 	return err
 }
 
-func (s *sharedTemplates) Publish(ctx context.Context, t store.APITemplate, b store.Build, logf func(string)) error {
+func (s *sharedTemplates) Publish(ctx context.Context, t store.APITemplate, b store.Build, current bool, logf func(string)) error {
 	if s.registry == "" {
 		logf("Not shared with the cluster's other nodes: this node has no --template-registry")
 		return nil
 	}
 	ref := s.reference(t.ID, b.ID)
+	tpl, err := s.tpls.Get(b.StoreName)
+	if err != nil {
+		return fmt.Errorf("push to the cluster's template registry: %w", err)
+	}
 	logf("Pushing the template to the cluster's registry: " + ref)
 	pushed, err := s.tpls.Push(ctx, b.StoreName, ref, template.PullOptions{}, nil)
 	if err != nil {
@@ -94,8 +108,16 @@ func (s *sharedTemplates) Publish(ctx context.Context, t store.APITemplate, b st
 		if err := s.claim(cr, t); err != nil {
 			return err
 		}
-		cr.Spec.Reference, cr.Spec.Digest, cr.Spec.Build = ref, digest, b.ID
-		cr.Spec.CPUCount, cr.Spec.MemoryMB = b.CPUCount, b.MemoryMB
+		// The build's tags name it from now on, on every node.
+		pushedBuild := v1alpha1.TemplateBuild{Reference: ref, Digest: digest, Build: b.ID, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB,
+			Services: slices.Clone(tpl.Services)}
+		tags := b.Tags
+		if current {
+			tags = append([]string{v1alpha1.DefaultTag}, tags...)
+		}
+		for _, tag := range tags {
+			cr.Spec.SetTag(tag, pushedBuild)
+		}
 		return nil
 	}); err != nil {
 		return fmt.Errorf("record the pushed template: %w", err)
@@ -151,6 +173,35 @@ func (s *sharedTemplates) Published(ctx context.Context, id string, public bool)
 			return errdefs.NotFound("template %q has no cluster record", id)
 		}
 		cr.Spec.Public = public
+		return nil
+	})
+	return err
+}
+
+func (s *sharedTemplates) AssignTags(ctx context.Context, id, from string, tags []string) (string, error) {
+	var build string
+	_, err := s.records.EditTemplate(ctx, id, func(cr *v1alpha1.Template) error {
+		src, ok := cr.Spec.Tag(from)
+		if cr.ResourceVersion == "" || !ok {
+			return errdefs.NotFound("tag '%s' of template %q has no build in the cluster's record", from, id)
+		}
+		for _, tag := range tags {
+			cr.Spec.SetTag(tag, src)
+		}
+		build = src.Build
+		return nil
+	})
+	return build, err
+}
+
+func (s *sharedTemplates) RemoveTags(ctx context.Context, id string, tags []string) error {
+	_, err := s.records.EditTemplate(ctx, id, func(cr *v1alpha1.Template) error {
+		if cr.ResourceVersion == "" {
+			return errdefs.NotFound("template %q has no cluster record", id)
+		}
+		for _, tag := range tags {
+			cr.Spec.RemoveTag(tag)
+		}
 		return nil
 	})
 	return err

@@ -303,7 +303,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 	if c.Builder != nil {
 		builder = c.Builder
 	}
-	bsvc, err := builds.New(builds.Config{Store: st, Templates: tpls, Builder: builder, Dir: filepath.Join(c.DataDir, "builds"), Log: log,
+	bsvc, err := builds.New(builds.Config{Store: st, Templates: tpls, Builder: builder, Starter: d.BuildEngine, Dir: filepath.Join(c.DataDir, "builds"), Log: log,
 		Shared: d.shared(c.Cluster, tpls)}) // clustertemplates.go
 	if err != nil {
 		return nil, fmt.Errorf("template builds: %w", err)

@@ -52,49 +52,14 @@ import (
 //   - DELETE removes the record; the node that pulled it drops its copy
 //     on its next use (a create is then a 404 everywhere).
 func TestClusterTemplates(t *testing.T) {
-	const ns = "cella-templates"
-	cp, cl := clustertest.StartIn(t, ns)
-	regDir := t.TempDir()
-	reg, err := localregistry.Run(regDir, "", "")
-	if errors.Is(err, localregistry.ErrNotInstalled) {
-		t.Fatal(err) // make deps installs it; a cluster run must not skip this
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(reg.Stop)
-	prefix := reg.Addr + "/cella-test"
-	args := []string{"--template-registry=" + prefix, "--insecure-registry=" + reg.Addr}
-	// Nothing here waits for a lapse (a node leaves by a clean stop), and
-	// a push's compression on this loaded machine has held a renewal past
-	// the 3 s default: leases of 10 s.
-	const lease = 10 * time.Second
-	nodeA := cp.StartNode(t, clustertest.NodeOptions{Name: "node-a", Namespace: ns, Args: args, LeaseDuration: lease})
-	nodeB := cp.StartNode(t, clustertest.NodeOptions{Name: "node-b", Namespace: ns, Args: args, LeaseDuration: lease})
-	gw1 := cp.StartGateway(t, "gw-1", ns)
-	gw2 := cp.StartGateway(t, "gw-2", ns)
-	clustertest.WaitLive(t, cl, ns, 2)
-	admin := nodeA.AdminKey(t)
-	records := cluster.NewRecords(cl, ns)
+	tc := startTemplateCluster(t, "cella-templates")
+	cp, cl, ns, reg, prefix, args, lease := tc.cp, tc.cl, tc.ns, tc.reg, tc.prefix, tc.args, tc.lease
+	nodeA, nodeB, gw1, gw2, admin, records := tc.nodeA, tc.nodeB, tc.gw1, tc.gw2, tc.admin, tc.records
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 
-	newClient := func(url, key string) *client.Client {
-		c, err := client.New(client.Config{URL: url, APIKey: key})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	adm := newClient(gw1.URL, admin)
-	keyOf := func(team string) string {
-		k, err := adm.CreateKey(ctx, client.NewKey{Name: team + "-key", Team: team})
-		if err != nil {
-			t.Fatalf("key of %s: %v", team, err)
-		}
-		return k.Key
-	}
-	keyA, keyB := keyOf("team-a"), keyOf("team-b")
+	newClient := func(url, key string) *client.Client { return tc.client(t, url, key) }
+	keyA, keyB := tc.keyOf(ctx, t, "team-a"), tc.keyOf(ctx, t, "team-b")
 	a1, a2 := newClient(gw1.URL, keyA), newClient(gw2.URL, keyA)
 	b1, b2 := newClient(gw1.URL, keyB), newClient(gw2.URL, keyB)
 	var sandboxes []string
@@ -162,16 +127,7 @@ func TestClusterTemplates(t *testing.T) {
 		sandboxes = append(sandboxes, created[i].SandboxID)
 	}
 	for _, sb := range created {
-		clustertest.Poll(t, time.Minute, "the create recorded", func(ctx context.Context) (bool, string) {
-			r, err := records.Sandbox(ctx, sb.SandboxID)
-			if err != nil {
-				return false, err.Error()
-			}
-			if r.Spec.Node == builder {
-				t.Fatalf("sandbox %s landed on the drained builder %s", sb.SandboxID, builder)
-			}
-			return true, ""
-		})
+		recordedOff(t, records, sb.SandboxID, builder)
 		conn, err := a1.Sandbox(ctx, sb.SandboxID)
 		if err != nil {
 			t.Fatal(err)
@@ -276,10 +232,10 @@ func TestClusterTemplates(t *testing.T) {
 	// for the reference, and an image outside the cluster's registry.
 	bad := "sha256:" + strings.Repeat("0", 64)
 	for name, spec := range map[string]v1alpha1.TemplateSpec{
-		"tampered0000000digst": {Team: "team-a", Aliases: []string{"tampered-digest"}, Build: info.BuildID, Node: builder,
-			Reference: prefix + "/tampered0000000digst:" + info.BuildID, Digest: bad},
-		"tampered00000000host": {Team: "team-a", Aliases: []string{"tampered-host"}, Build: info.BuildID, Node: builder,
-			Reference: "127.0.0.1:1/evil/tampered00000000host:" + info.BuildID, Digest: rec.Spec.Digest},
+		"tampered0000000digst": {Team: "team-a", Aliases: []string{"tampered-digest"}, Node: builder, TemplateBuild: v1alpha1.TemplateBuild{
+			Build: info.BuildID, Reference: prefix + "/tampered0000000digst:" + info.BuildID, Digest: bad}},
+		"tampered00000000host": {Team: "team-a", Aliases: []string{"tampered-host"}, Node: builder, TemplateBuild: v1alpha1.TemplateBuild{
+			Build: info.BuildID, Reference: "127.0.0.1:1/evil/tampered00000000host:" + info.BuildID, Digest: rec.Spec.Digest}},
 	} {
 		if name == "tampered0000000digst" {
 			copyImage(t, reg.Addr, "cella-test/"+id+":"+info.BuildID, "cella-test/"+name+":"+info.BuildID)
@@ -380,6 +336,69 @@ func TestClusterTemplates(t *testing.T) {
 	}
 }
 
+// templateCluster is two nodes and two gateways on a real API server,
+// with Debian's docker-registry on loopback as the cluster's template
+// registry.
+type templateCluster struct {
+	cp           *clustertest.ControlPlane
+	cl           crclient.Client
+	ns           string
+	reg          *localregistry.Registry
+	prefix       string
+	args         []string
+	lease        time.Duration
+	nodeA, nodeB *clustertest.Proc
+	gw1, gw2     *clustertest.Proc
+	admin        string
+	records      *cluster.Records
+}
+
+func startTemplateCluster(t *testing.T, ns string) *templateCluster {
+	t.Helper()
+	cp, cl := clustertest.StartIn(t, ns)
+	reg, err := localregistry.Run(t.TempDir(), "", "")
+	if errors.Is(err, localregistry.ErrNotInstalled) {
+		t.Fatal(err) // make deps installs it; a cluster run must not skip this
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(reg.Stop)
+	tc := &templateCluster{cp: cp, cl: cl, ns: ns, reg: reg, prefix: reg.Addr + "/cella-test", records: cluster.NewRecords(cl, ns)}
+	tc.args = []string{"--template-registry=" + tc.prefix, "--insecure-registry=" + reg.Addr}
+	// Nothing here waits for a lapse (a node leaves by a clean stop), and
+	// a push's compression on this loaded machine has held a renewal past
+	// the 3 s default: leases of 10 s.
+	tc.lease = 10 * time.Second
+	tc.nodeA = cp.StartNode(t, clustertest.NodeOptions{Name: "node-a", Namespace: ns, Args: tc.args, LeaseDuration: tc.lease})
+	tc.nodeB = cp.StartNode(t, clustertest.NodeOptions{Name: "node-b", Namespace: ns, Args: tc.args, LeaseDuration: tc.lease})
+	tc.gw1 = cp.StartGateway(t, "gw-1", ns)
+	tc.gw2 = cp.StartGateway(t, "gw-2", ns)
+	clustertest.WaitLive(t, cl, ns, 2)
+	tc.admin = tc.nodeA.AdminKey(t)
+	return tc
+}
+
+// client is a client of the cella API at url with key.
+func (tc *templateCluster) client(t *testing.T, url, key string) *client.Client {
+	t.Helper()
+	c, err := client.New(client.Config{URL: url, APIKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// keyOf makes an API key of team, through gateway 1.
+func (tc *templateCluster) keyOf(ctx context.Context, t *testing.T, team string) string {
+	t.Helper()
+	k, err := tc.client(t, tc.gw1.URL, tc.admin).CreateKey(ctx, client.NewKey{Name: team + "-key", Team: team})
+	if err != nil {
+		t.Fatalf("key of %s: %v", team, err)
+	}
+	return k.Key
+}
+
 type buildInfo struct {
 	TemplateID string   `json:"templateId"`
 	BuildID    string   `json:"buildId"`
@@ -387,8 +406,9 @@ type buildInfo struct {
 }
 
 // sdkBuild builds alias through the gateway at url with e2b@2.51.0's
-// Template.build (compat/e2b/lib/cluster-build.mjs).
-func sdkBuild(t *testing.T, url, key, alias string) buildInfo {
+// Template.build (compat/e2b/lib/cluster-build.mjs; env: its optional
+// CELLA_BUILD_* settings).
+func sdkBuild(t *testing.T, url, key, alias string, env ...string) buildInfo {
 	t.Helper()
 	dir := filepath.Join(daemontest.RepoRoot(t), "compat", "e2b")
 	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b-2.51.0")); err != nil {
@@ -399,6 +419,7 @@ func sdkBuild(t *testing.T, url, key, alias string) buildInfo {
 	cmd := exec.CommandContext(ctx, "node", "lib/cluster-build.mjs")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CELLA_E2B_URL="+url, "CELLA_E2B_KEY="+key, "CELLA_BUILD_ALIAS="+alias)
+	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.Output()
 	if err != nil {
 		var ee *exec.ExitError
@@ -452,6 +473,22 @@ func copyImage(t *testing.T, addr, from, to string) {
 	if err := remote.Write(dst, img); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// recordedOff waits for the record of sandbox id, which must not be on
+// the drained node builder.
+func recordedOff(t *testing.T, records *cluster.Records, id, builder string) {
+	t.Helper()
+	clustertest.Poll(t, time.Minute, "the create recorded", func(ctx context.Context) (bool, string) {
+		r, err := records.Sandbox(ctx, id)
+		if err != nil {
+			return false, err.Error()
+		}
+		if r.Spec.Node == builder {
+			t.Fatalf("sandbox %s landed on the drained builder %s", id, builder)
+		}
+		return true, ""
+	})
 }
 
 func drained(ctx context.Context, t *testing.T, cl crclient.Client, ns, node string) bool {

@@ -63,7 +63,8 @@ type PullEvent struct {
 // finalize layer gives the template E2B's conventions (a `user` account,
 // uid 1000, with a home, unless the image has one). The image's Env,
 // WorkingDir and User become the template's defaults; its Entrypoint and
-// Cmd are recorded, not run.
+// Cmd are recorded, not run; the start and ready commands of a template
+// cella pushed (LabelStartCmd) are its own again.
 func (s *Store) Pull(ctx context.Context, name, src string, o PullOptions) (*Template, error) {
 	if !nameRE.MatchString(name) && o.LeaseTo == "" {
 		return nil, fmt.Errorf("invalid template name %q", name)
@@ -156,6 +157,7 @@ func (s *Store) pull(ctx context.Context, name, src string, o PullOptions, emit 
 	meta := newTemplate(key)
 	meta.Ref, meta.Digest, meta.Source = img.Ref, img.ManifestDigest.String(), src
 	meta.Entrypoint, meta.Cmd = cf.Config.Entrypoint, cf.Config.Cmd
+	meta.StartCmd, meta.ReadyCmd = cf.Config.Labels[LabelStartCmd], cf.Config.Labels[LabelReadyCmd]
 	for _, d := range diffIDs {
 		meta.Layers = append(meta.Layers, d.String())
 	}
@@ -216,6 +218,16 @@ func (s *Store) installPulled(name, key, tmp, leaseTo string) (*Template, error)
 	}
 	return t, nil
 }
+
+// Labels of a pushed template's image config: its build's start and
+// ready commands (Push writes them, Pull reads them back). Like the
+// image's Cmd they run only inside its sandboxes, and only where cella
+// runs a start command: a build from the template, and a cluster node's
+// capture of a build it pulled.
+const (
+	LabelStartCmd = "org.cella.template.start-cmd"
+	LabelReadyCmd = "org.cella.template.ready-cmd"
+)
 
 // maxImageLayers leaves room in overlayfs's 500 for snapshot layers.
 const maxImageLayers = 400
@@ -323,6 +335,14 @@ func (s *Store) Push(ctx context.Context, name, ref string, o PullOptions, progr
 	cf.Config.Env, cf.Config.WorkingDir, cf.Config.User = t.Env, t.Workdir, t.User
 	cf.Config.Entrypoint, cf.Config.Cmd = t.Entrypoint, t.Cmd
 	cf.Config.Labels = map[string]string{"org.cella.template": name}
+	// The build's start and ready commands are the image's (a build on it
+	// inherits them; a cluster node that pulls it captures them running).
+	if t.StartCmd != "" {
+		cf.Config.Labels[LabelStartCmd] = t.StartCmd
+	}
+	if t.ReadyCmd != "" {
+		cf.Config.Labels[LabelReadyCmd] = t.ReadyCmd
+	}
 	if img, err = mutate.ConfigFile(img, cf); err != nil {
 		return "", err
 	}

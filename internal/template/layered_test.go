@@ -447,6 +447,38 @@ func TestPushRoundTrip(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(b, "var/gone")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatal("whiteout lost in the round trip")
 	}
+
+	// A build's start and ready commands, user, workdir and env travel in
+	// the image's config (a cluster node that pulls it runs them).
+	holder := filepath.Join(t.TempDir(), "holder")
+	if err := os.Mkdir(holder, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	d := Defaults{User: "user", UID: 1000, GID: 1000, Workdir: "/srv", Env: append(slices.Clone(tpl.Env), "WORD=hello"),
+		StartCmd: "python3 -m http.server 8000", ReadyCmd: "curl -sf http://127.0.0.1:8000/"}
+	derived, err := s.Derive(holder, tpl, nil, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Name("built", derived.Image, "", nil); err != nil {
+		t.Fatal(err)
+	}
+	ref, err = s.Push(ctx, "built", reg.Ref("travel/built:1"), PullOptions{Auth: reg.Auth()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pulled, err := other.Pull(ctx, "built-back", ref, PullOptions{Auth: reg.Auth()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pulled.StartCmd != d.StartCmd || pulled.ReadyCmd != d.ReadyCmd || pulled.User != "user" || pulled.Workdir != "/srv" ||
+		!slices.Contains(pulled.Env, "WORD=hello") {
+		t.Fatalf("the build pulled back: start %q, ready %q, user %q, workdir %q, env %v; want %+v",
+			pulled.StartCmd, pulled.ReadyCmd, pulled.User, pulled.Workdir, pulled.Env, d)
+	}
+	if plain, err := other.Get("back"); err != nil || plain.StartCmd != "" || plain.ReadyCmd != "" {
+		t.Fatalf("an image without them pulled back with %+v (%v)", plain, err)
+	}
 }
 
 func writeLayout(t *testing.T, dir string, img v1.Image) {

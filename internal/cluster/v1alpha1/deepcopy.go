@@ -71,6 +71,21 @@ func (in *TemplateSpec) DeepCopyInto(out *TemplateSpec) {
 	if in.Aliases != nil {
 		out.Aliases = append([]string(nil), in.Aliases...)
 	}
+	in.TemplateBuild.DeepCopyInto(&out.TemplateBuild)
+	if in.Tags != nil {
+		out.Tags = make([]TemplateTag, len(in.Tags))
+		for i := range in.Tags {
+			out.Tags[i] = in.Tags[i]
+			in.Tags[i].TemplateBuild.DeepCopyInto(&out.Tags[i].TemplateBuild)
+		}
+	}
+}
+
+func (in *TemplateBuild) DeepCopyInto(out *TemplateBuild) {
+	*out = *in
+	if in.Services != nil {
+		out.Services = append([]string(nil), in.Services...)
+	}
 }
 
 func (in *Template) DeepCopyInto(out *Template) {

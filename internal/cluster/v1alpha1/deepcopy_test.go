@@ -41,6 +41,13 @@ func TestDeepCopyShares(t *testing.T) {
 	if tpl.Spec.Aliases[0] != "a" || tl.Items[0].Spec.Aliases[0] != "a" {
 		t.Fatal("the template copy shares its aliases")
 	}
+	built := &Template{Spec: TemplateSpec{TemplateBuild: TemplateBuild{Services: []string{"docker"}},
+		Tags: []TemplateTag{{Tag: "v2", TemplateBuild: TemplateBuild{Services: []string{"code-interpreter"}}}}}}
+	bc := built.DeepCopy()
+	bc.Spec.Services[0], bc.Spec.Tags[0].Services[0], bc.Spec.Tags[0].Tag = "x", "y", "z"
+	if built.Spec.Services[0] != "docker" || built.Spec.Tags[0].Services[0] != "code-interpreter" || built.Spec.Tags[0].Tag != "v2" {
+		t.Fatal("the template copy shares its services or tags")
+	}
 	vol := &Volume{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"k": "v"}}, Spec: VolumeSpec{Name: "data"}}
 	vc := vol.DeepCopyObject().(*Volume)
 	vc.Labels["k"] = "changed"

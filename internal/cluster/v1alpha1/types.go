@@ -10,6 +10,8 @@
 package v1alpha1
 
 import (
+	"slices"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -112,10 +114,28 @@ type TemplateSpec struct {
 	Aliases []string `json:"aliases,omitempty"`
 	// Public: every team may create from it (E2B's publish).
 	Public bool `json:"public,omitempty"`
-	// Reference is the OCI image reference (registry/repository:tag) of
-	// the template's current build; empty until its first build is pushed.
+	// TemplateBuild is the template's current build: the one its
+	// default tag names (empty until its first build is pushed).
+	TemplateBuild `json:",inline"`
+	// Tags are its other tags (E2B's alias:tag), each with the build it
+	// names; a build's entry is its own, so a tag keeps its build after
+	// a rebuild moved the default tag on.
+	Tags []TemplateTag `json:"tags,omitempty"`
+	// Node is the node that builds the template (an API build's calls go
+	// there while it is live: its files cache, logs and build state are
+	// that node's).
+	Node string `json:"node,omitempty"`
+}
+
+// TemplateBuild is one pushed build of a template: what a node that lacks
+// it pulls and imports, so that a sandbox of it is the same on every node.
+type TemplateBuild struct {
+	// Reference is the OCI image reference (registry/repository:tag) the
+	// build was pushed to.
 	Reference string `json:"reference,omitempty"`
 	// Digest is the manifest digest (sha256:...) nodes pull and check.
+	// The image's config carries the build's user, workdir, env and its
+	// start and ready commands (internal/template Push).
 	Digest string `json:"digest,omitempty"`
 	// Build is the build ID Reference holds (E2B's buildID), and
 	// CPUCount and MemoryMB the sizes it was requested with (a sandbox of
@@ -123,11 +143,51 @@ type TemplateSpec struct {
 	Build    string `json:"build,omitempty"`
 	CPUCount int    `json:"cpuCount,omitempty"`
 	MemoryMB int    `json:"memoryMB,omitempty"`
-	// Node is the node that builds the template (an API build's calls go
-	// there while it is live: its files cache, logs and build state are
-	// that node's).
-	Node string `json:"node,omitempty"`
+	// Services are what the agent runs in its sandboxes besides envd
+	// (the code interpreter, the docker engine of a template built on
+	// those builtins): the template store keeps them by name, not in the
+	// image.
+	Services []string `json:"services,omitempty"`
 }
+
+// TemplateTag is a tag of a template other than "default" and the build
+// it names.
+type TemplateTag struct {
+	Tag           string `json:"tag"`
+	TemplateBuild `json:",inline"`
+}
+
+// Tag is the build tag names ("default" or "": the current build).
+func (s *TemplateSpec) Tag(tag string) (TemplateBuild, bool) {
+	if tag == "" || tag == DefaultTag {
+		return s.TemplateBuild, s.Digest != ""
+	}
+	for _, t := range s.Tags {
+		if t.Tag == tag {
+			return t.TemplateBuild, true
+		}
+	}
+	return TemplateBuild{}, false
+}
+
+// SetTag points tag at b ("default": b becomes the current build).
+func (s *TemplateSpec) SetTag(tag string, b TemplateBuild) {
+	if tag == DefaultTag {
+		s.TemplateBuild = b
+		return
+	}
+	s.RemoveTag(tag)
+	s.Tags = append(s.Tags, TemplateTag{Tag: tag, TemplateBuild: b})
+}
+
+// RemoveTag drops tag (never the default one: a template always has a
+// current build once built).
+func (s *TemplateSpec) RemoveTag(tag string) {
+	s.Tags = slices.DeleteFunc(s.Tags, func(t TemplateTag) bool { return t.Tag == tag })
+}
+
+// DefaultTag is E2B's tag of a build requested without one.
+const DefaultTag = "default"
 
 // TemplateList is a list of Templates.
 type TemplateList struct {
