@@ -70,7 +70,7 @@ func (s *Service) sharedAlias(ctx context.Context, c Caller, alias, newID string
 	if s.cfg.Shared == nil {
 		return newID, nil
 	}
-	id := newID
+	id, team := newID, c.P.Team
 	st, err := s.cfg.Shared.Lookup(ctx, Caller{P: tenant.System}, "", alias)
 	switch {
 	case errdefs.Is(err, errdefs.KindNotFound):
@@ -79,9 +79,9 @@ func (s *Service) sharedAlias(ctx context.Context, c Caller, alias, newID string
 	case !c.P.Can(tenant.Owner{Team: st.Team}):
 		return "", errdefs.Conflict("Alias '%s' is already used by another team", alias)
 	default:
-		id = st.ID
+		id, team = st.ID, st.Team // the admin's rebuild of a team's template stays the team's
 	}
-	return s.cfg.Shared.ReserveAlias(ctx, alias, c.P.Team, id)
+	return s.cfg.Shared.ReserveAlias(ctx, alias, team, id)
 }
 
 // resolveShared is Resolve on a cluster node for a ref that may name an
