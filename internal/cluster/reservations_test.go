@@ -168,6 +168,14 @@ func TestKeyUsageHold(t *testing.T) {
 	if err := claim(nodes[0]); !errdefs.Is(err, errdefs.KindResourceExhausted) {
 		t.Fatalf("one past the limit: %v", err)
 	}
+	// Every field comes back as written (the schema prunes what it lacks).
+	sized := quota.Usage{Sandboxes: 2, CPUs: 1.5, MemoryMB: 768}
+	if err := nodes[1].u.Hold(ctx, "key-2", sized, nil); err != nil {
+		t.Fatal(err)
+	}
+	if held, err := nodes[1].u.Held(ctx); err != nil || held["key-2"] != sized {
+		t.Fatalf("key-2 came back as %+v, want %+v: %v", held["key-2"], sized, err)
+	}
 	// node-b leaves: its slots no longer count.
 	leases[1].Close()
 	for nodes[0].held < limit {
