@@ -307,12 +307,9 @@ func (s *Service) templateFor(ctx context.Context, c Caller, alias string) (stor
 		}
 		// On a cluster node the alias may be the team's on another node
 		// already: a rebuild here keeps its template ID.
-		id, err := s.sharedAlias(ctx, c, alias)
+		id, err := s.sharedAlias(ctx, c, alias, store.NewID())
 		if err != nil {
 			return t, err
-		}
-		if id == "" {
-			id = store.NewID()
 		}
 		now := time.Now()
 		t = store.APITemplate{ID: id, Alias: alias, TeamID: c.P.Team, KeyID: c.P.Key, CreatedAt: now, UpdatedAt: now}

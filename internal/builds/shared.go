@@ -30,8 +30,13 @@ type Shared interface {
 	// alias within the caller's team); NotFound for an unknown one and a
 	// foreign one alike.
 	Lookup(ctx context.Context, c Caller, id, alias string) (SharedTemplate, error)
+	// ReserveAlias takes alias for team's template id, atomically
+	// cluster-wide: the template ID the alias is team's by (id, or the one
+	// another request of team reserved it for first), or a conflict when
+	// another team holds it.
+	ReserveAlias(ctx context.Context, alias, team, id string) (string, error)
 	// Building records that this node builds b of t (gateways pin the
-	// build's calls here).
+	// build's calls here), its alias reserved for t.
 	Building(ctx context.Context, t store.APITemplate, b store.Build) error
 	// Publish pushes the finished build b of t to the cluster's registry
 	// and records it under its tags, and as the current build if current
@@ -85,23 +90,28 @@ func (st SharedTemplate) tag(tag string) (SharedBuild, bool) {
 	return b, ok
 }
 
-// sharedAlias is the template ID the cluster knows the caller's alias by
-// ("": none yet); an alias of another team is a conflict.
-func (s *Service) sharedAlias(ctx context.Context, c Caller, alias string) (string, error) {
+// sharedAlias is the template ID the cluster knows the caller's alias by,
+// reserved for the caller's team: the one its records name, else newID.
+// An alias of another team is a conflict. The records are read first (an
+// alias recorded before reservations existed has none), but only the
+// reservation decides: two teams asking for one new alias on two nodes
+// at once both find no record, and one of them gets the conflict here.
+func (s *Service) sharedAlias(ctx context.Context, c Caller, alias, newID string) (string, error) {
 	if s.cfg.Shared == nil {
-		return "", nil
+		return newID, nil
 	}
+	id, team := newID, c.P.Team
 	st, err := s.cfg.Shared.Lookup(ctx, Caller{P: tenant.System}, "", alias)
-	if errdefs.Is(err, errdefs.KindNotFound) {
-		return "", nil
-	}
-	if err != nil {
+	switch {
+	case errdefs.Is(err, errdefs.KindNotFound):
+	case err != nil:
 		return "", err
-	}
-	if !c.P.Can(tenant.Owner{Team: st.Team}) {
+	case !c.P.Can(tenant.Owner{Team: st.Team}):
 		return "", errdefs.Conflict("Alias '%s' is already used by another team", alias)
+	default:
+		id, team = st.ID, st.Team // the admin's rebuild of a team's template stays the team's
 	}
-	return st.ID, nil
+	return s.cfg.Shared.ReserveAlias(ctx, alias, team, id)
 }
 
 // resolveShared is Resolve on a cluster node for a ref that may name an
@@ -110,10 +120,21 @@ func (s *Service) sharedAlias(ctx context.Context, c Caller, alias string) (stri
 func (s *Service) resolveShared(ctx context.Context, c Caller, ref string) (name string, handled bool, err error) {
 	n, perr := ParseName(ref)
 	alias := n.Alias
-	if perr != nil {
+	switch {
+	case perr != nil:
 		alias = ""
+	case n.Namespace != "":
+		alias = n.Namespace + "/" + n.Alias // E2B scopes a name by its team
 	}
 	st, err := s.cfg.Shared.Lookup(ctx, c, ref, alias)
+	if err == nil && !c.P.Can(tenant.Owner{Team: st.Team}) {
+		// Another team's published record: a template of the caller's own
+		// of that name on this node (one made before it joined the
+		// cluster, which has no record) is what the caller means.
+		if t, _, ferr := s.findTemplate(ctx, c, ref, true); ferr == nil && !t.Shared {
+			return ref, false, nil
+		}
+	}
 	if errdefs.Is(err, errdefs.KindNotFound) {
 		_, serr := s.cfg.Shared.Lookup(ctx, Caller{P: tenant.System}, ref, alias)
 		if serr == nil { // another team's

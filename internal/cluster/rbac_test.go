@@ -13,6 +13,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/clustertest"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/quota"
 	"github.com/cella-sandbox/cella/internal/store"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -141,6 +142,22 @@ func TestRBAC(t *testing.T) {
 		t.Errorf("read a template as cella-gateway: %v", err)
 	} else if err := gwRecs.DeleteTemplate(ctx, tp); err != nil {
 		t.Errorf("delete a template as cella-gateway: %v", err)
+	}
+
+	// A node reserves the aliases of what it builds and writes what keys
+	// hold on it; a gateway does neither (it only releases the aliases of
+	// a template it deletes).
+	if id, err := recs.ReserveAlias(ctx, "rbac-alias", "t", "rbactpl"); err != nil || id != "rbactpl" {
+		t.Errorf("reserve an alias as cella-node: %q %v", id, err)
+	}
+	if _, err := gwRecs.ReserveAlias(ctx, "rbac-alias-2", "t", "rbactpl"); !errdefs.Is(err, errdefs.KindForbidden) {
+		t.Errorf("cella-gateway reserved an alias: %v", err)
+	}
+	if err := cluster.NewKeyUsages(node, ns, "rbac-node").Hold(ctx, "key-1", quota.Usage{Sandboxes: 1}, nil); err != nil {
+		t.Errorf("record a key's usage as cella-node: %v", err)
+	}
+	if err := cluster.NewKeyUsages(gw, ns, "rbac-gw").Hold(ctx, "key-1", quota.Usage{}, nil); !errdefs.Is(err, errdefs.KindForbidden) {
+		t.Errorf("cella-gateway wrote a key's usage: %v", err)
 	}
 
 	nodes, err := cluster.Nodes(ctx, gw, ns)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"regexp"
 	"slices"
+	"strings"
 
 	"github.com/cella-sandbox/cella/internal/cluster/v1alpha1"
 	"github.com/cella-sandbox/cella/internal/errdefs"
@@ -30,7 +31,9 @@ func (r *Records) Templates(ctx context.Context) ([]v1alpha1.Template, error) {
 
 // FindTemplate is the template named id, else the one with alias, among
 // the records can accepts; an unknown one and one can refuses are both
-// NotFound (a tenant must not tell them apart).
+// NotFound (a tenant must not tell them apart). alias may be E2B's
+// namespace/alias: then only a record of that team (a team's ID is its
+// name on a cluster) matches, as E2B scopes names by team.
 func (r *Records) FindTemplate(ctx context.Context, id, alias string, can func(*v1alpha1.Template) bool) (*v1alpha1.Template, error) {
 	if objectName.MatchString(id) { // anything else (an alias:tag, team/alias) names no record
 		t, err := r.Template(ctx, id)
@@ -41,12 +44,16 @@ func (r *Records) FindTemplate(ctx context.Context, id, alias string, can func(*
 			return nil, err
 		}
 	}
+	namespace, alias := splitNamespace(alias)
 	if alias != "" {
 		all, err := r.Templates(ctx)
 		if err != nil {
 			return nil, err
 		}
 		for i := range all {
+			if namespace != "" && !strings.EqualFold(all[i].Spec.Team, namespace) {
+				continue
+			}
 			if slices.Contains(all[i].Spec.Aliases, alias) && can(&all[i]) {
 				return &all[i], nil
 			}
@@ -82,11 +89,16 @@ func (r *Records) EditTemplate(ctx context.Context, id string, edit func(t *v1al
 }
 
 // DeleteTemplate removes the record of t if it is still at
-// t.ResourceVersion (a record someone changed since is a conflict).
+// t.ResourceVersion (a record someone changed since is a conflict), then
+// the alias reservations it held. The template is deleted once its record
+// is: a reservation whose release fails names no record from then on, and
+// the next claimant of the alias (or SweepAliases) takes it over after
+// staleAlias, so that failure is not the delete's.
 func (r *Records) DeleteTemplate(ctx context.Context, t *v1alpha1.Template) error {
 	rv, uid := t.ResourceVersion, t.UID
 	if err := r.c.Delete(ctx, t, client.Preconditions{ResourceVersion: &rv, UID: &uid}); err != nil {
 		return kindOf(err, "delete template %s", t.Name)
 	}
+	_ = r.ReleaseAliases(ctx, t)
 	return nil
 }

@@ -205,6 +205,11 @@ func (d *Daemon) joinCluster(ctx context.Context, c ClusterConfig, mgr *sandbox.
 // recordInterval is how often a node brings its Sandbox records up to date.
 const recordInterval = time.Second
 
+// aliasSweepInterval is how often a node drops the template alias
+// reservations that stand for nothing (cluster.SweepAliases); a claimant
+// of such an alias takes it over anyway.
+const aliasSweepInterval = 5 * time.Minute
+
 // recordSandboxes keeps the node's Sandbox records in step with its
 // manager until the returned func is called (which waits for the pass in
 // flight).
@@ -216,7 +221,16 @@ func recordSandboxes(r *cluster.Records, node string, mgr *sandbox.Manager, log 
 		t := time.NewTicker(recordInterval)
 		defer t.Stop()
 		var failing bool
+		var swept time.Time
 		for {
+			if time.Since(swept) >= aliasSweepInterval {
+				// What a node that died between an alias's reservation and
+				// its template's record (or deletion) left behind.
+				swept = time.Now()
+				if err := r.SweepAliases(ctx); err != nil && ctx.Err() == nil {
+					log.Warn("cluster: sweeping stale template alias reservations failed", "err", err)
+				}
+			}
 			// Copies other nodes took go first: recorded again, a stale
 			// copy whose record its new holder deleted would be this
 			// node's once more.
@@ -338,6 +352,15 @@ func (i inventory) Templates() []string {
 		}
 	}
 	return names
+}
+
+// clusterQuota is where a node holds key quotas across the cluster (nil
+// when standalone: the manager's own count is the whole).
+func (d *Daemon) clusterQuota(c ClusterConfig) sandbox.ClusterQuota {
+	if d.cluster == nil {
+		return nil
+	}
+	return cluster.NewKeyUsages(d.cluster, c.Namespace, c.NodeName)
 }
 
 // shared is the node's builds.Shared (nil when standalone).

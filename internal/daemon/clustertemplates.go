@@ -43,9 +43,12 @@ func (s *sharedTemplates) reference(id, build string) string {
 }
 
 func (s *sharedTemplates) Lookup(ctx context.Context, c builds.Caller, id, alias string) (builds.SharedTemplate, error) {
-	t, err := s.records.FindTemplate(ctx, id, alias, func(t *v1alpha1.Template) bool {
-		return t.Spec.Public || c.P.Can(tenant.Owner{Team: t.Spec.Team})
-	})
+	// What the caller owns first, then what is published: a name both
+	// is the caller's own.
+	t, err := s.records.FindTemplate(ctx, id, alias, func(t *v1alpha1.Template) bool { return c.P.Can(tenant.Owner{Team: t.Spec.Team}) })
+	if errdefs.Is(err, errdefs.KindNotFound) {
+		t, err = s.records.FindTemplate(ctx, id, alias, func(t *v1alpha1.Template) bool { return t.Spec.Public })
+	}
 	if err != nil {
 		return builds.SharedTemplate{}, err
 	}
@@ -80,8 +83,21 @@ func (s *sharedTemplates) claim(cr *v1alpha1.Template, t store.APITemplate) erro
 	return nil
 }
 
+func (s *sharedTemplates) ReserveAlias(ctx context.Context, alias, team, id string) (string, error) {
+	return s.records.ReserveAlias(ctx, alias, team, id)
+}
+
 func (s *sharedTemplates) Building(ctx context.Context, t store.APITemplate, b store.Build) error {
-	_, err := s.records.EditTemplate(ctx, t.ID, func(cr *v1alpha1.Template) error { return s.claim(cr, t) })
+	// A template this node had before it joined the cluster reaches the
+	// cluster here, at its first build on it: its alias must be free.
+	held, err := s.records.ReserveAlias(ctx, t.Alias, t.TeamID, t.ID)
+	if err != nil {
+		return err
+	}
+	if held != t.ID {
+		return errdefs.Conflict("Alias '%s' is already your team's template %s in the cluster", t.Alias, held)
+	}
+	_, err = s.records.EditTemplate(ctx, t.ID, func(cr *v1alpha1.Template) error { return s.claim(cr, t) })
 	return err
 }
 

@@ -260,6 +260,7 @@ func New(ctx context.Context, c Config) (d *Daemon, err error) {
 		PoolMemoryBudget: c.PoolMemoryBudget,
 		Metrics:          d.Metrics, KeyLimits: keyLimits(keys),
 		Archive: arch, Claim: d.claim(c.Cluster), NodeName: c.Cluster.NodeName,
+		ClusterQuota: d.clusterQuota(c.Cluster), // cluster.go
 	})
 	if err != nil {
 		return nil, err

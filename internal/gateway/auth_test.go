@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -132,17 +131,7 @@ func TestGatewayAuth(t *testing.T) {
 // newKey makes an API key of team through the gateway.
 func newKey(t *testing.T, gw, admin, name, team string) string {
 	t.Helper()
-	code, body := call(t, "POST", gw+"/keys", admin, fmt.Sprintf(`{"name":%q,"team":%q}`, name, team))
-	if code != http.StatusCreated {
-		t.Fatalf("POST /keys %s through the gateway: %d %s", name, code, body)
-	}
-	var k struct {
-		Key string `json:"key"`
-	}
-	if err := json.Unmarshal([]byte(body), &k); err != nil || k.Key == "" {
-		t.Fatalf("POST /keys answer %s: %v", body, err)
-	}
-	return k.Key
+	return newKeyWith(t, gw, admin, name, team, "")
 }
 
 func call(t *testing.T, method, url, key, body string) (int, string) {

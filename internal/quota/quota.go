@@ -126,3 +126,20 @@ func (b *Buckets) Take(id string, r Rate, n int) (ok bool, retry time.Duration) 
 func RetryAfter(d time.Duration) int {
 	return max(1, int(math.Ceil(d.Seconds())))
 }
+
+// Usage is what a key holds against its concurrency limits: sandboxes,
+// and their vCPUs and memory together.
+type Usage struct {
+	Sandboxes int
+	CPUs      float64
+	MemoryMB  int64
+}
+
+// Plus is u and o together.
+func (u Usage) Plus(o Usage) Usage {
+	return Usage{Sandboxes: u.Sandboxes + o.Sandboxes, CPUs: u.CPUs + o.CPUs, MemoryMB: u.MemoryMB + o.MemoryMB}
+}
+
+// Concurrent reports whether l limits what a key holds at once (not only
+// its rates).
+func (l Limits) Concurrent() bool { return l.MaxSandboxes > 0 || l.MaxVCPUs > 0 || l.MaxMemoryMB > 0 }

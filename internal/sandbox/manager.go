@@ -80,6 +80,9 @@ type Config struct {
 	Archive  Archive
 	Claim    func(ctx context.Context, id string) error
 	NodeName string
+	// ClusterQuota, when set, holds key quotas across the nodes of a
+	// cluster (clusterquota.go).
+	ClusterQuota ClusterQuota
 }
 
 // Validate checks the config.
@@ -132,6 +135,10 @@ type Manager struct {
 	// reserved are the quota reservations of creates and resumes in
 	// flight (quota.go).
 	reserved map[*reservation]struct{}
+	// clusterUsage is what this node last wrote of keys' usage to the
+	// cluster (clusterquota.go).
+	clusterUsage clusterUsage
+	keyUsageDone chan struct{} // closed when syncKeyUsage returns
 
 	reaperStop  chan struct{} // closed by Shutdown: stops the reaper and the metrics sampler
 	reaperDone  chan struct{}
@@ -185,6 +192,12 @@ func NewManager(cfg Config) (*Manager, error) {
 	layers.Keep(mib(DefaultDiskMB), readyLayers)
 	go m.reaper()
 	go m.sampleMetrics()
+	m.keyUsageDone = make(chan struct{})
+	if cfg.ClusterQuota != nil {
+		go m.syncKeyUsage() // clusterquota.go
+	} else {
+		close(m.keyUsageDone)
+	}
 	return m, nil
 }
 
@@ -963,6 +976,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	close(m.reaperStop)
 	<-m.reaperDone
 	<-m.samplerDone
+	<-m.keyUsageDone
 	m.stopPools(ctx) // pool.go: pooled sandboxes go too
 	var wg sync.WaitGroup
 	var kept atomic.Int64

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/quota"
@@ -12,6 +13,7 @@ import (
 type KeyQuota struct {
 	Name string
 	quota.Limits
+	keyID string // set by reserve
 }
 
 // What a key holds is derived from the sandboxes that exist — its running
@@ -41,7 +43,10 @@ type slot struct {
 // reserve claims n sandboxes of opts' size for the key that owns them
 // (opts.APIKeyID), or refuses with a 429 naming the limit. Keys without a
 // quota (the admin, the daemon itself, deleted keys) get an empty
-// reservation. The caller releases it when done, whatever happened.
+// reservation. The caller releases it when done, whatever happened. On a
+// cluster (Config.ClusterQuota) the claim is also written to the cluster's
+// record of the key's usage, checked against every other live node's,
+// before anything starts (clusterquota.go).
 func (m *Manager) reserve(ctx context.Context, opts Options, n int) (*reservation, error) {
 	res := &reservation{m: m, key: opts.APIKeyID}
 	if m.cfg.KeyLimits == nil || opts.APIKeyID == "" {
@@ -51,28 +56,23 @@ func (m *Manager) reserve(ctx context.Context, opts Options, n int) (*reservatio
 	if err != nil {
 		return nil, fmt.Errorf("quota of API key %s: %w", opts.APIKeyID, err)
 	}
-	l := q.Limits
-	if l.MaxSandboxes == 0 && l.MaxVCPUs == 0 && l.MaxMemoryMB == 0 {
+	if !q.Concurrent() {
 		return res, nil
 	}
+	q.keyID = opts.APIKeyID
+	if m.cfg.ClusterQuota != nil {
+		// One claim of a key at a time on this node: the usage it writes
+		// is then exactly this node's, this claim included.
+		unlock := m.lockKey(opts.APIKeyID)
+		defer unlock()
+	}
+	asked := quota.Usage{Sandboxes: n, CPUs: opts.CPUs * float64(n), MemoryMB: opts.MemoryMB * int64(n)}
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	u := m.usageLocked(opts.APIKeyID)
-	cpus, mem := opts.CPUs*float64(n), opts.MemoryMB*int64(n)
-	hint := "cella key update " + q.Name
-	switch {
-	case l.MaxSandboxes > 0 && u.sandboxes+n > l.MaxSandboxes:
-		m.cfg.Metrics.QuotaRejection("maxSandboxes")
-		return nil, errdefs.ResourceExhausted("API key %q is at its limit of %d running sandboxes (maxSandboxes; %d running or starting, %d more asked): kill or pause one, or raise the limit with `%s --max-sandboxes N`",
-			q.Name, l.MaxSandboxes, u.sandboxes, n, hint)
-	case l.MaxVCPUs > 0 && u.cpus+cpus > float64(l.MaxVCPUs):
-		m.cfg.Metrics.QuotaRejection("maxVcpus")
-		return nil, errdefs.ResourceExhausted("API key %q is at its limit of %d vCPUs (maxVcpus; %g in use by running sandboxes, %g more asked): kill or pause one, or raise the limit with `%s --max-vcpus N`",
-			q.Name, l.MaxVCPUs, u.cpus, cpus, hint)
-	case l.MaxMemoryMB > 0 && u.memMB+mem > l.MaxMemoryMB:
-		m.cfg.Metrics.QuotaRejection("maxMemoryMB")
-		return nil, errdefs.ResourceExhausted("API key %q is at its limit of %d MiB of memory (maxMemoryMB; %d MiB in use by running sandboxes, %d MiB more asked): kill or pause one, or raise the limit with `%s --max-memory SIZE`",
-			q.Name, l.MaxMemoryMB, u.memMB, mem, hint)
+	if limit, err := overLimit(q, u, asked); err != nil {
+		m.mu.Unlock()
+		m.cfg.Metrics.QuotaRejection(limit)
+		return nil, err
 	}
 	for range n {
 		res.slots = append(res.slots, slot{cpus: opts.CPUs, memMB: opts.MemoryMB})
@@ -81,7 +81,34 @@ func (m *Manager) reserve(ctx context.Context, opts Options, n int) (*reservatio
 		m.reserved = map[*reservation]struct{}{}
 	}
 	m.reserved[res] = struct{}{}
+	m.mu.Unlock()
+	if m.cfg.ClusterQuota == nil {
+		return res, nil
+	}
+	if err := m.holdInCluster(ctx, q, u, asked); err != nil {
+		res.release()
+		return nil, err
+	}
 	return res, nil
+}
+
+// overLimit is the 429 of the first of q's limits that u and asked
+// together pass (and that limit's name, for the metric), or nil.
+func overLimit(q KeyQuota, u, asked quota.Usage) (string, error) {
+	l := q.Limits
+	hint := "cella key update " + q.Name
+	switch {
+	case l.MaxSandboxes > 0 && u.Sandboxes+asked.Sandboxes > l.MaxSandboxes:
+		return "maxSandboxes", errdefs.ResourceExhausted("API key %q is at its limit of %d running sandboxes (maxSandboxes; %d running or starting, %d more asked): kill or pause one, or raise the limit with `%s --max-sandboxes N`",
+			q.Name, l.MaxSandboxes, u.Sandboxes, asked.Sandboxes, hint)
+	case l.MaxVCPUs > 0 && u.CPUs+asked.CPUs > float64(l.MaxVCPUs):
+		return "maxVcpus", errdefs.ResourceExhausted("API key %q is at its limit of %d vCPUs (maxVcpus; %g in use by running sandboxes, %g more asked): kill or pause one, or raise the limit with `%s --max-vcpus N`",
+			q.Name, l.MaxVCPUs, u.CPUs, asked.CPUs, hint)
+	case l.MaxMemoryMB > 0 && u.MemoryMB+asked.MemoryMB > l.MaxMemoryMB:
+		return "maxMemoryMB", errdefs.ResourceExhausted("API key %q is at its limit of %d MiB of memory (maxMemoryMB; %d MiB in use by running sandboxes, %d MiB more asked): kill or pause one, or raise the limit with `%s --max-memory SIZE`",
+			q.Name, l.MaxMemoryMB, u.MemoryMB, asked.MemoryMB, hint)
+	}
+	return "", nil
 }
 
 // bind ties every slot to sandbox id (a resume: its one sandbox).
@@ -124,25 +151,19 @@ func (r *reservation) release() {
 	r.m.mu.Unlock()
 }
 
-type usage struct {
-	sandboxes int
-	cpus      float64
-	memMB     int64
-}
-
 // usageLocked is what key holds: its reservations' slots and its running
 // sandboxes that no slot stands for.
-func (m *Manager) usageLocked(key string) usage {
-	var u usage
+func (m *Manager) usageLocked(key string) quota.Usage {
+	var u quota.Usage
 	bound := map[string]bool{}
 	for r := range m.reserved {
 		if r.key != key {
 			continue
 		}
 		for _, s := range r.slots {
-			u.sandboxes++
-			u.cpus += s.cpus
-			u.memMB += s.memMB
+			u.Sandboxes++
+			u.CPUs += s.cpus
+			u.MemoryMB += s.memMB
 			if s.id != "" {
 				bound[s.id] = true
 			}
@@ -152,18 +173,26 @@ func (m *Manager) usageLocked(key string) usage {
 		if sb.Options.APIKeyID != key || bound[id] || sb.State() != StateRunning {
 			continue
 		}
-		u.sandboxes++
-		u.cpus += sb.Options.CPUs
-		u.memMB += sb.Options.MemoryMB
+		u.Sandboxes++
+		u.CPUs += sb.Options.CPUs
+		u.MemoryMB += sb.Options.MemoryMB
 	}
 	return u
 }
 
 // Usage is what the key holds now (running sandboxes and creates in
-// flight), for GET /keys/self.
+// flight), for GET /keys/self: on a cluster, on every live node (this
+// node's alone when the others' cannot be read).
 func (m *Manager) Usage(key string) (sandboxes int, cpus float64, memMB int64) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	u := m.usageLocked(key)
-	return u.sandboxes, u.cpus, u.memMB
+	m.mu.Unlock()
+	if m.cfg.ClusterQuota != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if others, err := m.cfg.ClusterQuota.Others(ctx, key); err == nil {
+			u = u.Plus(others)
+		}
+	}
+	return u.Sandboxes, u.CPUs, u.MemoryMB
 }

@@ -58,6 +58,15 @@ func TestDeepCopyShares(t *testing.T) {
 	if vol.Labels["k"] != "v" || vl.Items[0].Spec.Name != "data" {
 		t.Fatal("the volume copy shares state with the original")
 	}
+	ku := &KeyUsage{Spec: KeyUsageSpec{Nodes: map[string]NodeUsage{"a": {Sandboxes: 1}}}}
+	kc := ku.DeepCopyObject().(*KeyUsage)
+	kc.Spec.Nodes["a"] = NodeUsage{Sandboxes: 2}
+	kl := &KeyUsageList{Items: []KeyUsage{*ku}}
+	klc := kl.DeepCopyObject().(*KeyUsageList)
+	klc.Items[0].Spec.Nodes["b"] = NodeUsage{}
+	if ku.Spec.Nodes["a"].Sandboxes != 1 || len(kl.Items[0].Spec.Nodes) != 1 {
+		t.Fatal("the key usage copy shares its nodes")
+	}
 	if (*Sandbox)(nil).DeepCopy() != nil || (*Template)(nil).DeepCopy() != nil || (*Volume)(nil).DeepCopy() != nil {
 		t.Fatal("nil copies")
 	}

@@ -29,7 +29,8 @@ var GroupVersion = schema.GroupVersion{Group: Group, Version: Version}
 // AddToScheme registers the types with a scheme (the client's).
 func AddToScheme(s *runtime.Scheme) error {
 	s.AddKnownTypes(GroupVersion, &Sandbox{}, &SandboxList{}, &Template{}, &TemplateList{})
-	s.AddKnownTypes(GroupVersion, &Volume{}, &VolumeList{}) // volume.go
+	s.AddKnownTypes(GroupVersion, &Volume{}, &VolumeList{})                                             // volume.go
+	s.AddKnownTypes(GroupVersion, &TemplateAlias{}, &TemplateAliasList{}, &KeyUsage{}, &KeyUsageList{}) // reservations.go
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }
