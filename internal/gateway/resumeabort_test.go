@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -38,7 +40,7 @@ import (
 func TestCrossNodeResumeAbandoned(t *testing.T) {
 	const ns = "cella-resumeabort"
 	ac := startArchived(t, ns)
-	srv, cl, nodeA, key, c := ac.srv, ac.cl, ac.nodeA, ac.key, ac.c
+	cl, nodeA, key, c := ac.cl, ac.nodeA, ac.key, ac.c
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -124,24 +126,93 @@ func TestCrossNodeResumeAbandoned(t *testing.T) {
 	if err := c.Kill(ctx, id); err != nil {
 		t.Fatalf("kill through the gateway: %v", err)
 	}
+	ac.gone(t, records, nodes, id)
+	if t.Failed() {
+		t.Logf("node-a log:\n%s\nnode-b log:\n%s", tailOf(nodeA.Log, 4000), tailOf(nodeB.Log, 4000))
+	}
+}
+
+// TestKillFollowsCrossNodeResume: a kill through the gateway that reaches
+// node A after node B claimed the sandbox for a resume — A's 409, the copy
+// moved — goes again where the record routes it now: the client's kill
+// succeeds and nothing of the sandbox survives (no record, no copy on any
+// node, no objects in the bucket). The kill is held in front of A (A
+// advertises a proxy, holdingProxy) from when the gateway sent it — the
+// record said A, undrained — until B's claim shows, the connect having
+// gone to B once A was drained. Before, the client got A's 409.
+func TestKillFollowsCrossNodeResume(t *testing.T) {
+	const ns = "cella-killfollows"
+	proxy := newHoldingProxy(t, func(r *http.Request) bool {
+		return r.Method == http.MethodDelete && strings.HasPrefix(r.URL.Path, "/sandboxes/")
+	})
+	ac := startArchived(t, ns, "--advertise-url="+proxy.URL)
+	proxy.to(t, ac.nodeA.URL)
+	cl, nodeA, c := ac.cl, ac.nodeA, ac.c
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	id := ac.create(ctx, t)
+	nodeB := ac.startNode(t, "node-b")
+	waitLive(t, cl, ns, 2)
+	nodes := []*clustertest.Proc{nodeA, nodeB}
+	records := cluster.NewRecords(cl, ns)
+	ac.pause(ctx, t, records, id, "node-a")
+
+	killed := make(chan error, 1)
+	go func() { killed <- c.Kill(ctx, id) }()
+	select {
+	case <-proxy.arrived:
+	case err := <-killed:
+		t.Fatalf("the kill ended (%v) before it reached node-a", err)
+	}
+	if err := cluster.SetDrain(ctx, cl, ns, "node-a", true); err != nil {
+		t.Fatal(err)
+	}
+	connected := make(chan error, 1)
+	go func() {
+		_, err := c.Connect(ctx, id)
+		connected <- err
+	}()
+	clustertest.Poll(t, 2*time.Minute, "node-b's claim of the record", func(ctx context.Context) (bool, string) {
+		rec, err := records.Sandbox(ctx, id)
+		if err != nil {
+			return false, err.Error()
+		}
+		return rec.Spec.Node == "node-b", fmt.Sprintf("%+v", rec.Spec)
+	})
+	proxy.Release()
+	if err := <-killed; err != nil {
+		t.Errorf("the kill through the gateway that reached node-a after node-b's claim: %v", err)
+	}
+	t.Logf("the connect that went to node-b: %v", <-connected)
+	if err := cluster.SetDrain(ctx, cl, ns, "node-a", false); err != nil {
+		t.Fatal(err)
+	}
+	ac.gone(t, records, nodes, id)
+	if t.Failed() {
+		t.Logf("node-a log:\n%s\nnode-b log:\n%s", tailOf(nodeA.Log, 4000), tailOf(nodeB.Log, 4000))
+	}
+}
+
+// gone waits until nothing of sandbox id is left: no record, no copy on
+// any of nodes (its API and its data dir), no objects in the bucket.
+func (ac archivedCluster) gone(t *testing.T, records *cluster.Records, nodes []*clustertest.Proc, id string) {
+	t.Helper()
 	clustertest.Poll(t, time.Minute, "no record, no copy on any node, no objects", func(ctx context.Context) (bool, string) {
 		_, err := records.Sandbox(ctx, id)
 		if !errdefs.Is(err, errdefs.KindNotFound) {
 			return false, fmt.Sprintf("record: %v", err)
 		}
 		for _, n := range nodes {
-			if _, ok := nodeHas(ctx, t, key, n, id); ok {
-				return false, holders(ctx, t, key, nodes, id)
+			if _, ok := nodeHas(ctx, t, ac.key, n, id); ok {
+				return false, holders(ctx, t, ac.key, nodes, id)
 			}
 		}
-		if keys := srv.Keys(t, "/agents/"); len(keys) != 0 {
+		if keys := ac.srv.Keys(t, "/agents/"); len(keys) != 0 {
 			return false, fmt.Sprintf("objects: %v", keys)
 		}
 		return true, ""
 	})
-	if t.Failed() {
-		t.Logf("node-a log:\n%s\nnode-b log:\n%s", tailOf(nodeA.Log, 4000), tailOf(nodeB.Log, 4000))
-	}
 }
 
 // archivedCluster is a control plane, an S3 server, the options of a
@@ -157,7 +228,8 @@ type archivedCluster struct {
 	c     *client.Client
 }
 
-func startArchived(t *testing.T, ns string) archivedCluster {
+// argsA are more flags of node A.
+func startArchived(t *testing.T, ns string, argsA ...string) archivedCluster {
 	t.Helper()
 	cp := clustertest.Start(t)
 	srv := s3test.Start(t)
@@ -173,6 +245,7 @@ func startArchived(t *testing.T, ns string) archivedCluster {
 		Args: []string{"--archive=" + srv.URL("cluster"), "--archive-endpoint=" + srv.Endpoint}}
 	optsA := opts
 	optsA.Name = "node-a"
+	optsA.Args = append(slices.Clone(opts.Args), argsA...)
 	nodeA := cp.StartNode(t, optsA)
 	gw := cp.StartGateway(t, "gw", ns)
 	key := nodeA.AdminKey(t)
