@@ -134,25 +134,35 @@ func TestCrossNodeResumeAbandoned(t *testing.T) {
 
 // TestKillFollowsCrossNodeResume: a kill through the gateway that reaches
 // node A after node B claimed the sandbox for a resume — A's 409, the copy
-// moved — goes again where the record routes it now: the client's kill
-// succeeds and nothing of the sandbox survives (no record, no copy on any
-// node, no objects in the bucket). The kill is held in front of A (A
-// advertises a proxy, holdingProxy) from when the gateway sent it — the
-// record said A, undrained — until B's claim shows, the connect having
-// gone to B once A was drained. Before, the client got A's 409.
+// moved — goes again where the record routes it now, and B answers it
+// while its resume is still under way: the client's kill succeeds at
+// once, and nothing of the sandbox survives (no record, no copy on any
+// node, no objects in the bucket). Both hops are held by proxies
+// (holdingProxy), so the order is the test's: A advertises one, which
+// holds the kill from when the gateway sent it (the record said A,
+// undrained) until B has claimed the sandbox and its resume, A now
+// drained, is downloading the state — through B's archive endpoint,
+// another proxy, which holds that download until the kill has its answer.
+// Before, the client got A's 409; and B's kill waited for the resume
+// (opMu, up to claimedResumeTimeout), so it had no answer while the
+// download was held.
 func TestKillFollowsCrossNodeResume(t *testing.T) {
 	const ns = "cella-killfollows"
-	proxy := newHoldingProxy(t, func(r *http.Request) bool {
+	nodeProxy := newHoldingProxy(t, func(r *http.Request) bool {
 		return r.Method == http.MethodDelete && strings.HasPrefix(r.URL.Path, "/sandboxes/")
 	})
-	ac := startArchived(t, ns, "--advertise-url="+proxy.URL)
-	proxy.to(t, ac.nodeA.URL)
+	ac := startArchived(t, ns, "--advertise-url="+nodeProxy.URL)
+	nodeProxy.to(t, ac.nodeA.URL)
 	cl, nodeA, c := ac.cl, ac.nodeA, ac.c
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	id := ac.create(ctx, t)
-	nodeB := ac.startNode(t, "node-b")
+	archiveProxy := newHoldingProxy(t, func(r *http.Request) bool {
+		return r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/sandboxes/"+id+"/state")
+	})
+	archiveProxy.to(t, ac.srv.Endpoint)
+	nodeB := ac.startNode(t, "node-b", "--archive-endpoint="+archiveProxy.URL)
 	waitLive(t, cl, ns, 2)
 	nodes := []*clustertest.Proc{nodeA, nodeB}
 	records := cluster.NewRecords(cl, ns)
@@ -161,7 +171,7 @@ func TestKillFollowsCrossNodeResume(t *testing.T) {
 	killed := make(chan error, 1)
 	go func() { killed <- c.Kill(ctx, id) }()
 	select {
-	case <-proxy.arrived:
+	case <-nodeProxy.arrived:
 	case err := <-killed:
 		t.Fatalf("the kill ended (%v) before it reached node-a", err)
 	}
@@ -173,17 +183,24 @@ func TestKillFollowsCrossNodeResume(t *testing.T) {
 		_, err := c.Connect(ctx, id)
 		connected <- err
 	}()
-	clustertest.Poll(t, 2*time.Minute, "node-b's claim of the record", func(ctx context.Context) (bool, string) {
-		rec, err := records.Sandbox(ctx, id)
-		if err != nil {
-			return false, err.Error()
-		}
-		return rec.Spec.Node == "node-b", fmt.Sprintf("%+v", rec.Spec)
-	})
-	proxy.Release()
-	if err := <-killed; err != nil {
-		t.Errorf("the kill through the gateway that reached node-a after node-b's claim: %v", err)
+	select {
+	case <-archiveProxy.arrived: // node-b claimed it and downloads its state
+	case err := <-connected:
+		t.Fatalf("the connect ended (%v) before node-b downloaded the sandbox's state", err)
 	}
+	if rec, err := records.Sandbox(ctx, id); err != nil || rec.Spec.Node != "node-b" {
+		t.Fatalf("node-b downloads the state, the record: %+v %v, want node-b's", rec, err)
+	}
+	nodeProxy.Release()
+	select {
+	case err := <-killed:
+		if err != nil {
+			t.Errorf("the kill through the gateway that reached node-a after node-b's claim: %v", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Errorf("the kill through the gateway had no answer in 2 minutes while node-b's resume waited for its download")
+	}
+	archiveProxy.Release()
 	t.Logf("the connect that went to node-b: %v", <-connected)
 	if err := cluster.SetDrain(ctx, cl, ns, "node-a", false); err != nil {
 		t.Fatal(err)
@@ -269,11 +286,13 @@ func (ac archivedCluster) create(ctx context.Context, t *testing.T) string {
 	return created.SandboxID
 }
 
-// startNode starts another node archiving to the same store.
-func (ac archivedCluster) startNode(t *testing.T, name string) *clustertest.Proc {
+// startNode starts another node archiving to the same store (args are
+// more flags: a later flag overrides an earlier one).
+func (ac archivedCluster) startNode(t *testing.T, name string, args ...string) *clustertest.Proc {
 	t.Helper()
 	o := ac.opts
 	o.Name = name
+	o.Args = append(slices.Clone(o.Args), args...)
 	return ac.cp.StartNode(t, o)
 }
 
