@@ -78,6 +78,9 @@ func (p *holdingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			<-p.release
 		}
 		r = r.WithContext(context.WithoutCancel(r.Context()))
+		// Without a context to end it, ReverseProxy would end the request
+		// when the sender's connection closes (http.CloseNotifier).
+		w = uncloseable{w}
 	}
 	rp := p.target.Load()
 	if rp == nil {
@@ -86,3 +89,8 @@ func (p *holdingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rp.ServeHTTP(w, r)
 }
+
+// uncloseable hides the http.CloseNotifier of the ResponseWriter it wraps.
+type uncloseable struct{ http.ResponseWriter }
+
+func (u uncloseable) Unwrap() http.ResponseWriter { return u.ResponseWriter }
