@@ -108,14 +108,26 @@ func (g *Gateway) sign(in, out *http.Request) {
 	if !ok {
 		return // sandbox traffic: the node's edge checks its own tokens
 	}
-	k, err := g.akey.get(in.Context(), g)
+	g.assert(in.Context(), out, p.Key)
+}
+
+// callerKey is the ID of the key that authenticated the request of ctx
+// ("" for sandbox traffic, which carries none).
+func callerKey(ctx context.Context) string {
+	p, _ := caller(ctx)
+	return p.Key
+}
+
+// assert signs out, a request to a node, as key keyID.
+func (g *Gateway) assert(ctx context.Context, out *http.Request, keyID string) {
+	k, err := g.akey.get(ctx, g)
 	if err != nil {
 		// Forwarded unsigned, the node authenticates the client's key
 		// itself (a cluster node's keys are the cluster's).
 		g.cfg.Log.Warn("gateway: no assertion key yet", "err", err)
 		return
 	}
-	if err := gatewayauth.Sign(k, out, p.Key, time.Now()); err != nil {
+	if err := gatewayauth.Sign(k, out, keyID, time.Now()); err != nil {
 		g.cfg.Log.Warn("gateway: sign", "err", err)
 		return
 	}

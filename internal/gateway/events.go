@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/cluster"
@@ -29,6 +30,10 @@ import (
 // maxMetricsIDs is a node's bound on sandbox_ids.
 const maxMetricsIDs = 100
 
+// maxMetricsLookups bounds the sandboxes of one batch whose node is looked
+// up at once.
+const maxMetricsLookups = 16
+
 func (g *Gateway) batchMetrics(w http.ResponseWriter, r *http.Request) {
 	raw := r.URL.Query().Get("sandbox_ids")
 	ids := strings.Split(raw, ",")
@@ -36,12 +41,27 @@ func (g *Gateway) batchMetrics(w http.ResponseWriter, r *http.Request) {
 		g.toAnyNode(w, r) // the node's own refusal
 		return
 	}
+	// Each sandbox's node, found as for any of its requests, several at
+	// once (a record read each, and for one without a record a question
+	// to every node: holder.go).
+	endpoints := make([]string, len(ids))
+	sem := make(chan struct{}, maxMetricsLookups)
+	var wg sync.WaitGroup
+	for i := range ids {
+		ids[i] = strings.TrimSpace(ids[i])
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if u, err := g.nodeOf(r.Context(), ids[i]); err == nil { // unknown, foreign or lost: left out
+				endpoints[i] = u.String()
+			}
+		})
+	}
+	wg.Wait()
 	byNode := map[string][]string{}
-	for _, id := range ids {
-		id = strings.TrimSpace(id)
-		u, err := g.nodeOf(r.Context(), id) // unknown, foreign or lost: left out
-		if err == nil {
-			byNode[u.String()] = append(byNode[u.String()], id)
+	for i, ep := range endpoints {
+		if ep != "" {
+			byNode[ep] = append(byNode[ep], ids[i])
 		}
 	}
 	nodes := make([]cluster.NodeInfo, 0, len(byNode))
@@ -80,7 +100,7 @@ func (g *Gateway) askEach(r *http.Request, nodes []cluster.NodeInfo, query func(
 	for i, n := range nodes {
 		go func() {
 			defer func() { done <- struct{}{} }()
-			out[i] = g.ask(r, n, http.MethodGet, r.URL.Path, query(n), nil)
+			out[i] = g.askAsCaller(r, n, http.MethodGet, r.URL.Path, query(n), nil)
 		}()
 	}
 	for range nodes {
@@ -137,7 +157,7 @@ func (g *Gateway) sandboxEvents(w http.ResponseWriter, r *http.Request) {
 		for from := 0; from < want; from += maxEventsPage {
 			page := min(maxEventsPage, want-from)
 			nq := url.Values{"offset": {strconv.Itoa(from)}, "limit": {strconv.Itoa(page)}, "orderAsc": {strconv.FormatBool(asc)}}
-			rep := g.ask(r, n, http.MethodGet, r.URL.Path, nq.Encode(), nil)
+			rep := g.askAsCaller(r, n, http.MethodGet, r.URL.Path, nq.Encode(), nil)
 			if rep.refused() {
 				passOn(w, rep)
 				return
@@ -246,7 +266,7 @@ func (g *Gateway) listPools(w http.ResponseWriter, r *http.Request) {
 // setPool is PUT /pools/{template} on every live node: 200 with the
 // cluster's pool (the sum), or 502 naming the nodes that did not take it.
 func (g *Gateway) setPool(w http.ResponseWriter, r *http.Request) {
-	body, err := takeBody(r) // volumes.go
+	body, err := takeBody(r) // place.go
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "%v", err)
 		return

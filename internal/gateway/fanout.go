@@ -13,6 +13,7 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/cluster"
 	"github.com/cella-sandbox/cella/internal/errdefs"
+	"github.com/cella-sandbox/cella/internal/gatewayauth"
 )
 
 // The gateway's own requests to nodes, for what it answers from several
@@ -44,9 +45,10 @@ func (r reply) failure() string {
 	return ""
 }
 
-// ask sends method path?query (with body, if any) to node n as in's
-// caller.
-func (g *Gateway) ask(in *http.Request, n cluster.NodeInfo, method, path, query string, body []byte) reply {
+// ask sends method path?query (with body, if any) to node n, asserting
+// the key keyID ("": none); in, when not nil, is the client's request,
+// whose Host and headers go along (its key's dropped once asserted).
+func (g *Gateway) ask(ctx context.Context, in *http.Request, keyID string, n cluster.NodeInfo, method, path, query string, body []byte) reply {
 	rep := reply{node: n.Name}
 	u, err := url.Parse(n.Endpoint)
 	if err != nil {
@@ -54,7 +56,7 @@ func (g *Gateway) ask(in *http.Request, n cluster.NodeInfo, method, path, query 
 		return rep
 	}
 	u.Path, u.RawQuery = path, query
-	ctx, cancel := context.WithTimeout(in.Context(), listTimeout)
+	ctx, cancel := context.WithTimeout(ctx, listTimeout)
 	defer cancel()
 	var rd io.Reader
 	if body != nil {
@@ -65,10 +67,15 @@ func (g *Gateway) ask(in *http.Request, n cluster.NodeInfo, method, path, query 
 		rep.err = err
 		return rep
 	}
-	out.Host = in.Host
-	out.Header = in.Header.Clone()
-	out.Header.Del("Content-Length")
-	g.sign(in, out) // auth.go
+	if in != nil {
+		out.Host = in.Host
+		out.Header = in.Header.Clone()
+		out.Header.Del("Content-Length")
+	}
+	gatewayauth.Strip(out.Header)
+	if keyID != "" {
+		g.assert(ctx, out, keyID) // auth.go
+	}
 	resp, err := g.client.Do(out)
 	if err != nil {
 		rep.err = err
@@ -78,6 +85,11 @@ func (g *Gateway) ask(in *http.Request, n cluster.NodeInfo, method, path, query 
 	rep.status, rep.header = resp.StatusCode, resp.Header
 	rep.body, rep.err = io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	return rep
+}
+
+// askAsCaller is ask as in's caller, with in's Host and headers.
+func (g *Gateway) askAsCaller(in *http.Request, n cluster.NodeInfo, method, path, query string, body []byte) reply {
+	return g.ask(in.Context(), in, callerKey(in.Context()), n, method, path, query, body)
 }
 
 // eachLive calls f for every live node with an endpoint, all at once; the
@@ -99,7 +111,7 @@ func (g *Gateway) askLive(in *http.Request, nodes []cluster.NodeInfo, method, pa
 	var mu sync.Mutex
 	var out []reply
 	<-eachLive(nodes, func(n cluster.NodeInfo) {
-		r := g.ask(in, n, method, path, query, body)
+		r := g.askAsCaller(in, n, method, path, query, body)
 		mu.Lock()
 		out = append(out, r)
 		mu.Unlock()
@@ -155,12 +167,14 @@ func writeJSONOut(w http.ResponseWriter, status int, v any) {
 }
 
 // unusable says why node name (n, found among the nodes) cannot take
-// what is on it (nil: it can).
-func unusable(n cluster.NodeInfo, found bool, name, what string) error {
+// what is on it (nil: it can). With lapsedOK a node whose Lease lapsed
+// but is still there can (what it holds is no client's sandbox: a node
+// slow to renew under a build's load answers its build's calls).
+func unusable(n cluster.NodeInfo, found bool, name, what string, lapsedOK bool) error {
 	switch {
 	case !found:
 		return errdefs.Unavailable("%s is on node %s, which has left the cluster", what, name)
-	case !n.Live:
+	case !n.Live && !lapsedOK:
 		return errdefs.Unavailable("%s is on node %s, which stopped renewing its lease at %s", what, name, n.RenewedAt.UTC().Format(time.RFC3339))
 	case n.Endpoint == "":
 		return errdefs.Unavailable("%s is on node %s, which advertises no endpoint", what, name)
@@ -178,14 +192,15 @@ func findNode(nodes []cluster.NodeInfo, name string) (cluster.NodeInfo, bool) {
 }
 
 // nodeURL is the endpoint of node name, which holds what (for the error:
-// "volume \"data\""), when it is live.
-func (g *Gateway) nodeURL(ctx context.Context, name, what string) (*url.URL, error) {
+// "volume \"data\""), when it is live — with lapsedOK, while it has a
+// Lease at all (unusable).
+func (g *Gateway) nodeURL(ctx context.Context, name, what string, lapsedOK bool) (*url.URL, error) {
 	nodes, err := g.nodes(ctx)
 	if err != nil {
 		return nil, err
 	}
 	n, found := findNode(nodes, name)
-	if err := unusable(n, found, name, what); err != nil {
+	if err := unusable(n, found, name, what, lapsedOK); err != nil {
 		return nil, err
 	}
 	u, err := urlOf(n)

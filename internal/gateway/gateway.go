@@ -19,6 +19,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
@@ -57,6 +58,9 @@ type Gateway struct {
 	client *http.Client
 	// nodesCache is the last LIST of Leases, for nodesTTL.
 	nodesCache nodesCache
+	// holderAsks are the questions to every node for sandboxes without a
+	// record, and their recent misses (holder.go).
+	holderAsks holderAsks
 
 	mu sync.Mutex
 	// placed are the creates this gateway forwarded, by sandbox ID, until
@@ -228,6 +232,20 @@ func (g *Gateway) toAnyNode(w http.ResponseWriter, r *http.Request) {
 
 // toSandbox forwards r to the node of sandbox id.
 func (g *Gateway) toSandbox(w http.ResponseWriter, r *http.Request, id string) {
+	node, err := g.routeSandbox(r, id)
+	if err != nil {
+		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
+		return
+	}
+	if isKill(r) {
+		g.kill(w, r, id, node)
+		return
+	}
+	g.forward(w, r, node)
+}
+
+// routeSandbox is the node r, a request for sandbox id, goes to.
+func (g *Gateway) routeSandbox(r *http.Request, id string) (*url.URL, error) {
 	node, err := g.nodeOf(r.Context(), id)
 	if (err == nil || errdefs.Is(err, errdefs.KindUnavailable)) && (isResume(r) || isKill(r)) {
 		// An archived sandbox outlives its node (archive.go).
@@ -235,11 +253,44 @@ func (g *Gateway) toSandbox(w http.ResponseWriter, r *http.Request, id string) {
 			node, err = n, nil
 		}
 	}
+	return node, err
+}
+
+// maxKillMoves bounds how often one kill follows its sandbox to another
+// node.
+const maxKillMoves = 3
+
+// kill forwards a kill of sandbox id to node. A node whose archived copy
+// another node claimed since the route was read (a cross-node resume)
+// forgets its copy and answers 409 (sandbox/remote.go, movedAway): the
+// kill then goes where the record routes it now, so the client's kill
+// ends the sandbox wherever it went. A 409 of a node the record still
+// names is the node's answer.
+func (g *Gateway) kill(w http.ResponseWriter, r *http.Request, id string, node *url.URL) {
+	body, err := takeBody(r) // place.go: sent again on a retry
 	if err != nil {
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return
 	}
-	g.forward(w, r, node)
+	for moves := 0; ; moves++ {
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		b := newBuffered() // volumes.go: a kill's answer is small
+		g.forward(b, r, node)
+		if b.status != http.StatusConflict || moves == maxKillMoves {
+			b.replay(w)
+			return
+		}
+		g.mu.Lock()
+		delete(g.placed, id) // the record routes it now
+		g.mu.Unlock()
+		next, err := g.routeSandbox(r, id)
+		if err != nil || next.String() == node.String() {
+			b.replay(w)
+			return
+		}
+		g.cfg.Log.Info("gateway: a kill follows its sandbox to another node", "sandbox", id, "from", node.Host, "to", next.Host)
+		node = next
+	}
 }
 
 // nodeOf finds the live node holding sandbox id and its endpoint.

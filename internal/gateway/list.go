@@ -220,7 +220,7 @@ const listTimeout = 15 * time.Second
 
 // askNode sends the list query to node n as the caller.
 func (g *Gateway) askNode(in *http.Request, n cluster.NodeInfo, lq listQuery) *nodeAnswer {
-	rep := g.ask(in, n, http.MethodGet, in.URL.Path, lq.toNodes, nil) // fanout.go
+	rep := g.askAsCaller(in, n, http.MethodGet, in.URL.Path, lq.toNodes, nil) // fanout.go
 	if rep.refused() {
 		return &nodeAnswer{status: rep.status, body: rep.body}
 	}

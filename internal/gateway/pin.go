@@ -32,7 +32,7 @@ func (g *Gateway) placeCreate(r *http.Request, nodes []cluster.NodeInfo, tpl str
 		return n, pc, ok, nil
 	}
 	n, found := findNode(nodes, name)
-	if err := unusable(n, found, name, what); err != nil {
+	if err := unusable(n, found, name, what, false); err != nil {
 		return n, nil, false, err
 	}
 	if n.Drained() {
@@ -48,7 +48,7 @@ func (g *Gateway) placeCreate(r *http.Request, nodes []cluster.NodeInfo, tpl str
 // pinOf is the node a create must go to ("" when any will do) and what is
 // there (for errors).
 func (g *Gateway) pinOf(r *http.Request, nodes []cluster.NodeInfo, tpl string) (node, what string, err error) {
-	body, err := takeBody(r) // volumes.go
+	body, err := takeBody(r) // place.go
 	if err != nil {
 		return "", "", err
 	}

@@ -3,7 +3,6 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/cluster"
+	"github.com/cella-sandbox/cella/internal/errdefs"
 )
 
 // Placement. Each live, undrained node's room is what its Lease last said:
@@ -51,25 +51,33 @@ func templateOf(r *http.Request) (string, error) {
 	return b.TemplateID, nil
 }
 
-// peekBody decodes r's JSON body (at most 1 MiB) into v and puts it back
-// for the node; a body that is no JSON leaves v as it was (the node's to
-// refuse).
+// peekBody decodes r's JSON body (takeBody) into v; a body that is no JSON
+// leaves v as it was (the node's to refuse).
 func peekBody(r *http.Request, v any) error {
+	body, err := takeBody(r)
+	if err == nil {
+		_ = json.Unmarshal(body, v)
+	}
+	return err
+}
+
+// takeBody reads r's small body (at most 1 MiB) and puts it back for the
+// node.
+func takeBody(r *http.Request) ([]byte, error) {
 	if r.Body == nil {
-		return nil
+		return nil, nil
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20+1))
 	r.Body.Close()
 	if err != nil {
-		return fmt.Errorf("read the request body: %w", err)
+		return nil, errdefs.InvalidArgument("read the request body: %v", err)
 	}
 	if len(body) > 1<<20 {
-		return fmt.Errorf("the request body is larger than 1 MiB")
+		return nil, errdefs.InvalidArgument("the request body is larger than 1 MiB")
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
-	_ = json.Unmarshal(body, v)
-	return nil
+	return body, nil
 }
 
 // pick chooses the node for a create of template tpl and counts the

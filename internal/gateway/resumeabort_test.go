@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -38,7 +40,7 @@ import (
 func TestCrossNodeResumeAbandoned(t *testing.T) {
 	const ns = "cella-resumeabort"
 	ac := startArchived(t, ns)
-	srv, cl, nodeA, key, c := ac.srv, ac.cl, ac.nodeA, ac.key, ac.c
+	cl, nodeA, key, c := ac.cl, ac.nodeA, ac.key, ac.c
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -124,24 +126,110 @@ func TestCrossNodeResumeAbandoned(t *testing.T) {
 	if err := c.Kill(ctx, id); err != nil {
 		t.Fatalf("kill through the gateway: %v", err)
 	}
+	ac.gone(t, records, nodes, id)
+	if t.Failed() {
+		t.Logf("node-a log:\n%s\nnode-b log:\n%s", tailOf(nodeA.Log, 4000), tailOf(nodeB.Log, 4000))
+	}
+}
+
+// TestKillFollowsCrossNodeResume: a kill through the gateway that reaches
+// node A after node B claimed the sandbox for a resume — A's 409, the copy
+// moved — goes again where the record routes it now, and B answers it
+// while its resume is still under way: the client's kill succeeds at
+// once, and nothing of the sandbox survives (no record, no copy on any
+// node, no objects in the bucket). Both hops are held by proxies
+// (holdingProxy), so the order is the test's: A advertises one, which
+// holds the kill from when the gateway sent it (the record said A,
+// undrained) until B has claimed the sandbox and its resume, A now
+// drained, is downloading the state — through B's archive endpoint,
+// another proxy, which holds that download until the kill has its answer.
+// Before, the client got A's 409; and B's kill waited for the resume
+// (opMu, up to claimedResumeTimeout), so it had no answer while the
+// download was held.
+func TestKillFollowsCrossNodeResume(t *testing.T) {
+	const ns = "cella-killfollows"
+	nodeProxy := newHoldingProxy(t, func(r *http.Request) bool {
+		return r.Method == http.MethodDelete && strings.HasPrefix(r.URL.Path, "/sandboxes/")
+	})
+	ac := startArchived(t, ns, "--advertise-url="+nodeProxy.URL)
+	nodeProxy.to(t, ac.nodeA.URL)
+	cl, nodeA, c := ac.cl, ac.nodeA, ac.c
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	id := ac.create(ctx, t)
+	archiveProxy := newHoldingProxy(t, func(r *http.Request) bool {
+		return r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/sandboxes/"+id+"/state")
+	})
+	archiveProxy.to(t, ac.srv.Endpoint)
+	nodeB := ac.startNode(t, "node-b", "--archive-endpoint="+archiveProxy.URL)
+	waitLive(t, cl, ns, 2)
+	nodes := []*clustertest.Proc{nodeA, nodeB}
+	records := cluster.NewRecords(cl, ns)
+	ac.pause(ctx, t, records, id, "node-a")
+
+	killed := make(chan error, 1)
+	go func() { killed <- c.Kill(ctx, id) }()
+	select {
+	case <-nodeProxy.arrived:
+	case err := <-killed:
+		t.Fatalf("the kill ended (%v) before it reached node-a", err)
+	}
+	if err := cluster.SetDrain(ctx, cl, ns, "node-a", true); err != nil {
+		t.Fatal(err)
+	}
+	connected := make(chan error, 1)
+	go func() {
+		_, err := c.Connect(ctx, id)
+		connected <- err
+	}()
+	select {
+	case <-archiveProxy.arrived: // node-b claimed it and downloads its state
+	case err := <-connected:
+		t.Fatalf("the connect ended (%v) before node-b downloaded the sandbox's state", err)
+	}
+	if rec, err := records.Sandbox(ctx, id); err != nil || rec.Spec.Node != "node-b" {
+		t.Fatalf("node-b downloads the state, the record: %+v %v, want node-b's", rec, err)
+	}
+	nodeProxy.Release()
+	select {
+	case err := <-killed:
+		if err != nil {
+			t.Errorf("the kill through the gateway that reached node-a after node-b's claim: %v", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Errorf("the kill through the gateway had no answer in 2 minutes while node-b's resume waited for its download")
+	}
+	archiveProxy.Release()
+	t.Logf("the connect that went to node-b: %v", <-connected)
+	if err := cluster.SetDrain(ctx, cl, ns, "node-a", false); err != nil {
+		t.Fatal(err)
+	}
+	ac.gone(t, records, nodes, id)
+	if t.Failed() {
+		t.Logf("node-a log:\n%s\nnode-b log:\n%s", tailOf(nodeA.Log, 4000), tailOf(nodeB.Log, 4000))
+	}
+}
+
+// gone waits until nothing of sandbox id is left: no record, no copy on
+// any of nodes (its API and its data dir), no objects in the bucket.
+func (ac archivedCluster) gone(t *testing.T, records *cluster.Records, nodes []*clustertest.Proc, id string) {
+	t.Helper()
 	clustertest.Poll(t, time.Minute, "no record, no copy on any node, no objects", func(ctx context.Context) (bool, string) {
 		_, err := records.Sandbox(ctx, id)
 		if !errdefs.Is(err, errdefs.KindNotFound) {
 			return false, fmt.Sprintf("record: %v", err)
 		}
 		for _, n := range nodes {
-			if _, ok := nodeHas(ctx, t, key, n, id); ok {
-				return false, holders(ctx, t, key, nodes, id)
+			if _, ok := nodeHas(ctx, t, ac.key, n, id); ok {
+				return false, holders(ctx, t, ac.key, nodes, id)
 			}
 		}
-		if keys := srv.Keys(t, "/agents/"); len(keys) != 0 {
+		if keys := ac.srv.Keys(t, "/agents/"); len(keys) != 0 {
 			return false, fmt.Sprintf("objects: %v", keys)
 		}
 		return true, ""
 	})
-	if t.Failed() {
-		t.Logf("node-a log:\n%s\nnode-b log:\n%s", tailOf(nodeA.Log, 4000), tailOf(nodeB.Log, 4000))
-	}
 }
 
 // archivedCluster is a control plane, an S3 server, the options of a
@@ -157,7 +245,8 @@ type archivedCluster struct {
 	c     *client.Client
 }
 
-func startArchived(t *testing.T, ns string) archivedCluster {
+// argsA are more flags of node A.
+func startArchived(t *testing.T, ns string, argsA ...string) archivedCluster {
 	t.Helper()
 	cp := clustertest.Start(t)
 	srv := s3test.Start(t)
@@ -173,6 +262,7 @@ func startArchived(t *testing.T, ns string) archivedCluster {
 		Args: []string{"--archive=" + srv.URL("cluster"), "--archive-endpoint=" + srv.Endpoint}}
 	optsA := opts
 	optsA.Name = "node-a"
+	optsA.Args = append(slices.Clone(opts.Args), argsA...)
 	nodeA := cp.StartNode(t, optsA)
 	gw := cp.StartGateway(t, "gw", ns)
 	key := nodeA.AdminKey(t)
@@ -196,11 +286,13 @@ func (ac archivedCluster) create(ctx context.Context, t *testing.T) string {
 	return created.SandboxID
 }
 
-// startNode starts another node archiving to the same store.
-func (ac archivedCluster) startNode(t *testing.T, name string) *clustertest.Proc {
+// startNode starts another node archiving to the same store (args are
+// more flags: a later flag overrides an earlier one).
+func (ac archivedCluster) startNode(t *testing.T, name string, args ...string) *clustertest.Proc {
 	t.Helper()
 	o := ac.opts
 	o.Name = name
+	o.Args = append(slices.Clone(o.Args), args...)
 	return ac.cp.StartNode(t, o)
 }
 

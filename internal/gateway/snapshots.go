@@ -53,7 +53,7 @@ func (g *Gateway) nodeSnapshots(r *http.Request, n cluster.NodeInfo, filter url.
 		}
 		q.Set("limit", strconv.Itoa(maxSnapshotPage))
 		q.Set("nextToken", strconv.Itoa(offset))
-		rep := g.ask(r, n, http.MethodGet, "/snapshots", q.Encode(), nil)
+		rep := g.askAsCaller(r, n, http.MethodGet, "/snapshots", q.Encode(), nil)
 		if rep.failure() != "" {
 			return nil, rep
 		}

@@ -110,39 +110,14 @@ func (g *Gateway) template(ctx context.Context, ref string) (*v1alpha1.Template,
 	return g.records.FindTemplate(ctx, ref, aliasOf(ref), func(t *v1alpha1.Template) bool { return p.Can(tenant.Owner{Team: t.Spec.Team}) })
 }
 
-// liveNode is node name's endpoint if it is live.
-func (g *Gateway) liveNode(ctx context.Context, name string) (*url.URL, bool, error) {
-	return g.nodeEndpoint(ctx, name, true)
-}
-
-// nodeEndpoint is node name's endpoint while it has a Lease (live only:
-// while it renews it).
-func (g *Gateway) nodeEndpoint(ctx context.Context, name string, live bool) (*url.URL, bool, error) {
-	nodes, err := g.nodes(ctx)
-	if err != nil {
-		return nil, false, err
-	}
-	for _, n := range nodes {
-		if n.Name == name && (n.Live || !live) && n.Endpoint != "" {
-			u, err := url.Parse(n.Endpoint)
-			return u, err == nil, nil
-		}
-	}
-	return nil, false, nil
-}
-
 // toNode forwards r to the node building t. A node whose Lease lapsed
 // still gets its build's calls (a build holds no sandbox of a client's: a
 // node slow to renew under a build's load answers them; a dead one is the
 // proxy's 502); one that left the cluster is a 503.
 func (g *Gateway) toNode(w http.ResponseWriter, r *http.Request, t *v1alpha1.Template) {
-	u, ok, err := g.nodeEndpoint(r.Context(), t.Spec.Node, false)
+	u, err := g.nodeURL(r.Context(), t.Spec.Node, "the build state and files of template "+t.Name, true) // fanout.go
 	if err != nil {
-		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
-		return
-	}
-	if !ok {
-		writeError(w, http.StatusServiceUnavailable, "template %s: the node that builds it (%s) has left the cluster; its build state and files were there (request a new build: POST /v3/templates)", t.Name, t.Spec.Node)
+		writeError(w, errdefs.HTTPStatus(err), "%s (request a new build: POST /v3/templates)", err.Error())
 		return
 	}
 	g.forward(w, r, u)
@@ -242,7 +217,7 @@ func (g *Gateway) alias(w http.ResponseWriter, r *http.Request, alias string) {
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return
 	}
-	if u, live, err := g.liveNode(r.Context(), t.Spec.Node); err == nil && live {
+	if u, err := g.nodeURL(r.Context(), t.Spec.Node, "template "+t.Name, false); err == nil {
 		g.forward(w, r, u)
 		return
 	}
@@ -268,7 +243,7 @@ func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request, ref str
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return
 	}
-	if u, live, err := g.liveNode(r.Context(), t.Spec.Node); err == nil && live {
+	if u, err := g.nodeURL(r.Context(), t.Spec.Node, "template "+t.Name, false); err == nil {
 		rec := &recorder{ResponseWriter: w}
 		g.forward(rec, r, u)
 		if rec.status/100 == 2 {

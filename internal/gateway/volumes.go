@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"sort"
 	"strings"
@@ -71,7 +70,7 @@ func (g *Gateway) volumeContent(w http.ResponseWriter, r *http.Request, id strin
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return
 	}
-	u, err := g.nodeURL(r.Context(), v.Spec.Node, fmt.Sprintf("volume %q", id))
+	u, err := g.nodeURL(r.Context(), v.Spec.Node, fmt.Sprintf("volume %q", id), false)
 	if err != nil {
 		// Only the node can check a volume token: that the volume exists
 		// and where is told to a key of its owner alone.
@@ -101,26 +100,12 @@ func (g *Gateway) serveVolumes(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// takeBody reads a small JSON body and puts it back for the node.
-func takeBody(r *http.Request) ([]byte, error) {
-	if r.Body == nil {
-		return nil, nil
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20+1))
-	r.Body.Close()
-	if err != nil {
-		return nil, fmt.Errorf("read the body: %w", err)
-	}
-	if len(body) > 1<<20 {
-		return nil, errdefs.InvalidArgument("the body is larger than 1 MiB")
-	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	r.ContentLength = int64(len(body))
-	return body, nil
-}
+// volumeCreateTimeout bounds a node's answer to a reserved volume create,
+// well within cluster.VolumeRecords' reservation expiry (5 minutes).
+const volumeCreateTimeout = 2 * time.Minute
 
 func (g *Gateway) createVolume(w http.ResponseWriter, r *http.Request) {
-	body, err := takeBody(r)
+	body, err := takeBody(r) // place.go
 	if err != nil {
 		writeError(w, errdefs.HTTPStatus(err), "%v", err)
 		return
@@ -158,10 +143,21 @@ func (g *Gateway) createVolume(w http.ResponseWriter, r *http.Request) {
 		g.forward(w, r, u)
 		return
 	}
+	// Reserved, the create runs to its end whatever the client does
+	// (bounded well within the reservation's expiry): one cut off by a
+	// client that went away could leave a volume on the node whose
+	// reservation the gateway then dropped — a volume no gateway routes
+	// and no later create of its name can replace.
+	fctx, fcancel := context.WithTimeout(context.WithoutCancel(r.Context()), volumeCreateTimeout)
+	defer fcancel()
+	stop := context.AfterFunc(r.Context(), func() {
+		g.cfg.Log.Info("gateway: the client went away during a volume create: it runs to its end", "volume", in.Name, "node", n.Name)
+	})
+	defer stop()
 	// The answer is held until the record is complete: once the client
 	// has its 201, every gateway routes the volume.
 	b := newBuffered()
-	g.forward(b, r, u)
+	g.forward(b, r.WithContext(fctx), u)
 	// The record outlives the client's request (its context may end).
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 30*time.Second)
 	defer cancel()
@@ -242,7 +238,7 @@ func (g *Gateway) oneVolume(w http.ResponseWriter, r *http.Request, ref string) 
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return
 	}
-	u, err := g.nodeURL(r.Context(), v.Spec.Node, fmt.Sprintf("volume %q", ref))
+	u, err := g.nodeURL(r.Context(), v.Spec.Node, fmt.Sprintf("volume %q", ref), false)
 	if err != nil {
 		writeError(w, errdefs.HTTPStatus(err), "%s", err.Error())
 		return

@@ -824,9 +824,27 @@ func (m *Manager) kill(ctx context.Context, p tenant.Principal, id, cause string
 	if !ok || !p.Can(sb.Owner()) {
 		return notFound(id)
 	}
+	sb.mu.Lock()
+	if sb.resuming {
+		// A detached resume (Resume) may hold opMu for minutes: it kills
+		// the sandbox as it ends, and this kill answers now — the sandbox
+		// is already gone from every list and route of this node.
+		sb.killAfterResume = cause
+		sb.mu.Unlock()
+		m.log.Info("sandbox killed while it resumes: it goes as the resume ends", "id", id)
+		return nil
+	}
+	sb.mu.Unlock()
 	// Wait for a pause or resume in flight to finish first.
 	sb.opMu.Lock()
 	defer sb.opMu.Unlock()
+	return m.killLocked(ctx, sb, cause)
+}
+
+// killLocked is kill's work once sb is out of the manager; sb.opMu is
+// held.
+func (m *Manager) killLocked(ctx context.Context, sb *Sandbox, cause string) error {
+	id := sb.ID
 	if err := m.movedAway(ctx, sb); err != nil { // remote.go
 		return err
 	}

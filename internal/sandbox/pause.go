@@ -166,6 +166,12 @@ func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, kee
 	}
 	sb.opMu.Lock()
 	defer sb.opMu.Unlock()
+	if m.cfg.Archive != nil {
+		defer m.endResume(ctx, sb) // before opMu is unlocked
+		sb.mu.Lock()
+		sb.resuming = true
+		sb.mu.Unlock()
+	}
 	if !m.isTracked(sb) {
 		return false, errdefs.NotFound("sandbox %q not found", id)
 	}
@@ -303,6 +309,23 @@ func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, kee
 	m.lifecycleEvent(id, "resumed (%s)", mode)
 	m.emit(sb, EventResumed, mode)
 	return true, nil
+}
+
+// endResume ends a detached resume of sb: a kill that came meanwhile
+// (kill marked it) is done now, whatever the resume's outcome — running,
+// still paused, or its archive left — so nothing of it outlives the kill.
+// sb.opMu is held.
+func (m *Manager) endResume(ctx context.Context, sb *Sandbox) {
+	sb.mu.Lock()
+	cause := sb.killAfterResume
+	sb.resuming, sb.killAfterResume = false, ""
+	sb.mu.Unlock()
+	if cause == "" {
+		return
+	}
+	if err := m.killLocked(context.WithoutCancel(ctx), sb, cause); err != nil {
+		m.log.Warn("the kill of a sandbox that came while it resumed", "id", sb.ID, "err", err)
+	}
 }
 
 // claimedResumeTimeout bounds a resume on a node with an archive store,

@@ -47,12 +47,17 @@ type Sandbox struct {
 	// opMu serializes lifecycle transitions (pause, resume, kill).
 	opMu sync.Mutex
 
-	mu       sync.Mutex
-	state    string
-	endAt    time.Time
-	err      string
-	conn     *channel.Conn
-	listener *channel.Listener
+	mu    sync.Mutex
+	state string
+	// resuming says a resume detached from its caller (on a node with an
+	// archive) holds opMu; killAfterResume is the cause of a kill that
+	// came meanwhile, which the resume carries out as it ends.
+	resuming        bool
+	killAfterResume string
+	endAt           time.Time
+	err             string
+	conn            *channel.Conn
+	listener        *channel.Listener
 	// connChanged is closed (and dropped) whenever conn or state changes:
 	// what WaitConn waits on. Made by the first waiter.
 	connChanged chan struct{}
