@@ -36,26 +36,28 @@ func rawIdleFloor(ctx context.Context, cfg Config, rt, rootfs string, n int) (id
 	}
 	defer os.RemoveAll(dir)
 	root := filepath.Join(dir, "state")
-	var cli func(args ...string) *exec.Cmd
+	var cli func(ctx context.Context, args ...string) *exec.Cmd
 	switch rt {
 	case runtime.GVisor:
 		defer unix.Unmount(filepath.Join(root, "null-netns"), unix.MNT_DETACH)
-		cli = func(args ...string) *exec.Cmd {
+		cli = func(ctx context.Context, args ...string) *exec.Cmd {
 			return exec.CommandContext(ctx, cfg.RunscPath, append([]string{"--root", root, "--platform=systrap",
 				"--network=none", "--overlay2=none"}, args...)...)
 		}
 	case runtime.Namespaces:
-		cli = func(args ...string) *exec.Cmd { return crunCommand(ctx, root, args...) }
+		cli = func(ctx context.Context, args ...string) *exec.Cmd { return crunCommand(ctx, root, args...) }
 	default:
 		return idleFloor{}, fmt.Errorf("no raw idle floor for runtime %q", rt)
 	}
 	parent := fmt.Sprintf("cella-bench-floor-%d", os.Getpid())
 	defer removeCgroupEverywhere(parent)
+	// Each container is removed even when ctx is done (a cancelled bench),
+	// and even one whose run failed part-way: its ID is recorded first.
 	var ids []string
 	defer func() {
 		for _, id := range ids {
-			_ = cli("kill", id, "KILL").Run()
-			_ = cli("delete", "--force", id).Run()
+			_ = cli(context.Background(), "kill", id, "KILL").Run()
+			_ = cli(context.Background(), "delete", "--force", id).Run()
 		}
 	}()
 	for i := range n {
@@ -75,7 +77,8 @@ func rawIdleFloor(ctx context.Context, cfg Config, rt, rootfs string, n int) (id
 		if err != nil {
 			return idleFloor{}, err
 		}
-		run := cli("run", "--detach", "--bundle", bundle, id)
+		ids = append(ids, id)
+		run := cli(ctx, "run", "--detach", "--bundle", bundle, id)
 		run.Stdout, run.Stderr = logf, logf // a pipe would never reach EOF
 		err = run.Run()
 		logf.Close()
@@ -83,7 +86,6 @@ func rawIdleFloor(ctx context.Context, cfg Config, rt, rootfs string, n int) (id
 			out, _ := os.ReadFile(logPath)
 			return idleFloor{}, fmt.Errorf("%s run: %v: %s", rt, err, out)
 		}
-		ids = append(ids, id)
 	}
 	time.Sleep(2 * time.Second) // as Density: let them settle to idle
 	f := idleFloor{N: len(ids)}

@@ -30,7 +30,11 @@ func (e *Engine) CaptureStart(ctx context.Context, p tenant.Principal, name stri
 	defer cancel()
 	r := &run{e: e, p: p, spec: Spec{Name: name, CPUs: sizes.CPUs, MemoryMB: sizes.MemoryMB}, log: log, parent: img,
 		cur: state{user: img.User, uid: img.UID, gid: img.GID, workdir: img.Workdir, env: img.Env}}
-	snap, err := r.startAndSnapshot(ctx, img, img.StartCmd, img.ReadyCmd)
+	ready := img.ReadyCmd
+	if img.StartCmd != "" && ready == "" {
+		ready = defaultReadyCmd // as finalize does
+	}
+	snap, err := r.startAndSnapshot(ctx, img, img.StartCmd, ready)
 	if err != nil {
 		return fmt.Errorf("capture the start command of %s: %w", name, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/build"
+	"github.com/cella-sandbox/cella/internal/egress"
 	"github.com/cella-sandbox/cella/internal/errdefs"
 	"github.com/cella-sandbox/cella/internal/store"
 	"github.com/cella-sandbox/cella/internal/template"
@@ -185,7 +186,7 @@ func (s *Service) resolveShared(ctx context.Context, c Caller, ref string) (name
 		if err := s.cfg.Shared.Fetch(ictx, pick, name); err != nil {
 			return nil, err
 		}
-		if err := s.prepareShared(ictx, c, pick, name); err != nil {
+		if err := s.prepareShared(ictx, pick, name); err != nil {
 			return nil, err
 		}
 		return nil, s.importShared(ictx, st, sb, name)
@@ -210,9 +211,8 @@ func (s *Service) haveBuild(ctx context.Context, build, name string) bool {
 // command its image carries, this node's own memory snapshot of it
 // running (a snapshot is the node's: its runtime's and its memory's; the
 // registry holds only the layers). The command runs in a build sandbox
-// of this node with the build's sizes and the build egress within the
-// caller's ceiling.
-func (s *Service) prepareShared(ctx context.Context, c Caller, st SharedTemplate, name string) error {
+// of this node with the build's sizes and no egress (see below).
+func (s *Service) prepareShared(ctx context.Context, st SharedTemplate, name string) error {
 	t, err := s.cfg.Templates.Get(name)
 	if err != nil {
 		return fmt.Errorf("import template %s: %w", st.ID, err)
@@ -230,8 +230,15 @@ func (s *Service) prepareShared(ctx context.Context, c Caller, st SharedTemplate
 	}
 	start := time.Now()
 	s.log.Info("cluster: running a pulled template's start command for its snapshot", "template", st.ID, "build", st.Build)
+	// The start command is the template author's code. On the builder it
+	// ran with the build egress within the building key's ceiling, which
+	// this node does not know, and the key whose create brought it here
+	// is not the author's (its ceiling may be wider: another team's on a
+	// public template, an admin's): so here it runs with no egress at all,
+	// as the author's team's.
+	capturer := tenant.Principal{Team: st.Team, Ceiling: &egress.Policy{}}
 	var last build.LogEntry
-	err = s.cfg.Starter.CaptureStart(ctx, c.P, name, build.Sizes{CPUs: st.CPUCount, MemoryMB: st.MemoryMB}, func(e build.LogEntry) {
+	err = s.cfg.Starter.CaptureStart(ctx, capturer, name, build.Sizes{CPUs: st.CPUCount, MemoryMB: st.MemoryMB}, func(e build.LogEntry) {
 		if e.Level == build.LevelError || e.Level == build.LevelWarn {
 			last = e
 		}
