@@ -247,15 +247,20 @@ func (g *Gateway) oneVolume(w http.ResponseWriter, r *http.Request, ref string) 
 		g.forward(w, r, u)
 		return
 	}
-	rw := &recorder{ResponseWriter: w}
-	g.forward(rw, r, u)
-	if rw.status == http.StatusNoContent {
+	// The node's answer is held until the record is gone: once the client
+	// has its 204, no gateway finds the volume and its name is free (the
+	// 204 used to reach the client first, and a create of the name right
+	// after it could find the old record).
+	b := newBuffered()
+	g.forward(b, r, u)
+	if b.status == http.StatusNoContent {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 30*time.Second)
 		defer cancel()
 		if err := g.volumes.Delete(ctx, v); err != nil {
 			g.cfg.Log.Warn("gateway: dropping a deleted volume's record failed", "volume", v.Spec.Name, "err", err)
 		}
 	}
+	b.replay(w)
 }
 
 // listedVolume is one item of a node's GET /volumes.
