@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"time"
 
@@ -35,29 +34,19 @@ func rawIdleFloor(ctx context.Context, cfg Config, rt, rootfs string, n int) (id
 		return idleFloor{}, err
 	}
 	defer os.RemoveAll(dir)
-	root := filepath.Join(dir, "state")
-	var cli func(ctx context.Context, args ...string) *exec.Cmd
-	switch rt {
-	case runtime.GVisor:
-		defer unix.Unmount(filepath.Join(root, "null-netns"), unix.MNT_DETACH)
-		cli = func(ctx context.Context, args ...string) *exec.Cmd {
-			return exec.CommandContext(ctx, cfg.RunscPath, append([]string{"--root", root, "--platform=systrap",
-				"--network=none", "--overlay2=none"}, args...)...)
-		}
-	case runtime.Namespaces:
-		cli = func(ctx context.Context, args ...string) *exec.Cmd { return crunCommand(ctx, root, args...) }
-	default:
-		return idleFloor{}, fmt.Errorf("no raw idle floor for runtime %q", rt)
+	cli, cleanup, err := newRawCLI(cfg, rt, filepath.Join(dir, "state"))
+	if err != nil {
+		return idleFloor{}, err
 	}
+	defer cleanup()
 	parent := fmt.Sprintf("cella-bench-floor-%d", os.Getpid())
 	defer removeCgroupEverywhere(parent)
-	// Each container is removed even when ctx is done (a cancelled bench),
-	// and even one whose run failed part-way: its ID is recorded first.
+	// Each container is removed, even one whose run failed part-way: its
+	// ID is recorded first.
 	var ids []string
 	defer func() {
 		for _, id := range ids {
-			_ = cli(context.Background(), "kill", id, "KILL").Run()
-			_ = cli(context.Background(), "delete", "--force", id).Run()
+			cli.remove(id)
 		}
 	}()
 	for i := range n {
@@ -72,19 +61,9 @@ func rawIdleFloor(ctx context.Context, cfg Config, rt, rootfs string, n int) (id
 		if err := setCgroupsPath(filepath.Join(bundle, "config.json"), "/"+parent+"/"+id); err != nil {
 			return idleFloor{}, err
 		}
-		logPath := filepath.Join(bundle, "run.log")
-		logf, err := os.Create(logPath)
-		if err != nil {
-			return idleFloor{}, err
-		}
 		ids = append(ids, id)
-		run := cli(ctx, "run", "--detach", "--bundle", bundle, id)
-		run.Stdout, run.Stderr = logf, logf // a pipe would never reach EOF
-		err = run.Run()
-		logf.Close()
-		if err != nil {
-			out, _ := os.ReadFile(logPath)
-			return idleFloor{}, fmt.Errorf("%s run: %v: %s", rt, err, out)
+		if err := cli.runDetached(ctx, rt, bundle, id); err != nil {
+			return idleFloor{}, err
 		}
 	}
 	time.Sleep(2 * time.Second) // as Density: let them settle to idle

@@ -99,42 +99,17 @@ func rawExecFloor(ctx context.Context, cfg Config, rt, rootfs string, n int) (Fi
 		return fig, err
 	}
 	id := fmt.Sprintf("bench-exec-%d", os.Getpid())
-	root := filepath.Join(dir, "state")
-	var cli func(args ...string) *exec.Cmd
-	switch rt {
-	case runtime.GVisor:
-		// runsc leaves a null-netns bind mount in its root dir.
-		defer unix.Unmount(filepath.Join(root, "null-netns"), unix.MNT_DETACH)
-		cli = func(args ...string) *exec.Cmd {
-			return exec.CommandContext(ctx, cfg.RunscPath, append([]string{"--root", root, "--platform=systrap",
-				"--network=none", "--overlay2=none"}, args...)...)
-		}
-	case runtime.Namespaces:
-		cli = func(args ...string) *exec.Cmd { return crunCommand(ctx, root, args...) }
-	default:
-		return fig, fmt.Errorf("unknown runtime %q", rt)
-	}
-	// The detached container keeps the stdio it is given: a pipe would
-	// never reach EOF, so its output goes to a file.
-	logPath := filepath.Join(dir, "run.log")
-	logf, err := os.Create(logPath)
+	cli, cleanup, err := newRawCLI(cfg, rt, filepath.Join(dir, "state"))
 	if err != nil {
 		return fig, err
 	}
-	run := cli("run", "--detach", "--bundle", dir, id)
-	run.Stdout, run.Stderr = logf, logf
-	err = run.Run()
-	logf.Close()
-	if err != nil {
-		out, _ := os.ReadFile(logPath)
-		return fig, fmt.Errorf("%s run: %v: %s", rt, err, out)
+	defer cleanup()
+	if err := cli.runDetached(ctx, rt, dir, id); err != nil {
+		return fig, err
 	}
-	defer func() {
-		_ = cli("kill", id, "KILL").Run()
-		_ = cli("delete", "--force", id).Run()
-	}()
+	defer cli.remove(id)
 	ds, err := repeatErr(n, func() error {
-		out, err := cli(append([]string{"exec", id}, execShape...)...).CombinedOutput()
+		out, err := cli(ctx, append([]string{"exec", id}, execShape...)...).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("%s exec: %v: %s", rt, err, out)
 		}
@@ -145,6 +120,55 @@ func rawExecFloor(ctx context.Context, cfg Config, rt, rootfs string, n int) (Fi
 		return fig, errors.Join(errors.New("every exec failed"), err)
 	}
 	return fig, nil
+}
+
+// rawCLI is a runtime's own command line (runsc with the flags cella's
+// sandboxes run with but no network stack, or crun) with state in one root
+// directory: the raw floors' containers, no cella in between.
+type rawCLI func(ctx context.Context, args ...string) *exec.Cmd
+
+// newRawCLI is rt's rawCLI with state in root; cleanup removes what the
+// runtime leaves in root (runsc's null-netns bind mount).
+func newRawCLI(cfg Config, rt, root string) (cli rawCLI, cleanup func(), err error) {
+	switch rt {
+	case runtime.GVisor:
+		return func(ctx context.Context, args ...string) *exec.Cmd {
+				return exec.CommandContext(ctx, cfg.RunscPath, append([]string{"--root", root, "--platform=systrap",
+					"--network=none", "--overlay2=none"}, args...)...)
+			}, func() {
+				_ = unix.Unmount(filepath.Join(root, "null-netns"), unix.MNT_DETACH)
+			}, nil
+	case runtime.Namespaces:
+		return func(ctx context.Context, args ...string) *exec.Cmd { return crunCommand(ctx, root, args...) }, func() {}, nil
+	}
+	return nil, nil, fmt.Errorf("no raw baseline for runtime %q", rt)
+}
+
+// runDetached starts container id of bundle detached. The detached
+// container keeps the stdio it is given: a pipe would never reach EOF, so
+// its output goes to a file in the bundle, shown when the run fails.
+func (cli rawCLI) runDetached(ctx context.Context, rt, bundle, id string) error {
+	logPath := filepath.Join(bundle, "run.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	run := cli(ctx, "run", "--detach", "--bundle", bundle, id)
+	run.Stdout, run.Stderr = logf, logf
+	err = run.Run()
+	logf.Close()
+	if err != nil {
+		out, _ := os.ReadFile(logPath)
+		return fmt.Errorf("%s run: %v: %s", rt, err, out)
+	}
+	return nil
+}
+
+// remove kills and deletes container id, even once the bench's context is
+// done (a cancelled bench leaves no container running).
+func (cli rawCLI) remove(id string) {
+	_ = cli(context.Background(), "kill", id, "KILL").Run()
+	_ = cli(context.Background(), "delete", "--force", id).Run()
 }
 
 // crunCommand runs crun with state in root. crun refuses this machine's
