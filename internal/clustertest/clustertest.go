@@ -169,9 +169,12 @@ func start(bins Binaries) (c *ControlPlane, err error) {
 		return nil, err
 	}
 	c = &ControlPlane{Dir: dir}
+	// Each failure below returns nil for c: the deferred stop holds its
+	// own reference to what was started.
+	started := c
 	defer func() {
 		if err != nil {
-			c.Stop()
+			started.Stop()
 		}
 	}()
 	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {

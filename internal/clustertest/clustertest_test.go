@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -143,4 +144,21 @@ func TestChild(t *testing.T) {
 	c := Start(t)
 	fmt.Printf("CHILD %s %d %d\n", c.Dir, c.etcd.cmd.Process.Pid, c.apiserver.cmd.Process.Pid)
 	time.Sleep(3 * time.Minute)
+}
+
+// TestFailedStartLeavesNothing: a control plane whose etcd exits at once
+// is an error (not a panic of the cleanup) and leaves no state directory.
+// Needs no engines: /bin/false stands where etcd would run.
+func TestFailedStartLeavesNothing(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	c, err := New(Binaries{Etcd: "/bin/false", KubeAPIServer: "/bin/false"})
+	if err == nil {
+		c.Stop()
+		t.Fatal("a control plane whose etcd exits at once started")
+	}
+	t.Logf("the error: %v", err)
+	if left, _ := filepath.Glob(filepath.Join(tmp, dirPrefix+"*")); len(left) != 0 {
+		t.Errorf("a failed start left %v", left)
+	}
 }
