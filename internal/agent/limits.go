@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -19,10 +20,55 @@ import (
 // defaultOutputBytes caps a command's output when the config has no cap.
 const defaultOutputBytes = 10 << 20
 
-// watchdogInterval is how often the watchdog samples while commands run. A
-// memory hog allocating 2 GB/s overshoots the limit by ~40 MB at this rate,
-// well below the host cgroup's headroom.
-const watchdogInterval = 20 * time.Millisecond
+// The watchdog's cadence while commands run. Each sample wakes the agent
+// and, under gVisor, makes the sentry look for newly committed pages of
+// the sandbox (guestCharge): at a fixed 20 ms a sandbox running a mere
+// `sleep` cost its host ~115 ms of CPU a second (beside 2 ms idle, 7 ms at
+// one sample a second), a tenth of a core per busy sandbox. So the next
+// sample comes when the memory left under the limit could be used up by
+// the sandbox's CPUs each allocating at allocRate, at least
+// minSampleInterval and at most maxSampleInterval later, and at once
+// (minSampleInterval) after a command starts: a hog allocating that fast
+// reaches the limit no earlier than the sample that finds it there, and
+// overshoots it by at most minSampleInterval of allocation (~40 MB per CPU
+// under gVisor), as a fixed 20 ms did; the host cgroup's ceiling (a
+// quarter of the limit above it, plus headroom) is the margin for one
+// faster still. Pids are refused at fork time (the guest's commands
+// cgroup, the host's pids cgroup); the sample names the limit and ends
+// the session, at the shortest interval once half the limit is in use.
+const (
+	minSampleInterval = 20 * time.Millisecond
+	maxSampleInterval = 500 * time.Millisecond
+)
+
+// allocRate is how fast one CPU of a sandbox of runtime rt may be taken to
+// commit memory, in bytes a second: gVisor's sentry handles every fault of
+// a new page, the namespaces runtime's kernel faults at native speed.
+func allocRate(rt string) float64 {
+	if rt == "namespaces" {
+		return 8 << 30
+	}
+	return 2 << 30
+}
+
+// nextSample is how long after a sample that found mem bytes charged and
+// count processes the next may wait (mem < 0: unknown), for a sandbox of
+// runtime rt with limits.
+func nextSample(rt string, limits agentapi.Limits, mem, count int64) time.Duration {
+	d := maxSampleInterval
+	if limits.MemoryBytes > 0 {
+		if mem < 0 {
+			return minSampleInterval
+		}
+		rate := allocRate(rt) * max(1, math.Ceil(limits.CPUs))
+		left := max(limits.MemoryBytes-mem, 0)
+		d = min(d, time.Duration(float64(left)/rate*float64(time.Second)))
+	}
+	if limits.Pids > 0 && 2*count >= limits.Pids {
+		d = minSampleInterval
+	}
+	return max(d, minSampleInterval)
+}
 
 // The named errors. Each says which limit was hit, its value and the flag
 // that raises it, so that an agent reading the error can act on it.
@@ -100,6 +146,10 @@ func trimSuffixDot(s string) string {
 // least one command runs. It is idle (no goroutine) otherwise.
 type watchdog struct {
 	s *Server
+
+	// started wakes a running sampling loop when a command starts, so
+	// that the command is sampled soon however long the loop's wait.
+	started chan struct{}
 
 	mu      sync.Mutex
 	running bool
@@ -369,20 +419,38 @@ func (w *watchdog) kick() {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.started == nil {
+		w.started = make(chan struct{}, 1)
+	}
 	if w.running {
+		select {
+		case w.started <- struct{}{}:
+		default: // a wake is pending already
+		}
 		return
 	}
 	w.running = true
-	go w.loop()
+	go w.loop(w.started)
 }
 
-func (w *watchdog) loop() {
-	t := time.NewTicker(watchdogInterval)
+func (w *watchdog) loop(started <-chan struct{}) {
+	due := time.Now().Add(minSampleInterval)
+	t := time.NewTimer(minSampleInterval)
 	defer t.Stop()
 	buf := make([]byte, 4096)
 	for {
 		select {
 		case <-t.C:
+		case <-started:
+			// A new command: sampled within minSampleInterval, never
+			// later than already due (commands started in quick
+			// succession must not keep pushing the sample away). Reset
+			// of a pending timer: its channel holds no stale tick.
+			if soon := time.Now().Add(minSampleInterval); soon.Before(due) {
+				due = soon
+				t.Reset(minSampleInterval)
+			}
+			continue
 		case <-w.s.done:
 			w.mu.Lock()
 			w.running = false
@@ -401,7 +469,9 @@ func (w *watchdog) loop() {
 			}
 			w.mu.Unlock()
 		}
-		w.sample(live, buf)
+		next := w.sample(live, buf)
+		due = time.Now().Add(next)
+		t.Reset(next)
 	}
 }
 
@@ -411,14 +481,15 @@ type sessionUsage struct {
 	rss   int64 // resident bytes: anonymous (statm's resident minus shared), or all under gVisor
 }
 
-func (w *watchdog) sample(live []*proc, buf []byte) {
+// sample enforces the limits once and returns when the next sample is due.
+func (w *watchdog) sample(live []*proc, buf []byte) time.Duration {
 	limits := w.s.config().Limits
 	lingering := w.lingeringSessions()
 	if limits.MemoryBytes <= 0 && limits.Pids <= 0 {
 		w.mu.Lock()
 		clear(w.lingering)
 		w.mu.Unlock()
-		return
+		return maxSampleInterval
 	}
 	bySID := make(map[int]*proc, len(live)+len(lingering))
 	for _, sid := range lingering {
@@ -432,13 +503,20 @@ func (w *watchdog) sample(live []*proc, buf []byte) {
 	// per process there, only picks the session to kill once it is over.
 	chargeFD, charged := w.charge.fd(w.s)
 	usage, members, total := scanSessions(buf, w.s.opts.SandboxWide, bySID, limits.MemoryBytes > 0 && !charged)
+	mem := total.rss // what the next sample's wait is reckoned from
 	if limits.MemoryBytes > 0 && charged {
 		total.rss = 0
-		if c, ok := w.charge.current(chargeFD, buf); ok && w.charge.over(c, limits.MemoryBytes) {
+		c, ok := w.charge.current(chargeFD, buf)
+		mem = c
+		if !ok {
+			mem = -1
+		}
+		if ok && w.charge.over(c, limits.MemoryBytes) {
 			total.rss = c
 			sessionRSS(usage, members, buf)
 		}
 	}
+	next := nextSample(w.s.config().Runtime, limits, mem, total.count)
 	w.mu.Lock()
 	for _, sid := range lingering {
 		if usage[sid] == nil {
@@ -475,6 +553,7 @@ func (w *watchdog) sample(live []*proc, buf []byte) {
 			w.s.killSession(worst, bySID[worst], memoryReason(limits.MemoryBytes), members[worst])
 		}
 	}
+	return next
 }
 
 // scanSessions walks /proc and sums the process count and anonymous RSS per
