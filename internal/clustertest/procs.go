@@ -2,6 +2,7 @@ package clustertest
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -56,8 +57,12 @@ func (c *ControlPlane) StartNode(t testing.TB, o NodeOptions) *Proc {
 	}
 	dataDir := o.DataDir
 	if dataDir == "" {
+		reapStaleNodes(t, cella, runsc)
 		var err error
-		if dataDir, err = os.MkdirTemp("", "cella-node-"+o.Name+"-"); err != nil {
+		if dataDir, err = os.MkdirTemp("", nodeDirPrefix+o.Name+"-"); err != nil {
+			t.Fatal(err)
+		}
+		if err := ownDir(t, dataDir); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
@@ -182,6 +187,65 @@ func (c *ControlPlane) setLast(dataDir string, p *Proc) {
 		c.nodes = map[string]*Proc{}
 	}
 	c.nodes[dataDir] = p
+}
+
+// nodeDirPrefix starts the name of every node's data dir under $TMPDIR.
+const nodeDirPrefix = "cella-node-"
+
+// ownDir marks dataDir as this test process's: its owner file, locked
+// (flock) for as long as the process lives — the kernel drops the lock
+// with the process however it ends, so a dir whose lock can be taken has
+// no live owner (a reused pid cannot pass for one), and of two reapers
+// only the one holding the lock works on it.
+func ownDir(t testing.TB, dataDir string) error {
+	f, err := os.OpenFile(filepath.Join(dataDir, ownerFile), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return fmt.Errorf("lock %s: %w", f.Name(), err)
+	}
+	if _, err := f.WriteString(strconv.Itoa(os.Getpid())); err != nil {
+		f.Close()
+		return err
+	}
+	t.Cleanup(func() { f.Close() }) // after the dir's own cleanup below it (last in, first out)
+	return nil
+}
+
+// reapStaleNodes removes what the nodes of a dead test process left: a
+// test binary killed by `go test -timeout` (or a CI cancel) runs no
+// cleanup, and its nodes die with it (Pdeathsig) but their sandboxes do
+// not. Each data dir of this user's whose owner lock is free is reaped
+// as a killed node's is, then removed; one that keeps mounts is reported
+// and left (its owner file removed: it is not tried again).
+func reapStaleNodes(t testing.TB, cella, runsc string) {
+	t.Helper()
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), nodeDirPrefix+"*"))
+	for _, d := range dirs {
+		if st, err := os.Lstat(d); err != nil || !st.IsDir() || st.Mode().Perm() != 0o700 ||
+			st.Sys().(*syscall.Stat_t).Uid != uint32(os.Getuid()) {
+			continue // not a dir MkdirTemp made for this user
+		}
+		f, err := os.OpenFile(filepath.Join(d, ownerFile), os.O_RDWR|syscall.O_NOFOLLOW, 0)
+		if err != nil {
+			continue // being made, or not a clustertest node's
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			f.Close() // its owner lives, or another reaper has it
+			continue
+		}
+		t.Logf("reaping the data dir %s of a node whose test process is gone", d)
+		reap(t, cella, runsc, d)
+		if left, _ := rootfs.FindMounts(d); len(left) > 0 {
+			t.Logf("the stale node dir %s keeps mounts after its reap, left as it is: %v", d, left)
+			_ = os.Remove(f.Name())
+		} else {
+			os.RemoveAll(d)
+		}
+		f.Close()
+	}
 }
 
 // reap runs a standalone daemon on a killed node's data dir until it
