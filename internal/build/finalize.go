@@ -2,6 +2,7 @@ package build
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -47,6 +48,20 @@ func (e *Engine) CaptureStart(ctx context.Context, p tenant.Principal, name stri
 		r.dropSnapshot(img.Snapshot)
 	}
 	return nil
+}
+
+// commandFailed is a template's own start or ready command failing (it
+// exited non-zero, or was never ready): the template's doing, not the
+// node's (a boot, the disk, a snapshot).
+type commandFailed struct{ error }
+
+func (e commandFailed) Unwrap() error { return e.error }
+
+// IsCommandFailure says whether err is a template's own start or ready
+// command failing rather than the machinery around it.
+func IsCommandFailure(err error) bool {
+	var cf commandFailed
+	return errors.As(err, &cf)
 }
 
 // startAndSnapshot boots the template's image, starts the start command in
@@ -102,7 +117,7 @@ func (r *run) startAndSnapshot(ctx context.Context, img *template.Template, star
 				return "", fmt.Errorf("start command failed: %w", e.err)
 			}
 			if e.res.code != 0 {
-				return "", fmt.Errorf("start command failed: %s: %s", cmdErr(start, e.res), strings.TrimSpace(e.res.output))
+				return "", commandFailed{fmt.Errorf("start command failed: %s: %s", cmdErr(start, e.res), strings.TrimSpace(e.res.output))}
 			}
 			startDone <- e // ended with 0: a one-shot start command
 		default:
@@ -111,8 +126,8 @@ func (r *run) startAndSnapshot(ctx context.Context, img *template.Template, star
 			return "", ctx.Err()
 		}
 		if !time.Now().Before(deadline) {
-			return "", fmt.Errorf("ready command timed out after %v: the ready command '%s' last exited %d: %s",
-				r.e.cfg.ReadyTimeout, ready, last.code, strings.TrimSpace(last.output))
+			return "", commandFailed{fmt.Errorf("ready command timed out after %v: the ready command '%s' last exited %d: %s",
+				r.e.cfg.ReadyTimeout, ready, last.code, strings.TrimSpace(last.output))}
 		}
 		t := time.NewTimer(min(readyInterval, time.Until(deadline)))
 		select {

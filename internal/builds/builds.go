@@ -83,6 +83,10 @@ type Service struct {
 	mu sync.Mutex
 	// running are the logs of builds in progress, by build ID.
 	running map[string]*logSink
+	// startFailed are the pulled builds whose start command failed here
+	// lately, by store name (shared.go): creates fail at once until the
+	// entry's retry time rather than each booting a capture again.
+	startFailed map[string]failedStart
 }
 
 // New opens the service: the upload key, and the builds a previous daemon
@@ -101,7 +105,7 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, key: key, log: cfg.Log, running: map[string]*logSink{}}
+	s := &Service{cfg: cfg, key: key, log: cfg.Log, running: map[string]*logSink{}, startFailed: map[string]failedStart{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	ctx := context.Background()
 	failed, err := cfg.Store.FailBuilds(ctx, "", []string{StatusBuilding}, "", ReasonRestarted)

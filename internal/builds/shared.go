@@ -176,13 +176,33 @@ func (s *Service) resolveShared(ctx context.Context, c Caller, ref string) (name
 	if s.haveBuild(ctx, sb.Build, name) {
 		return name, true, s.syncPublic(ctx, st)
 	}
+	if err := s.recentStartFailure(name); err != nil {
+		return ref, true, err
+	}
 	// One import per build, however many creates wait for it: the start
-	// command's snapshot is taken once.
-	_, err, _ = s.imports.Do(name, func() (any, error) {
-		if s.haveBuild(ctx, sb.Build, name) {
+	// command's snapshot is taken once. It is every waiting create's, so
+	// it goes on when the create that began it gives up (the next create
+	// finds it done), and ends with the service; a create stops waiting
+	// when its own request ends.
+	done := s.imports.DoChan(name, func() (_ any, err error) {
+		s.wg.Add(1)
+		defer s.wg.Done()
+		defer func() {
+			// Not this flight's panic taking the daemon down from the
+			// goroutine DoChan runs it in: the waiting creates' error.
+			if p := recover(); p != nil {
+				err = errdefs.Internal("importing template %s: %v", st.ID, p)
+			}
+		}()
+		ictx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		defer cancel()
+		defer context.AfterFunc(s.ctx, cancel)()
+		if err := s.recentStartFailure(name); err != nil {
+			return nil, err // a flight that failed while this create looked
+		}
+		if s.haveBuild(ictx, sb.Build, name) {
 			return nil, nil
 		}
-		ictx := context.WithoutCancel(ctx) // shared by every waiting create
 		if err := s.cfg.Shared.Fetch(ictx, pick, name); err != nil {
 			return nil, err
 		}
@@ -191,10 +211,60 @@ func (s *Service) resolveShared(ctx context.Context, c Caller, ref string) (name
 		}
 		return nil, s.importShared(ictx, st, sb, name)
 	})
-	if err != nil {
-		return ref, true, err
+	select {
+	case r := <-done:
+		if r.Err != nil {
+			return ref, true, r.Err
+		}
+		return name, true, nil
+	case <-ctx.Done():
+		return ref, true, fmt.Errorf("waiting for template %s to be pulled to this node: %w", ref, ctx.Err())
 	}
-	return name, true, nil
+}
+
+// startRetryAfter is how long a pulled build's failed start command
+// fails the creates of it here before the next create runs it again. A
+// start command that fails on a pulling node and not on its builder
+// mostly needs what a pulling node never gives it (egress: see
+// prepareShared), and each run boots a build sandbox for up to the ready
+// timeout; a minute still lets a passing failure mend without a rebuild.
+const startRetryAfter = time.Minute
+
+// failedStart is a pulled build's start command failing here.
+type failedStart struct {
+	err   error
+	retry time.Time // when the next create runs the start command again
+}
+
+// recentStartFailure is the failure of name's start command here while
+// it is recent (startRetryAfter), nil otherwise.
+func (s *Service) recentStartFailure(name string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f, ok := s.startFailed[name]
+	if !ok {
+		return nil
+	}
+	if !time.Now().Before(f.retry) {
+		delete(s.startFailed, name)
+		return nil
+	}
+	return fmt.Errorf("%w (this node runs it again for a create from %s)", f.err, f.retry.UTC().Format(time.RFC3339))
+}
+
+// startFailedNow remembers that name's start command failed here with err
+// (and forgets the failures due for a retry: builds deleted or replaced
+// since are never asked for again).
+func (s *Service) startFailedNow(name string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	for n, f := range s.startFailed {
+		if !now.Before(f.retry) {
+			delete(s.startFailed, n)
+		}
+	}
+	s.startFailed[name] = failedStart{err: err, retry: now.Add(startRetryAfter)}
 }
 
 // haveBuild says whether build is here, as the template-store name name.
@@ -245,7 +315,12 @@ func (s *Service) prepareShared(ctx context.Context, st SharedTemplate, name str
 	})
 	if err != nil {
 		s.log.Warn("cluster: a pulled template's start command failed", "template", st.ID, "build", st.Build, "err", err, "log", last.Message)
-		return errdefs.Unavailable("template %q: its start command, run on this node for its snapshot, failed: %v", st.ID, err)
+		if !build.IsCommandFailure(err) { // this node's trouble, not the template's: the next create tries again
+			return errdefs.Unavailable("template %q: running its start command on this node for its snapshot failed: %v", st.ID, err)
+		}
+		err = errdefs.Unavailable("template %q: its start command, run on this node for its snapshot, failed: %v (a start command on a node that pulled its template has no egress)", st.ID, err)
+		s.startFailedNow(name, err)
+		return err
 	}
 	s.log.Info("cluster: captured a pulled template's start command", "template", st.ID, "build", st.Build, "took", time.Since(start).Round(time.Millisecond))
 	return nil

@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -351,7 +353,23 @@ type templateCluster struct {
 	gw1, gw2     *clustertest.Proc
 	admin        string
 	records      *cluster.Records
+	// upstream is an HTTP server on this host's loopback that the nodes'
+	// egress ceiling names as capture.test (so builds may reach it);
+	// upstreamHits counts its requests by path.
+	upstream     *httptest.Server
+	upstreamMu   sync.Mutex
+	upstreamHits map[string]int
 }
+
+// hits is how many requests the upstream has had for path.
+func (tc *templateCluster) hits(path string) int {
+	tc.upstreamMu.Lock()
+	defer tc.upstreamMu.Unlock()
+	return tc.upstreamHits[path]
+}
+
+// upstreamPort is the port sandboxes reach the upstream on as capture.test.
+func (tc *templateCluster) upstreamPort() int { return tc.upstream.Listener.Addr().(*net.TCPAddr).Port }
 
 func startTemplateCluster(t *testing.T, ns string) *templateCluster {
 	t.Helper()
@@ -364,8 +382,17 @@ func startTemplateCluster(t *testing.T, ns string) *templateCluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(reg.Stop)
-	tc := &templateCluster{cp: cp, cl: cl, ns: ns, reg: reg, prefix: reg.Addr + "/cella-test", records: cluster.NewRecords(cl, ns)}
-	tc.args = []string{"--template-registry=" + tc.prefix, "--insecure-registry=" + reg.Addr}
+	tc := &templateCluster{cp: cp, cl: cl, ns: ns, reg: reg, prefix: reg.Addr + "/cella-test", records: cluster.NewRecords(cl, ns),
+		upstreamHits: map[string]int{}}
+	tc.upstream = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tc.upstreamMu.Lock()
+		tc.upstreamHits[r.URL.Path]++
+		tc.upstreamMu.Unlock()
+		_, _ = io.WriteString(w, "fetched "+r.URL.Path)
+	}))
+	t.Cleanup(tc.upstream.Close)
+	tc.args = []string{"--template-registry=" + tc.prefix, "--insecure-registry=" + reg.Addr,
+		"--egress-allow=capture.test", fmt.Sprintf("--egress-resolve=capture.test=127.0.0.1:%d", tc.upstreamPort())}
 	// Nothing here waits for a lapse (a node leaves by a clean stop), and
 	// a push's compression on this loaded machine has held a renewal past
 	// the 3 s default: leases of 10 s.

@@ -39,6 +39,11 @@ import (
 //     removeTags through gateway 1 change the record (another team's
 //     assign is a 404 and changes nothing); alias:prod then resolves to
 //     v2's build on the pulling node, and after the remove is a 404 there.
+//   - A build whose start command fetches from capture.test (in the
+//     nodes' egress ceiling, on this host's loopback) reaches it on its
+//     builder; on the node that pulls it the start command runs with no
+//     egress, so the create there is a 503 naming the start command, the
+//     next create fails at once, and capture.test saw the builder only.
 //   - A build on code-interpreter-v1 records its service; on the node that
 //     did not build it its sandbox's code interpreter runs a cell.
 func TestClusterTemplateStartAndTags(t *testing.T) {
@@ -49,13 +54,13 @@ func TestClusterTemplateStartAndTags(t *testing.T) {
 	keyA, keyB := tc.keyOf(ctx, t, "team-a"), tc.keyOf(ctx, t, "team-b")
 	a2 := newClient(tc.gw2.URL, keyA)
 	var sandboxes []string
-	var built, builtCI string
+	var built, builtCI, builtNet string
 	t.Cleanup(func() { // the template cache is this host's, shared with other tests
 		for _, id := range sandboxes {
 			_ = newClient(tc.gw2.URL, tc.admin).Kill(context.Background(), id)
 		}
 		for _, n := range []*clustertest.Proc{tc.nodeA, tc.nodeB} {
-			for _, id := range []string{built, builtCI} {
+			for _, id := range []string{built, builtCI, builtNet} {
 				if id != "" {
 					_ = newClient(n.URL, tc.admin).DeleteTemplate(context.Background(), id)
 				}
@@ -186,13 +191,70 @@ func TestClusterTemplateStartAndTags(t *testing.T) {
 		t.Errorf("%s pulled again for a tag of a build it has", other.Name)
 	}
 
-	// A template built on a builtin with a service runs the service on
-	// the node that pulled it too: the code interpreter answers.
 	if err := cluster.SetDrain(ctx, tc.cl, tc.ns, builder, false); err != nil {
 		t.Fatal(err)
 	}
 	clustertest.Poll(t, time.Minute, "the undrain seen", func(ctx context.Context) (bool, string) {
 		return !drained(ctx, t, tc.cl, tc.ns, builder), ""
+	})
+
+	// A start command that needs the network: on its builder it runs
+	// with the build's egress (capture.test is in the nodes' ceiling), on
+	// a node that pulls the build with none, whatever the key of the
+	// create that brings it there may reach. The create there fails
+	// naming the start command, and the next create fails at once rather
+	// than capture again.
+	fetchPath := "/" + alias + "-net"
+	netBuild := sdkBuild(t, tc.gw1.URL, keyA, alias+"-net",
+		fmt.Sprintf("CELLA_BUILD_START_CMD=curl -sf -m 20 -o /tmp/fetched http://capture.test:%d%s && exec sleep infinity", tc.upstreamPort(), fetchPath),
+		"CELLA_BUILD_READY_CMD=test -s /tmp/fetched")
+	builtNet = netBuild.TemplateID
+	if n := tc.hits(fetchPath); n != 1 {
+		t.Fatalf("the builder's start command reached capture.test %d times; want once (the build's egress)", n)
+	}
+	netRec, err := tc.records.Template(ctx, netBuild.TemplateID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	netBuilder := netRec.Spec.Node
+	netOther := map[string]*clustertest.Proc{"node-a": tc.nodeB, "node-b": tc.nodeA}[netBuilder]
+	if err := cluster.SetDrain(ctx, tc.cl, tc.ns, netBuilder, true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cluster.SetDrain(context.Background(), tc.cl, tc.ns, netBuilder, false) })
+	clustertest.Poll(t, time.Minute, "the drain seen", func(ctx context.Context) (bool, string) {
+		return drained(ctx, t, tc.cl, tc.ns, netBuilder) && !drained(ctx, t, tc.cl, tc.ns, netOther.Name), ""
+	})
+	var apiErr *client.APIError
+	_, err = a2.Create(ctx, client.CreateRequest{TemplateID: alias + "-net"})
+	if !errors.As(err, &apiErr) || apiErr.Status != http.StatusServiceUnavailable || !strings.Contains(apiErr.Message, "start command") {
+		t.Errorf("create of %s-net on %s, whose start command needs egress: %v; want a 503 naming the start command", alias, netOther.Name, err)
+	}
+	_, err = a2.Create(ctx, client.CreateRequest{TemplateID: alias + "-net"})
+	if !errors.As(err, &apiErr) || apiErr.Status != http.StatusServiceUnavailable || !strings.Contains(apiErr.Message, "runs it again") {
+		t.Errorf("the next create of %s-net on %s: %v; want the same failure at once, with when it is tried again", alias, netOther.Name, err)
+	}
+	if n := tc.hits(fetchPath); n != 1 {
+		t.Errorf("capture.test had %d requests of %s's start command; want only the builder's", n, alias+"-net")
+	}
+	log, _ = os.ReadFile(netOther.Log)
+	captures := 0
+	for _, l := range strings.Split(string(log), "\n") {
+		if strings.Contains(l, "running a pulled template's start command") && strings.Contains(l, netBuild.TemplateID) {
+			captures++
+		}
+	}
+	if captures != 1 {
+		t.Errorf("%s ran the start command of %s %d times for two creates; want once", netOther.Name, netBuild.TemplateID, captures)
+	}
+	if err := cluster.SetDrain(ctx, tc.cl, tc.ns, netBuilder, false); err != nil {
+		t.Fatal(err)
+	}
+
+	// A template built on a builtin with a service runs the service on
+	// the node that pulled it too: the code interpreter answers.
+	clustertest.Poll(t, time.Minute, "the undrain seen", func(ctx context.Context) (bool, string) {
+		return !drained(ctx, t, tc.cl, tc.ns, netBuilder), ""
 	})
 	ci := sdkBuild(t, tc.gw1.URL, keyA, alias+"-ci", "CELLA_BUILD_FROM_TEMPLATE=code-interpreter-v1")
 	builtCI = ci.TemplateID
