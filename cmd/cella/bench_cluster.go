@@ -50,7 +50,13 @@ bench killed outright in that window, 'cella node undrain NODE' removes it.`,
 				}
 				cc.KubeErr = err.Error() // the create figures need no API; the resume figures say why they are missing
 			}
-			cc.N = b.cfg.N
+			cc.N, cc.Concurrent = b.cfg.N, b.burst
+			if !cmd.Flags().Changed("concurrent") {
+				cc.Concurrent = 20 // a cluster's burst: not the single-node bench's 50
+				if b.smoke {
+					cc.Concurrent = 4
+				}
+			}
 			if b.smoke {
 				cc.N = 3
 			}

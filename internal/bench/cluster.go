@@ -14,18 +14,26 @@ import (
 // figures (nil: those figures say why they are missing, KubeErr).
 type ClusterConfig struct {
 	GatewayURL, NodeURL, APIKey string
-	N                           int
-	Kube                        ctrlclient.Client
-	Namespace, KubeErr          string
+	// N is the rounds of each latency figure, Concurrent the creates of
+	// each burst (default 20).
+	N, Concurrent      int
+	Kube               ctrlclient.Client
+	Namespace, KubeErr string
 }
 
 // Cluster measures create → first exec done through a gateway beside the
 // same directly on a node, alternating the two so both see the same load:
 // the ratio is what the gateway's hop (authentication, placement, the
-// forward of the create and of the exec's traffic) costs.
+// forward of the create and of the exec's traffic) costs. Then a burst of
+// concurrent creates each way: what the gateway and the nodes sustain
+// when every create writes its records to the cluster's API at once (the
+// gateway spreads its burst over the live nodes).
 func Cluster(ctx context.Context, cc ClusterConfig) ([]Figure, error) {
 	if cc.N <= 0 {
 		cc.N = 20
+	}
+	if cc.Concurrent <= 0 {
+		cc.Concurrent = 20
 	}
 	gw, err := client.New(client.Config{URL: cc.GatewayURL, APIKey: cc.APIKey})
 	if err != nil {
@@ -62,6 +70,10 @@ func Cluster(ctx context.Context, cc ClusterConfig) ([]Figure, error) {
 			figs[i].Err = err.Error()
 		}
 	}
+	burstNode := burst(ctx, node, "", cc.Concurrent, client.CreateRequest{}, fmt.Sprintf("%d concurrent creates, directly on a node", cc.Concurrent))
+	burstGateway := burst(ctx, gw, "", cc.Concurrent, client.CreateRequest{}, fmt.Sprintf("%d concurrent creates, through the gateway", cc.Concurrent))
+	burstGateway.against(burstNode)
+	figs = append(figs, burstNode, burstGateway)
 	local, moved := clusterResume(ctx, cc, gw)
 	figs = append(figs, local, moved)
 	if len(direct) == 0 && len(via) == 0 {

@@ -44,6 +44,7 @@ type resumer struct {
 func clusterResume(ctx context.Context, cc ClusterConfig, gw *client.Client) (local, moved Figure) {
 	var ls, ms []time.Duration
 	var lastLocal, lastMoved error
+	failedLocal, failedMoved := 0, 0
 	if err := resumePrecondition(ctx, cc); err != nil {
 		lastLocal, lastMoved = err, err
 	} else {
@@ -53,12 +54,12 @@ func clusterResume(ctx context.Context, cc ClusterConfig, gw *client.Client) (lo
 			if errL == nil {
 				ls = append(ls, l)
 			} else {
-				lastLocal = errL
+				lastLocal, failedLocal = errL, failedLocal+1
 			}
 			if errM == nil {
 				ms = append(ms, m)
 			} else {
-				lastMoved = errM
+				lastMoved, failedMoved = errM, failedMoved+1
 			}
 			if errors.Is(errL, errNoArchive) || ctx.Err() != nil {
 				lastMoved = errL // nothing else can be measured either
@@ -68,13 +69,24 @@ func clusterResume(ctx context.Context, cc ClusterConfig, gw *client.Client) (lo
 	}
 	local, moved = summarize(resumeLocalName, "", ls), summarize(resumeMovedName, "", ms)
 	moved.against(local)
-	if local.N == 0 && lastLocal != nil {
-		local.Err = lastLocal.Error()
+	// A round that failed is said even when others measured: a figure of
+	// fewer rounds than asked is not the figure asked for.
+	if lastLocal != nil {
+		local.Err = roundsFailed(failedLocal, local.N, lastLocal)
 	}
-	if moved.N == 0 && lastMoved != nil {
-		moved.Err = lastMoved.Error()
+	if lastMoved != nil {
+		moved.Err = roundsFailed(failedMoved, moved.N, lastMoved)
 	}
 	return local, moved
+}
+
+// roundsFailed is a figure's error: err alone when no round measured,
+// else how many of the rounds failed and the last one's error.
+func roundsFailed(failed, measured int, err error) string {
+	if measured == 0 {
+		return err.Error()
+	}
+	return fmt.Sprintf("%d of %d rounds failed, the last: %v", failed, failed+measured, err)
 }
 
 // resumePrecondition says what the cluster lacks for the resume figures.

@@ -122,7 +122,7 @@ func Burst(ctx context.Context, cfg Config, concurrent int) ([]Figure, error) {
 			return err
 		}))
 		// 128 MiB: limits no pool serves, so every create is cold.
-		cold := burst(ctx, l, rt, concurrent, client.CreateRequest{MemoryMB: 128}, fmt.Sprintf("%d concurrent creates (cold)", concurrent))
+		cold := burst(ctx, l.Client, rt, concurrent, client.CreateRequest{MemoryMB: 128}, fmt.Sprintf("%d concurrent creates (cold)", concurrent))
 		cold.against(single)
 		figs = append(figs, single, cold)
 		figs = append(figs, pooledBurst(ctx, l, rt, concurrent, single)...)
@@ -139,7 +139,7 @@ func pooledBurst(ctx context.Context, l *local, rt string, concurrent int, singl
 	if _, err := l.Client.SetPool(ctx, "base", 1); err != nil {
 		return []Figure{{Name: name, Runtime: rt, Err: err.Error()}}
 	}
-	first := burst(ctx, l, rt, concurrent, client.CreateRequest{}, "the burst the pool learns from")
+	first := burst(ctx, l.Client, rt, concurrent, client.CreateRequest{}, "the burst the pool learns from")
 	// Wait for the pool to grow toward the burst (within its budget), as
 	// far as it will: until it holds the burst or stops growing.
 	deadline := time.Now().Add(5 * time.Minute)
@@ -159,7 +159,7 @@ func pooledBurst(ctx context.Context, l *local, rt string, concurrent int, singl
 		last = grown
 		time.Sleep(100 * time.Millisecond)
 	}
-	f := burst(ctx, l, rt, concurrent, client.CreateRequest{}, name)
+	f := burst(ctx, l.Client, rt, concurrent, client.CreateRequest{}, name)
 	f.against(single)
 	f.Extra = fmt.Sprintf("%s; the pool held %d after the first burst", f.Extra, grown)
 	if lastErr != "" {
@@ -168,8 +168,8 @@ func pooledBurst(ctx context.Context, l *local, rt string, concurrent int, singl
 	return []Figure{first, f}
 }
 
-// burst sends concurrent creates of req at once, then kills them.
-func burst(ctx context.Context, l *local, rt string, concurrent int, req client.CreateRequest, name string) Figure {
+// burst sends concurrent creates of req to c at once, then kills them.
+func burst(ctx context.Context, c *client.Client, rt string, concurrent int, req client.CreateRequest, name string) Figure {
 	var mu sync.Mutex
 	var ds []time.Duration
 	var ids []string
@@ -181,7 +181,7 @@ func burst(ctx context.Context, l *local, rt string, concurrent int, req client.
 		go func() {
 			defer wg.Done()
 			s := time.Now()
-			sb, err := l.Client.Create(ctx, req)
+			sb, err := c.Create(ctx, req)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -201,8 +201,12 @@ func burst(ctx context.Context, l *local, rt string, concurrent int, req client.
 	if firstErr != nil {
 		f.Err = fmt.Sprintf("%d of %d failed: %v", concurrent-len(ds), concurrent, firstErr)
 	}
+	// Killed even when the bench is cancelled (an interrupt): with a
+	// bound of their own, not the bench's context.
+	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
 	for _, id := range ids {
-		_ = l.Client.Kill(ctx, id)
+		_ = c.Kill(kctx, id)
 	}
 	return f
 }

@@ -59,12 +59,26 @@ func RESTConfig(kubeconfig string) (*rest.Config, error) {
 	return c, nil
 }
 
+// Client-side rate limit of a node's and a gateway's API client when the
+// config sets none. client-go's own default (5 requests a second, bursts
+// of 10) would bound the whole cluster's create rate by one gateway's
+// client: a create writes several records. The API server's priority and
+// fairness is what protects it; these are kube-scheduler's defaults.
+const (
+	DefaultQPS   = 50
+	DefaultBurst = 100
+)
+
 // NewClient is a controller-runtime client of the API server at c with
 // Scheme's types.
 func NewClient(c *rest.Config) (client.Client, error) {
 	s, err := Scheme()
 	if err != nil {
 		return nil, err
+	}
+	if c.QPS == 0 && c.RateLimiter == nil {
+		c = rest.CopyConfig(c)
+		c.QPS, c.Burst = DefaultQPS, DefaultBurst
 	}
 	cl, err := client.New(c, client.Options{Scheme: s})
 	if err != nil {

@@ -19,8 +19,9 @@ import (
 
 // TestBenchCluster: `cella bench cluster` against a real cluster (two
 // nodes archiving to a real S3 server, a gateway, the admin key and the
-// node found through --cluster) measures every create both ways and every
-// round's resume on its own node and on the other, and prints each figure
+// node found through --cluster) measures every create both ways, a burst
+// of concurrent creates each way, and every round's resume on its own node
+// and on the other, and prints each figure
 // beside its baseline; the bench leaves no node drained. It asserts that
 // the bench ran, not what it measured. First, with one node, the resume
 // figures are no numbers but an error naming the two nodes they need.
@@ -39,7 +40,7 @@ func TestBenchCluster(t *testing.T) {
 	defer cancel()
 	benchCluster := func(n int) []bench.Figure {
 		t.Helper()
-		out, err := exec.CommandContext(ctx, cella, "bench", "cluster", "--json", fmt.Sprintf("--n=%d", n),
+		out, err := exec.CommandContext(ctx, cella, "bench", "cluster", "--json", fmt.Sprintf("--n=%d", n), "--concurrent=4",
 			"--gateway="+gw.URL, "--cluster="+cp.Kubeconfig(t), "--cluster-namespace="+ns).Output()
 		if err != nil {
 			t.Fatalf("cella bench cluster: %v\n%s", err, out)
@@ -52,10 +53,10 @@ func TestBenchCluster(t *testing.T) {
 	}
 
 	figs := benchCluster(1)
-	if len(figs) != 6 || figs[0].N != 1 || figs[0].Err != "" {
-		t.Fatalf("one node: want 6 figures, the creates measured: %+v", figs)
+	if len(figs) != 8 || figs[0].N != 1 || figs[0].Err != "" || figs[4].N != 4 || figs[5].N != 4 {
+		t.Fatalf("one node: want 8 figures, the creates and bursts measured: %+v", figs)
 	}
-	for _, f := range figs[4:] {
+	for _, f := range figs[6:] {
 		if f.N != 0 || f.P50 != 0 || !strings.Contains(f.Err, "at least 2 live, undrained nodes") {
 			t.Errorf("one node: figure %q: n=%d p50=%v err=%q; want no number and an error naming the 2 nodes it needs", f.Name, f.N, f.P50, f.Err)
 		}
@@ -65,12 +66,16 @@ func TestBenchCluster(t *testing.T) {
 	cp.StartNode(t, archived)
 	clustertest.WaitLive(t, cl, ns, 2)
 	figs = benchCluster(3)
-	if len(figs) != 6 {
-		t.Fatalf("%d figures, want 6 (4 creates, 2 resumes): %+v", len(figs), figs)
+	if len(figs) != 8 {
+		t.Fatalf("%d figures, want 8 (4 creates, 2 bursts, 2 resumes): %+v", len(figs), figs)
 	}
 	for i, f := range figs {
-		if f.N != 3 || f.Err != "" || f.P50 <= 0 {
-			t.Errorf("figure %q: n=%d p50=%v err=%q; want 3 measured rounds", f.Name, f.N, f.P50, f.Err)
+		want := 3
+		if i == 4 || i == 5 {
+			want = 4 // the bursts' creates
+		}
+		if f.N != want || f.Err != "" || f.P50 <= 0 {
+			t.Errorf("figure %q: n=%d p50=%v err=%q; want %d measured", f.Name, f.N, f.P50, f.Err, want)
 		}
 		if i%2 == 1 && (f.Baseline != figs[i-1].Name || f.Ratio <= 0) {
 			t.Errorf("figure %q is not beside its baseline %q (ratio %v)", f.Name, figs[i-1].Name, f.Ratio)
@@ -88,7 +93,7 @@ func TestBenchCluster(t *testing.T) {
 
 	// Interrupted while a round has a node marked drained, the bench
 	// removes the mark before it exits.
-	cmd := exec.CommandContext(ctx, cella, "bench", "cluster", "--json", "--n=50",
+	cmd := exec.CommandContext(ctx, cella, "bench", "cluster", "--json", "--n=50", "--concurrent=4",
 		"--gateway="+gw.URL, "--cluster="+cp.Kubeconfig(t), "--cluster-namespace="+ns)
 	var interrupted strings.Builder
 	cmd.Stdout, cmd.Stderr = &interrupted, &interrupted
@@ -116,6 +121,7 @@ func TestBenchCluster(t *testing.T) {
 			t.Errorf("node %s left drained by the interrupted bench; it said:\n%s", n.Name, interrupted.String())
 		}
 	}
-	t.Logf("measured on a loaded machine: through the gateway %v vs directly %v (create → exec p50, ratio %.2f); resumed on another node %v vs on its own %v (resume → exec p50, ratio %.2f)",
-		figs[1].P50, figs[0].P50, figs[1].Ratio, figs[5].P50, figs[4].P50, figs[5].Ratio)
+	t.Logf("measured on a loaded machine: through the gateway %v vs directly %v (create → exec p50, ratio %.2f); a burst of %d creates through the gateway p50 %v p95 %v (%s) vs directly p50 %v p95 %v (%s); resumed on another node %v vs on its own %v (resume → exec p50, ratio %.2f)",
+		figs[1].P50, figs[0].P50, figs[1].Ratio, figs[5].N, figs[5].P50, figs[5].P95, figs[5].Extra, figs[4].P50, figs[4].P95, figs[4].Extra,
+		figs[7].P50, figs[6].P50, figs[7].Ratio)
 }
