@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/signal"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -61,7 +63,12 @@ func newBenchCmd() *cobra.Command {
 				if err := b.prepare(); err != nil {
 					return err
 				}
-				figs, err := run(cmd.Context())
+				// An interrupt ends the bench through its context, so its
+				// daemons stop their sandboxes and remove what they made
+				// before it exits (the default SIGINT exit left them).
+				ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+				defer stop()
+				figs, err := run(ctx)
 				if err != nil {
 					return err
 				}
