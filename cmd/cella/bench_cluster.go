@@ -50,15 +50,17 @@ bench killed outright in that window, 'cella node undrain NODE' removes it.`,
 				}
 				cc.KubeErr = err.Error() // the create figures need no API; the resume figures say why they are missing
 			}
-			cc.N, cc.Concurrent = b.cfg.N, b.burst
-			if !cmd.Flags().Changed("concurrent") {
-				cc.Concurrent = 20 // a cluster's burst: not the single-node bench's 50
-				if b.smoke {
-					cc.Concurrent = 4
-				}
+			// Unset, a cluster's burst is bench.Cluster's default, not
+			// the single-node bench's 50.
+			cc.N = b.cfg.N
+			if cmd.Flags().Changed("concurrent") {
+				cc.Concurrent = b.burst
 			}
 			if b.smoke {
 				cc.N = 3
+				if cc.Concurrent == 0 {
+					cc.Concurrent = 4
+				}
 			}
 			// An interrupt ends the bench through its context, so a round
 			// that marked a node drained removes the mark before it exits.

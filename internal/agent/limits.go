@@ -483,7 +483,8 @@ type sessionUsage struct {
 
 // sample enforces the limits once and returns when the next sample is due.
 func (w *watchdog) sample(live []*proc, buf []byte) time.Duration {
-	limits := w.s.config().Limits
+	cfg := w.s.config()
+	limits := cfg.Limits
 	lingering := w.lingeringSessions()
 	if limits.MemoryBytes <= 0 && limits.Pids <= 0 {
 		w.mu.Lock()
@@ -516,7 +517,7 @@ func (w *watchdog) sample(live []*proc, buf []byte) time.Duration {
 			sessionRSS(usage, members, buf)
 		}
 	}
-	next := nextSample(w.s.config().Runtime, limits, mem, total.count)
+	next := nextSample(cfg.Runtime, limits, mem, total.count)
 	w.mu.Lock()
 	for _, sid := range lingering {
 		if usage[sid] == nil {
