@@ -107,13 +107,17 @@ func (s *Server) handleDownload(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Encoding", "gzip")
 		// BestSpeed: at the default level compressing cost more time than
 		// it saved on the sandbox's link (the E2B SDKs ask for gzip).
-		zw, _ := gzip.NewWriterLevel(w, gzip.BestSpeed) // a valid level: no error
+		bw := newBulkResponse(w) // bulk.go
+		defer bw.done()
+		zw, _ := gzip.NewWriterLevel(bw, gzip.BestSpeed) // a valid level: no error
 		if _, err := io.Copy(zw, f); err == nil {
 			_ = zw.Close()
 		}
 		return
 	}
-	http.ServeContent(w, r, p, st.ModTime(), f)
+	bw := newBulkResponse(w)
+	defer bw.done()
+	http.ServeContent(bw, r, p, st.ModTime(), f)
 }
 
 // openForDownload opens the regular file p as u.
@@ -355,7 +359,7 @@ func (s *Server) writeUpload(target string, data io.Reader, u *sandboxUser, meta
 			return fmt.Errorf("path is not a regular file: %s", p)
 		}
 		body := &bodyReader{r: data}
-		if n, err = io.Copy(f, body); err != nil {
+		if n, err = copyFilled(f, body); err != nil { // bulk.go
 			if body.err != nil {
 				// The client's upload ended early or was malformed.
 				code = http.StatusBadRequest

@@ -65,7 +65,9 @@ func (s *Server) handleTarGet(w http.ResponseWriter, r *http.Request) {
 		d.Close()
 		w.Header().Set("Content-Type", "application/x-tar")
 		w.WriteHeader(http.StatusOK)
-		tw := tar.NewWriter(w)
+		bw := newBulkResponse(w) // bulk.go
+		defer bw.done()
+		tw := tar.NewWriter(bw)
 		// Once the body started, errors can only end the stream early; the
 		// missing tar trailer makes the client's reader fail loudly.
 		if err := writeTree(tw, dir); err != nil {
@@ -125,7 +127,7 @@ func writeTree(tw *tar.Writer, root string) error {
 			if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
 				// Copy exactly the size in the header even if the file grows
 				// or shrinks meanwhile, or the archive would be corrupt.
-				n, err = io.Copy(tw, io.LimitReader(f, hdr.Size))
+				n, err = copyFilled(tw, io.LimitReader(f, hdr.Size)) // bulk.go
 				if err != nil {
 					f.Close()
 					return err
@@ -347,8 +349,8 @@ func extractEntry(rootFD int, rel string, hdr *tar.Header, r io.Reader) error {
 			return fmt.Errorf("create %s: %w", rel, err)
 		}
 		f := os.NewFile(uintptr(fd), rel)
-		body := &bodyReader{r: r} // files_http.go
-		_, err = io.Copy(f, body)
+		body := &bodyReader{r: r}    // files_http.go
+		_, err = copyFilled(f, body) // bulk.go
 		if body.err != nil {
 			f.Close()
 			return fmt.Errorf("%w: %s: %v", errBadArchive, rel, body.err) // the archive ends inside it
