@@ -191,6 +191,8 @@ func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, kee
 		return false, errdefs.NotFound("sandbox %q is not running: %s", id, sb.Err())
 	}
 	start := time.Now()
+	st := newStepTimer() // manager.go
+	defer func() { m.log.Debug("resume steps", append([]any{"id", id, "mode", mode}, st.attrs()...)...) }()
 	// A paused sandbox holds no slot of its key's quota: running again
 	// takes one (quota.go), bound to it until it is running.
 	res, err := m.reserve(ctx, sb.Options, 1)
@@ -199,9 +201,11 @@ func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, kee
 	}
 	res.bind(sb.ID)
 	defer res.release()
+	st.step("quota")
 	if err := m.unarchive(ctx, sb); err != nil { // lifecycle.go
 		return false, err
 	}
+	st.step("unarchive")
 	if sb.layer == nil {
 		return false, fmt.Errorf("sandbox %q has no root filesystem to resume on", id)
 	}
@@ -238,6 +242,7 @@ func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, kee
 			return false, fmt.Errorf("resume sandbox %s: %w", id, err)
 		}
 	}
+	st.step("rundir_listen_network")
 	switch mode {
 	case PauseCheckpoint:
 		// With the agent binary it was checkpointed with (agents.go).
@@ -261,9 +266,15 @@ func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, kee
 		}
 		return false, fmt.Errorf("resume sandbox %s (%s): %w", id, mode, err)
 	}
+	st.step("runtime")
 	actx, cancel := context.WithTimeout(ctx, m.cfg.AgentTimeout)
-	conn, err := m.takeAgent(actx, sb, ln, true)
+	conn, hello, err := m.acceptAgent(actx, sb, ln) // agentchannel.go
 	cancel()
+	st.step("agent_hello")
+	if err == nil {
+		m.rotateChannel(ctx, sb, conn, hello.Token, true)
+		st.step("channel_credential")
+	}
 	if err != nil {
 		ln.Close()
 		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -304,6 +315,7 @@ func (m *Manager) Resume(ctx context.Context, p tenant.Principal, id string, kee
 	if err := m.persist(context.WithoutCancel(ctx), sb); err != nil {
 		return true, err
 	}
+	st.step("record")
 	m.cfg.Metrics.Resume(sb.TemplateID, time.Since(start))
 	m.log.Info("sandbox resumed", "id", id, "mode", mode, "took", time.Since(start).Round(time.Millisecond))
 	m.lifecycleEvent(id, "resumed (%s)", mode)
