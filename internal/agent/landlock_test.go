@@ -155,3 +155,145 @@ func noNewPrivsThreads(t *testing.T) []string {
 	}
 	return out
 }
+
+// TestLandlockRulesetCache: commands reuse their mode's ruleset while what
+// its rules follow is unchanged, and get a new one as soon as it changed —
+// here a directory made beside the private dir after a command ran, which
+// a user's command can read only under rules made after it (a stale
+// ruleset has no rule for it). Many commands at once while the rules change
+// leave no ruleset descriptor behind but the cached ones.
+func TestLandlockRulesetCache(t *testing.T) {
+	if landlockABI() < 1 {
+		t.Skip("kernel without landlock")
+	}
+	helperDir, err := os.MkdirTemp("/var/cache", "cella-landlock-")
+	if err != nil {
+		t.Skip("no /var/cache to test with")
+	}
+	t.Cleanup(func() { os.RemoveAll(helperDir) })
+	if err := os.Chmod(helperDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	private := filepath.Join(helperDir, "private")
+	writeFile(t, filepath.Join(private, "config.json"), "secret")
+	old := privateRunDir
+	privateRunDir = private
+	t.Cleanup(func() { privateRunDir = old })
+	e := newTestEnv(t, func(c *agentapi.Config, o *Options) { c.Runtime = "namespaces" })
+	ctx := ctxT(t, time.Minute)
+
+	read := func(p string) string {
+		r := e.run(ctx, bashReq("cat "+p+" 2>/dev/null || echo denied"), "Authorization", basicAuth("user"))
+		return strings.TrimSpace(r.stdout)
+	}
+	if got := read(filepath.Join(private, "config.json")); got != "denied" {
+		t.Fatalf("the private dir: %q", got)
+	}
+	for i := range 3 {
+		fresh := filepath.Join(helperDir, "fresh"+strconv.Itoa(i))
+		writeFile(t, filepath.Join(fresh, "f"), "fresh")
+		if err := os.Chmod(fresh, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(filepath.Join(fresh, "f"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := read(filepath.Join(fresh, "f")); got != "fresh" {
+			t.Fatalf("a directory made since the last command: %q (a stale ruleset)", got)
+		}
+		if got := read(filepath.Join(private, "config.json")); got != "denied" {
+			t.Fatalf("the private dir after a change: %q", got)
+		}
+	}
+
+	// Many commands at once, for root and user, while the rules change.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 20 {
+			_ = os.Mkdir(filepath.Join(helperDir, "churn"+strconv.Itoa(i)), 0o755)
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	errs := make(chan string, 40)
+	for i := range 40 {
+		go func() {
+			hdr := []string{}
+			if i%2 == 0 {
+				hdr = []string{"Authorization", basicAuth("user")}
+			}
+			r := e.run(ctx, bashReq("echo ok"), hdr...)
+			errs <- strings.TrimSpace(r.stdout + r.stderr)
+		}()
+	}
+	for range 40 {
+		if got := <-errs; got != "ok" {
+			t.Errorf("a command while the rules changed: %q", got)
+		}
+	}
+	<-done
+	e.run(ctx, bashReq("true"))
+	e.run(ctx, bashReq("true"), "Authorization", basicAuth("user"))
+	if n := landlockFDs(t); n > 2 {
+		t.Fatalf("%d ruleset descriptors open, want at most one per mode", n)
+	}
+}
+
+// landlockFDs counts this process's open Landlock ruleset descriptors.
+func landlockFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, ent := range ents {
+		if l, err := os.Readlink(filepath.Join("/proc/self/fd", ent.Name())); err == nil && strings.Contains(l, "landlock-ruleset") {
+			n++
+		}
+	}
+	return n
+}
+
+// TestRulesetKey: the key changes with the entries of the private dir's
+// ancestors and with the identity of the user's writable trees, and not
+// with what is made inside those trees.
+func TestRulesetKey(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range append([]string{"run/cella"}, userWritable...) {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := privateRunDir
+	privateRunDir = "/run/cella"
+	t.Cleanup(func() { privateRunDir = old })
+	key := func() rulesetKey { return currentRulesetKey(landlockModeUser, root) }
+	k0 := key()
+	if key() != k0 {
+		t.Fatal("the key changed with nothing changed")
+	}
+	writeFile(t, filepath.Join(root, "tmp", "churn"), "x")
+	if key() != k0 {
+		t.Fatal("a file made in /tmp changed the key")
+	}
+	if err := os.RemoveAll(filepath.Join(root, "tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(root, "tmp"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	k1 := key()
+	if k1 == k0 {
+		t.Fatal("/tmp made again (another directory) left the key as it was")
+	}
+	if err := os.Mkdir(filepath.Join(root, "run", "new"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if key() == k1 {
+		t.Fatal("a new entry of /run left the key as it was")
+	}
+	if currentRulesetKey(landlockModeRoot, root) == key() {
+		t.Fatal("the modes share a key")
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
 	"github.com/cella-sandbox/cella/internal/agentapi"
@@ -80,7 +81,7 @@ func NewServer(cfg agentapi.Config, opts Options) *Server {
 	}
 	s := &Server{
 		opts:     opts,
-		users:    userDB{passwdPath: opts.PasswdPath, groupPath: opts.GroupPath},
+		users:    newUserDB(opts.PasswdPath, opts.GroupPath),
 		reaper:   opts.Reaper,
 		procs:    procTable{byPid: map[int]*proc{}},
 		watchers: watcherTable{byID: map[string]*dirWatcher{}},
@@ -174,6 +175,13 @@ func (s *Server) fileUser(r *http.Request) (*sandboxUser, error) {
 	return u, nil
 }
 
+// smallUncompressed sends messages under 1 KiB as they are, whatever the
+// client accepts: connect-go compresses every message by default once a
+// client accepts gzip (the SDKs and cella's client do), and the start and
+// end events of an exec (tens of bytes each) then cost a pooled gzip writer
+// and reader each way — 7.5 % of the agent's CPU per exec, profiled.
+var smallUncompressed = connect.WithCompressMinBytes(1024)
+
 // Handler is the agent's API as the daemon reaches it over the channel.
 func (s *Server) Handler() http.Handler { return s.handler(true) }
 
@@ -185,9 +193,9 @@ func (s *Server) LocalHandler() http.Handler { return s.handler(false) }
 
 func (s *Server) handler(trusted bool) http.Handler {
 	mux := http.NewServeMux()
-	path, h := processconnect.NewProcessHandler(processService{s})
+	path, h := processconnect.NewProcessHandler(processService{s}, smallUncompressed)
 	mux.Handle(path, h)
-	path, h = filesystemconnect.NewFilesystemHandler(filesystemService{s})
+	path, h = filesystemconnect.NewFilesystemHandler(filesystemService{s}, smallUncompressed)
 	mux.Handle(path, h)
 
 	mux.HandleFunc("GET "+agentapi.HealthPath, func(w http.ResponseWriter, r *http.Request) {

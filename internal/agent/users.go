@@ -6,16 +6,21 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cella-sandbox/cella/internal/agent/asuser"
 )
 
 // sandboxUser is an account of the sandbox's own user database. The agent
 // parses /etc/passwd and /etc/group itself instead of using os/user: the
-// agent is a static binary (no NSS), and the files are re-read on every
-// lookup so that accounts created inside the sandbox (useradd) just work.
+// agent is a static binary (no NSS), and the files are read again whenever
+// they changed, so that accounts created inside the sandbox (useradd) just
+// work.
 type sandboxUser struct {
 	Name   string
 	UID    uint32
@@ -47,15 +52,82 @@ func (u *sandboxUser) denied(op, path string, err error) error {
 type userDB struct {
 	passwdPath string
 	groupPath  string
+	// cache (nil: none) keeps the users looked up while both files stay
+	// as they were: every exec and file request looks its user up, and
+	// reading and parsing both files each time was 2.4 % of the agent's
+	// CPU per exec under the namespaces runtime, profiled.
+	cache *userCache
+}
+
+func newUserDB(passwdPath, groupPath string) userDB {
+	return userDB{passwdPath: passwdPath, groupPath: groupPath, cache: &userCache{}}
+}
+
+// userCache holds users of one version of the files: the stamps of both,
+// taken before they were read.
+type userCache struct {
+	mu     sync.Mutex
+	stamps [2]fileStamp
+	users  map[string]sandboxUser
+}
+
+// fileStamp tells versions of a file apart: useradd and its kin write a
+// new file and rename it over the old one (another inode), an editor may
+// write in place (another mtime or size).
+type fileStamp struct {
+	ok          bool
+	dev, ino    uint64
+	size, mtime int64
+}
+
+func stampOf(path string) fileStamp {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return fileStamp{}
+	}
+	return fileStamp{ok: true, dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano()}
 }
 
 // lookup finds a user by name. A numeric name that is not in passwd is
 // accepted as a bare uid (gid = uid, home = /) so that images without an
-// entry for the uid still work.
+// entry for the uid still work. Accounts created inside the sandbox
+// (useradd) are found at once: the files are read again whenever either
+// changed.
 func (db userDB) lookup(name string) (*sandboxUser, error) {
 	if name == "" {
 		return nil, fmt.Errorf("no user given")
 	}
+	if db.cache == nil {
+		return db.read(name)
+	}
+	stamps := [2]fileStamp{stampOf(db.passwdPath), stampOf(db.groupPath)}
+	c := db.cache
+	c.mu.Lock()
+	if stamps != c.stamps {
+		c.stamps, c.users = stamps, map[string]sandboxUser{}
+	}
+	if u, ok := c.users[name]; ok {
+		c.mu.Unlock()
+		u.Groups = slices.Clone(u.Groups)
+		return &u, nil
+	}
+	c.mu.Unlock()
+	u, err := db.read(name)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if c.stamps == stamps && stamps[0].ok {
+		kept := *u
+		kept.Groups = slices.Clone(u.Groups)
+		c.users[name] = kept
+	}
+	c.mu.Unlock()
+	return u, nil
+}
+
+// read looks name up in the files as they are now.
+func (db userDB) read(name string) (*sandboxUser, error) {
 	var found *sandboxUser
 	err := scanColonFile(db.passwdPath, func(f []string) bool {
 		if len(f) < 7 || f[0] != name {
@@ -162,7 +234,8 @@ func scanColonFile(path string, fn func([]string) bool) error {
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	sc.Buffer(nil, 1<<20) // grows from 4 KiB as lines need
+
 	for sc.Scan() {
 		line := sc.Text()
 		if line == "" || line[0] == '#' {

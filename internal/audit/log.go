@@ -6,8 +6,8 @@
 // Each sandbox has one JSON Lines file, <dir>/<sandbox-id>.jsonl, one Entry
 // per line, oldest first. Append never blocks its caller on the disk: it
 // queues the entry and one writer goroutine appends queued entries to their
-// files as soon as it wakes (well under 100 ms; Read and Close first wait
-// for the queue to drain).
+// files, gathering what comes within 20 ms into one append per file (well
+// under 100 ms; Read and Close first wait for the queue to drain).
 //
 // Bounds, so that a sandbox flooding its own log can neither fill the disk
 // nor push the evidence of what it did out of it:
@@ -270,6 +270,9 @@ func (l *Log) run() {
 	for {
 		select {
 		case <-l.wake:
+			if stopped := l.gather(); stopped {
+				return
+			}
 		case <-held:
 			held = nil
 			l.summarizeHeld()
@@ -287,6 +290,32 @@ func (l *Log) run() {
 			held = time.After(time.Second)
 		}
 	}
+}
+
+// gatherDelay is how long the writer lets entries gather after the first
+// one woke it: an exec's start and exit, or a burst of connections, then
+// cost one append to their sandbox's file instead of one each (an open,
+// write, stat and close: 8 % of the daemon's CPU per exec, profiled). Read,
+// Flush and Close do not wait for it.
+const gatherDelay = 20 * time.Millisecond
+
+// gather waits gatherDelay, or less when a Flush or Close asks for the
+// queue; it reports whether Close did (the queue is written then).
+func (l *Log) gather() (stopped bool) {
+	t := time.NewTimer(gatherDelay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case ack := <-l.flush:
+		l.summarizeHeld()
+		l.drain()
+		close(ack)
+	case <-l.stop:
+		l.summarizeHeld()
+		l.drain()
+		return true
+	}
+	return false
 }
 
 // drain writes batches until the queue is empty.
