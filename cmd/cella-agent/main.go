@@ -5,6 +5,14 @@
 // through the sentry): it links internal/agent and what that needs, none of
 // the daemon, CLI or console. cella embeds it (internal/agentbin; `make
 // build` builds it first) and writes it out for its sandboxes.
+//
+// GOMAXPROCS is taken from the sandbox's CPU limit at start, and not read
+// again every second (Go's default since 1.25): the limit does not change
+// while a sandbox runs, and under gVisor that once-a-second read (a
+// sched_getaffinity and a pread of cpu.max, and the scheduler's wake-ups
+// around them) was most of what an idle sandbox cost its host.
+//
+//go:debug updatemaxprocs=0
 package main
 
 import (
