@@ -58,6 +58,7 @@ func (ps processService) Start(ctx context.Context, req *connect.Request[process
 	if err != nil {
 		return err
 	}
+	spec.quiet = isQuietStart(ctx) // spawn.go: only the agent's own warm-up
 	// The process must outlive this request (background commands, client
 	// disconnects), so nothing below is tied to ctx except the stream.
 	p, sub, err := s.startProcess(spec)

@@ -59,6 +59,9 @@ type Server struct {
 	done     chan struct{}
 	closeMu  sync.Once
 
+	channelOnce sync.Once
+	channel     http.Handler // channelHandler
+
 	// mu guards cfg, which /init updates while requests read it.
 	mu  sync.RWMutex
 	cfg agentapi.Config
@@ -183,7 +186,14 @@ func (s *Server) fileUser(r *http.Request) (*sandboxUser, error) {
 var smallUncompressed = connect.WithCompressMinBytes(1024)
 
 // Handler is the agent's API as the daemon reaches it over the channel.
-func (s *Server) Handler() http.Handler { return s.handler(true) }
+func (s *Server) Handler() http.Handler { return s.channelHandler() }
+
+// channelHandler is Handler, made once: the warm-up of the process service
+// (spawn.go) goes through the very handler the daemon's requests reach.
+func (s *Server) channelHandler() http.Handler {
+	s.channelOnce.Do(func() { s.channel = s.handler(true) })
+	return s.channel
+}
 
 // LocalHandler is the same API for programs inside the sandbox
 // (127.0.0.1:49983). It differs in one way: /init, which can replace the

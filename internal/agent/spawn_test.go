@@ -24,9 +24,11 @@ func spawnReq(t *testing.T, url, body string, hdr ...string) (*http.Response, []
 }
 
 // The spawn route times Count bare starts and Count starts through the
-// exec path, as the request's user, and leaves no trace in the process
-// table, the logs or the audit feed; programs inside the sandbox cannot
-// reach it, and a bad count is refused naming the field and its limit.
+// exec path, as the request's user, and with throughConnect starts the
+// command through the process service in both Connect codecs too (a warm
+// pool's warm-up), and leaves no trace in the process table, the logs or
+// the audit feed; programs inside the sandbox cannot reach it, and a bad
+// count is refused naming the field and its limit.
 func TestSpawn(t *testing.T) {
 	for _, rt := range []string{"gvisor", "namespaces"} {
 		t.Run(rt, func(t *testing.T) {
@@ -34,7 +36,7 @@ func TestSpawn(t *testing.T) {
 				t.Skip("kernel without landlock")
 			}
 			e := newTestEnv(t, func(c *agentapi.Config, o *Options) { c.Runtime = rt })
-			resp, b := spawnReq(t, e.ts.URL, `{"count":3}`, "Authorization", basicAuth("user"))
+			resp, b := spawnReq(t, e.ts.URL, `{"count":3,"throughConnect":true}`, "Authorization", basicAuth("user"))
 			if resp.StatusCode != http.StatusOK {
 				t.Fatalf("spawn: %d %s", resp.StatusCode, b)
 			}

@@ -30,6 +30,16 @@ const Version = "0.6.4"
 // 127.0.0.1:<port> inside the sandbox.
 const Port = 49983
 
+// LinkHost is the host name of every URL the daemon sends over a sandbox's
+// channel (http://LinkHost:PORT/...): the port picks the target inside the
+// sandbox, the name only keys the channel transport's idle streams. One
+// name for the edge's proxied requests and the daemon's own calls
+// (agentclient) lets them share those streams: the pool's warm-up left its
+// stream for the first exec after a hand-out, which under another name
+// opened a stream and an HTTP connection of its own (namespaces: the first
+// exec took 1.3-1.4× the second).
+const LinkHost = "sandbox"
+
 // GuestRunDir is where the sandbox's run directory appears inside it
 // (read-only): the daemon's socket and, before a cold boot's hello, the
 // config file.

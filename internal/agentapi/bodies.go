@@ -35,6 +35,11 @@ type ChannelTokenRequest struct {
 // process logs nor the audit feed.
 type SpawnRequest struct {
 	Count int `json:"count"`
+	// ThroughConnect also starts the command once through the agent's own
+	// envd process service, in each of Connect's codecs (proto and JSON),
+	// as quietly as the spawns: what a client's first exec would otherwise
+	// set up on its way (the codecs, the process service's types).
+	ThroughConnect bool `json:"throughConnect,omitempty"`
 }
 
 // MaxSpawnCount bounds SpawnRequest.Count.

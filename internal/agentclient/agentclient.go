@@ -55,8 +55,9 @@ func (f fixed) WaitConn(context.Context) (*channel.Conn, error) {
 const RedialGrace = 3 * time.Second
 
 // baseURL addresses the agent's API over a channel transport: the port
-// picks the stream's target inside the sandbox, the host is only a name.
-var baseURL = "http://agent:" + strconv.Itoa(agentapi.Port)
+// picks the stream's target inside the sandbox, the host is only a name
+// (the edge's, so that both share idle streams).
+var baseURL = "http://" + agentapi.LinkHost + ":" + strconv.Itoa(agentapi.Port)
 
 // Client calls one sandbox's agent.
 type Client struct {
@@ -192,6 +193,14 @@ func (c *Client) Spawn(ctx context.Context, user string, count int) (agentapi.Sp
 	var res agentapi.SpawnResult
 	err := c.call(ctx, agentapi.SpawnPath, user, agentapi.SpawnRequest{Count: count}, &res, "agent spawn")
 	return res, err
+}
+
+// Warm has the agent start an exec's command shape once as user, bare,
+// through its exec path and through its process service in both Connect
+// codecs, without any of them listed or audited: what a warm pool does
+// before it hands a sandbox out.
+func (c *Client) Warm(ctx context.Context, user string) error {
+	return c.call(ctx, agentapi.SpawnPath, user, agentapi.SpawnRequest{Count: 1, ThroughConnect: true}, &agentapi.SpawnResult{}, "agent warm-up")
 }
 
 func (c *Client) post(ctx context.Context, path string, body any, what string) error {

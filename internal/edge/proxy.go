@@ -74,7 +74,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, t Target) {
 	}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(&url.URL{Scheme: "http", Host: "sandbox:" + strconv.Itoa(t.Port)})
+			pr.SetURL(&url.URL{Scheme: "http", Host: agentapi.LinkHost + ":" + strconv.Itoa(t.Port)})
 			pr.Out.Host = r.Host
 			pr.SetXForwarded() // X-Forwarded-Host: the Host the client used
 			if t.Port != agentapi.Port {

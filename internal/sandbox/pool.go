@@ -552,18 +552,20 @@ func (m *Manager) makePooled(ctx context.Context, base Options) (*pooled, error)
 	return pd, nil
 }
 
-// warmPooled runs an exec's command shape once in a pooled sandbox, so that
+// warmPooled runs an exec's command shape in a pooled sandbox, so that
 // the first exec after its hand-out costs what later ones do: bash, its
 // libraries and the login scripts paged in (under gVisor each through the
-// sentry), the agent's exec path run once and the channel's stream to the
-// agent open. A sandbox whose warm-up fails is still handed out: its first
-// exec is merely cold.
+// sentry), the agent's exec path and its process service run once in both
+// Connect codecs (agentclient.Warm), and the channel's stream to the agent
+// open (the edge's requests and the daemon's share the name they are keyed
+// by, agentapi.LinkHost). A sandbox whose warm-up fails is still handed
+// out: its first exec is merely cold.
 func (m *Manager) warmPooled(ctx context.Context, sb *Sandbox) {
 	conn := sb.currentConn()
 	if conn == nil {
 		return
 	}
-	if _, err := agentclient.New(sb.ID, agentclient.On(conn), sb.EnvdAccessToken).Spawn(ctx, "", 1); err != nil {
+	if err := agentclient.New(sb.ID, agentclient.On(conn), sb.EnvdAccessToken).Warm(ctx, ""); err != nil {
 		m.log.Warn("warm pool: warming a pooled sandbox's exec path failed; its first exec will be slower", "id", sb.ID, "err", err)
 	}
 }
