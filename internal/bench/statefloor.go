@@ -28,8 +28,11 @@ import (
 // --compression=none` and the forks' `restore --background`), each timed until the holder answers a `runsc exec` of
 // the same ask cella's figures run.
 
-// rawAskHolder is askHolder as an argv for `runsc exec`.
-var rawAskHolder = []string{"/usr/bin/python3", "-c", "import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:8000', timeout=30).read().decode())"}
+// rawAskHolder is askHolder as an argv for `runsc exec`, in the command
+// shape cella's exec gives it (E2B's bash -l -c), so that the floor runs
+// what cella's figure runs: the ask alone left the login shell out of the
+// floor (~20-40 ms under gVisor, more right after a restore).
+var rawAskHolder = []string{"/bin/bash", "-l", "-c", askHolder}
 
 // rawRunsc drives raw runsc containers in a directory of its own.
 type rawRunsc struct {
