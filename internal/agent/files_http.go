@@ -332,6 +332,7 @@ func (s *Server) writeUpload(target string, data io.Reader, u *sandboxUser, meta
 		return fileEntry{}, http.StatusBadRequest, err
 	}
 	var n int64
+	var stored map[string]string // the metadata as read back
 	code := 0
 	err = u.do(func() error {
 		if err := ensureDirs(filepath.Dir(p)); err != nil {
@@ -388,6 +389,9 @@ func (s *Server) writeUpload(target string, data io.Reader, u *sandboxUser, meta
 			code = statusFor(err)
 			return fmt.Errorf("error writing file: %w", err)
 		}
+		// Read back in the same switch to the user: each switch is a
+		// dozen credential calls, under gVisor each through the sentry.
+		stored = readMetadata(p)
 		return nil
 	})
 	if err != nil {
@@ -398,9 +402,7 @@ func (s *Server) writeUpload(target string, data io.Reader, u *sandboxUser, meta
 		return fileEntry{}, code, err
 	}
 	s.audit.emit(agentapi.AuditEvent{Kind: "file.write", Path: p, Size: n, User: u.Name})
-	e := fileEntry{Path: p, Name: filepath.Base(p), Type: "file"}
-	_ = u.do(func() error { e.Metadata = readMetadata(p); return nil })
-	return e, 0, nil
+	return fileEntry{Path: p, Name: filepath.Base(p), Type: "file", Metadata: stored}, 0, nil
 }
 
 // bodyReader keeps the error of reading an upload, which is the client's,
