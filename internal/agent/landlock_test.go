@@ -23,15 +23,15 @@ func landlockABI() int {
 	return int(v)
 }
 
-// TestLandlock runs commands under the Landlock ruleset the way the agent
-// does under the namespaces runtime: forked from a thread that restricted
-// itself, with no helper in between.
-func TestLandlock(t *testing.T) {
+// landlockDirs skips without Landlock, and makes a dir the test user can
+// reach (the default temp dir may be private to root) holding a private
+// dir that stands in for /run/cella (outside /tmp, which users may write),
+// with a secret in it; privateRunDir points at it for the test.
+func landlockDirs(t *testing.T) (helperDir, private string) {
+	t.Helper()
 	if landlockABI() < 1 {
 		t.Skip("kernel without landlock")
 	}
-	// The places the test makes must be reachable by the test user; the
-	// default temp dir may be private to root.
 	helperDir, err := os.MkdirTemp("/var/cache", "cella-landlock-")
 	if err != nil {
 		t.Skip("no /var/cache to test with")
@@ -40,13 +40,23 @@ func TestLandlock(t *testing.T) {
 	if err := os.Chmod(helperDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	private = filepath.Join(helperDir, "private")
+	writeFile(t, filepath.Join(private, "config.json"), "secret")
+	old := privateRunDir
+	privateRunDir = private
+	t.Cleanup(func() { privateRunDir = old })
+	return helperDir, private
+}
+
+// TestLandlock runs commands under the Landlock ruleset the way the agent
+// does under the namespaces runtime: forked from a thread that restricted
+// itself, with no helper in between.
+func TestLandlock(t *testing.T) {
+	helperDir, private := landlockDirs(t)
 	e := newTestEnv(t, func(c *agentapi.Config, o *Options) { c.Runtime = "namespaces" })
 	ctx := ctxT(t, 20*time.Second)
 
-	// A private dir standing in for /run/cella (outside /tmp, which users
-	// may write), and a world-writable dir outside the user's areas.
-	private := filepath.Join(helperDir, "private")
-	writeFile(t, filepath.Join(private, "config.json"), "secret")
+	// A world-writable dir outside the user's areas.
 	open := filepath.Join(e.rootDir, "open")
 	if err := os.MkdirAll(open, 0o777); err != nil {
 		t.Fatal(err)
@@ -56,9 +66,6 @@ func TestLandlock(t *testing.T) {
 	}
 	writeFile(t, filepath.Join(e.rootDir, "readable.txt"), "readable")
 
-	old := privateRunDir
-	privateRunDir = private
-	t.Cleanup(func() { privateRunDir = old })
 	script := strings.Join([]string{
 		"cat " + filepath.Join(private, "config.json") + " >/dev/null 2>&1 && echo private=yes || echo private=no",
 		"cat " + filepath.Join(e.rootDir, "readable.txt") + " >/dev/null 2>&1 && echo read=yes || echo read=no",
@@ -163,22 +170,7 @@ func noNewPrivsThreads(t *testing.T) []string {
 // ruleset has no rule for it). Many commands at once while the rules change
 // leave no ruleset descriptor behind but the cached ones.
 func TestLandlockRulesetCache(t *testing.T) {
-	if landlockABI() < 1 {
-		t.Skip("kernel without landlock")
-	}
-	helperDir, err := os.MkdirTemp("/var/cache", "cella-landlock-")
-	if err != nil {
-		t.Skip("no /var/cache to test with")
-	}
-	t.Cleanup(func() { os.RemoveAll(helperDir) })
-	if err := os.Chmod(helperDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	private := filepath.Join(helperDir, "private")
-	writeFile(t, filepath.Join(private, "config.json"), "secret")
-	old := privateRunDir
-	privateRunDir = private
-	t.Cleanup(func() { privateRunDir = old })
+	helperDir, private := landlockDirs(t)
 	e := newTestEnv(t, func(c *agentapi.Config, o *Options) { c.Runtime = "namespaces" })
 	ctx := ctxT(t, time.Minute)
 

@@ -277,12 +277,10 @@ func (l *Log) run() {
 			held = nil
 			l.summarizeHeld()
 		case ack := <-l.flush:
-			l.summarizeHeld()
-			l.drain()
+			l.writeAll()
 			close(ack)
 		case <-l.stop:
-			l.summarizeHeld()
-			l.drain()
+			l.writeAll()
 			return
 		}
 		l.drain()
@@ -307,15 +305,20 @@ func (l *Log) gather() (stopped bool) {
 	select {
 	case <-t.C:
 	case ack := <-l.flush:
-		l.summarizeHeld()
-		l.drain()
+		l.writeAll()
 		close(ack)
 	case <-l.stop:
-		l.summarizeHeld()
-		l.drain()
+		l.writeAll()
 		return true
 	}
 	return false
+}
+
+// writeAll sums up what is held back and writes everything queued: what
+// a Flush or Close waits for.
+func (l *Log) writeAll() {
+	l.summarizeHeld()
+	l.drain()
 }
 
 // drain writes batches until the queue is empty.
