@@ -70,7 +70,7 @@ $(BIN)/cella: $(GO_SOURCES) $(AGENT_EMBED) internal/apiwire/openapi.yaml interna
 # them on its critical path.
 RUNSC_SECCOMP := tools/runsc/seccomp/boot_filter_precompiled.go.in tools/runsc/seccomp/gofer_filter_precompiled.go.in
 $(BIN)/runsc: tools/runsc/go.mod tools/runsc/go.sum $(RUNSC_SECCOMP) scripts/build-runsc.sh
-	scripts/build-runsc.sh $@
+	GO=$(GO) scripts/build-runsc.sh $@
 
 # The generator runs as PID 1 of a PID namespace of its own, as the sentry
 # and the gofer do: some rules hold the process's own PID (needs root).

@@ -13,11 +13,12 @@
 set -euo pipefail
 
 out=$(realpath -m "$1")
+go=${GO:-go}
 root=$(cd "$(dirname "$0")/.." && pwd)
 mod=$root/tools/runsc
 export CGO_ENABLED=0 GOFLAGS=-mod=readonly
 
-version=$(go -C "$mod" list -m -f '{{.Version}}' gvisor.dev/gvisor)
+version=$($go -C "$mod" list -m -f '{{.Version}}' gvisor.dev/gvisor)
 for f in boot gofer; do
 	have=$(sed -n '2s|^// gVisor ||p' "$mod/seccomp/${f}_filter_precompiled.go.in")
 	if [ "$have" != "$version" ]; then
@@ -25,16 +26,22 @@ for f in boot gofer; do
 		exit 1
 	fi
 done
-go -C "$mod" mod download gvisor.dev/gvisor
-src=$(go -C "$mod" list -m -f '{{.Dir}}' gvisor.dev/gvisor)
+$go -C "$mod" mod download gvisor.dev/gvisor
+src=$($go -C "$mod" list -m -f '{{.Dir}}' gvisor.dev/gvisor)
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/cella-runsc-build.XXXXXX")
 # Only the directories are made writable for the removal: the files are
 # links to the module cache's, whose modes a chmod would change.
 trap 'find "$work" -type d -exec chmod u+w {} + 2>/dev/null; rm -rf "$work"' EXIT
 # Hard links where the module cache is on the same filesystem, a copy
-# otherwise; the replaced files are new files, never writes through a link.
-cp -al "$src" "$work/gvisor" 2>/dev/null || cp -a "$src" "$work/gvisor"
+# otherwise (a failed cp -al leaves the tree it made: start again from
+# nothing); the replaced files are new files, never writes through a link.
+if ! cp -al "$src" "$work/gvisor" 2>/dev/null; then
+	find "$work/gvisor" -type d -exec chmod u+w {} + 2>/dev/null || true
+	rm -rf "$work/gvisor"
+	cp -a "$src" "$work/gvisor"
+fi
+test -f "$work/gvisor/go.mod" || { echo "build-runsc: the copy of $src lacks its go.mod" >&2; exit 1; }
 for pair in boot:runsc/boot/filter gofer:runsc/fsgofer/filter; do
 	f=${pair%%:*} dir=$work/gvisor/${pair#*:}
 	chmod u+w "$dir"
@@ -43,4 +50,4 @@ for pair in boot:runsc/boot/filter gofer:runsc/fsgofer/filter; do
 done
 cp "$mod/go.mod" "$mod/go.sum" "$work/"
 echo "replace gvisor.dev/gvisor => $work/gvisor" >>"$work/go.mod"
-go -C "$mod" build -modfile="$work/go.mod" -trimpath -ldflags='-s -w' -o "$out" gvisor.dev/gvisor/runsc
+$go -C "$mod" build -modfile="$work/go.mod" -trimpath -ldflags='-s -w' -o "$out" gvisor.dev/gvisor/runsc

@@ -20,15 +20,17 @@ var bulkBuffers = sync.Pool{New: func() any { b := make([]byte, bulkChunk); retu
 
 // copyFilled copies src to dst in writes of bulkChunk bytes (the last one
 // shorter), each filled by as many reads of src as it takes: meant for
-// copies into a file, where nobody waits for a partial chunk. Errors are
-// io.Copy's: a read error is returned as it is, and io.EOF ends the copy.
+// copies into a file, where nobody waits for a partial chunk. Only src's
+// io.EOF ends the copy well; any other read error is returned as it is —
+// io.ErrUnexpectedEOF included, which is how a body cut short says so (an
+// HTTP body shorter than its Content-Length, a truncated gzip stream).
 func copyFilled(dst io.Writer, src io.Reader) (int64, error) {
 	bp := bulkBuffers.Get().(*[]byte)
 	defer bulkBuffers.Put(bp)
 	buf := *bp
 	var written int64
 	for {
-		n, rerr := io.ReadFull(src, buf)
+		n, rerr := fill(src, buf)
 		if n > 0 {
 			w, werr := dst.Write(buf[:n])
 			written += int64(w)
@@ -39,16 +41,27 @@ func copyFilled(dst io.Writer, src io.Reader) (int64, error) {
 				return written, io.ErrShortWrite
 			}
 		}
-		switch {
-		case rerr == nil:
-		case errors.Is(rerr, io.EOF), errors.Is(rerr, io.ErrUnexpectedEOF):
-			// ReadFull's ErrUnexpectedEOF here is src's plain EOF after a
-			// partial chunk; a body cut short reports its own error.
+		if errors.Is(rerr, io.EOF) {
 			return written, nil
-		default:
+		}
+		if rerr != nil {
 			return written, rerr
 		}
 	}
+}
+
+// fill reads from r until buf is full or a read fails; it returns what it
+// read and the error that stopped it (nil when buf is full).
+func fill(r io.Reader, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		m, err := r.Read(buf[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // bulkResponse gathers what a handler writes into writes of bulkChunk bytes

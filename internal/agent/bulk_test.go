@@ -1,12 +1,19 @@
 package agent
 
 import (
+	"bufio"
 	"bytes"
+	"compress/gzip"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -53,6 +60,12 @@ func TestCopyFilled(t *testing.T) {
 		t.Fatalf("writes %v, want %v", dst.sizes, want)
 	}
 
+	// A body cut short ends its reads with io.ErrUnexpectedEOF (net/http's
+	// body before its Content-Length, gzip): an error, not an end.
+	n, err = copyFilled(io.Discard, io.MultiReader(bytes.NewReader(data[:1000]), &failing{io.ErrUnexpectedEOF}))
+	if !errors.Is(err, io.ErrUnexpectedEOF) || n != 1000 {
+		t.Fatalf("a body cut short: copied %d, %v", n, err)
+	}
 	cut := errors.New("client went away")
 	n, err = copyFilled(io.Discard, io.MultiReader(bytes.NewReader(data[:1000]), &failing{cut}))
 	if !errors.Is(err, cut) || n != 1000 {
@@ -129,5 +142,45 @@ func TestBulkResponse(t *testing.T) {
 	_, _ = bw.Write([]byte(" after"))
 	if rec.Body.String() != "held after" || rec.writes != 2 {
 		t.Fatalf("body %q after %d writes", rec.Body.String(), rec.writes)
+	}
+}
+
+// TestUploadCutShort: an upload whose body ends early — a gzip stream cut
+// in half, a body shorter than its Content-Length — is the client's error
+// (400 naming it), never a file written as if it were whole.
+func TestUploadCutShort(t *testing.T) {
+	e := newTestEnv(t)
+	data := make([]byte, 3*bulkChunk)
+	_, _ = rand.Read(data)
+	var zbuf bytes.Buffer
+	zw := gzip.NewWriter(&zbuf)
+	_, _ = zw.Write(data)
+	_ = zw.Close()
+	half := zbuf.Bytes()[:zbuf.Len()/2]
+
+	target := filepath.Join(e.rootDir, "cut.bin")
+	req, _ := http.NewRequest("POST", e.ts.URL+"/files?path="+url.QueryEscape(target), bytes.NewReader(half))
+	req.Header.Set("Content-Type", "application/octet-stream")
+	req.Header.Set("Content-Encoding", "gzip")
+	if resp, b := do(t, req); resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "error reading the upload") {
+		t.Fatalf("a gzip body cut in half: %d %s", resp.StatusCode, b)
+	}
+
+	// A body shorter than its Content-Length: the client hangs up early.
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.ts.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /files?path=%s HTTP/1.1\r\nHost: agent\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", url.QueryEscape(target+"2"), len(data))
+	_, _ = conn.Write(data[:len(data)/3])
+	_ = conn.(*net.TCPConn).CloseWrite()
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "error reading the upload") {
+		t.Fatalf("a body shorter than its Content-Length: %d %s", resp.StatusCode, b)
 	}
 }

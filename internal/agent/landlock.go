@@ -1,11 +1,14 @@
 package agent
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -57,10 +60,14 @@ type commandRuleset struct {
 }
 
 // rulesetKey is what a mode's rules follow: the entries of / and of the
-// private dir's ancestors (a directory's mtime changes with every entry
-// made, removed or renamed in it, and a new inode is another directory) and
-// the sandbox's mounts (volumes). Unchanged, the rules would come out the
-// same.
+// private dir's other ancestors, by name and inode (a rule holds the inode
+// an entry names: one made, removed, renamed or replaced changes the
+// listing; a directory's mtime would not tell two changes within one clock
+// tick apart, or one whose mtime was set back), which directories the
+// user's writable trees are, and the sandbox's mounts (volumes).
+// Unchanged, the rules would come out the same. A cached ruleset holds the
+// inodes of its rules: a large file removed from / or /run is freed only
+// once a command of each mode has run under a new ruleset.
 type rulesetKey struct {
 	mode   string
 	dirs   string
@@ -138,7 +145,7 @@ func currentRulesetKey(mode, root string) rulesetKey {
 	private := filepath.Join(root, privateRunDir)
 	for d := private; ; d = filepath.Dir(d) {
 		if d != private {
-			fmt.Fprintf(&dirs, "%s %v\n", d, stampOf(d)) // users.go
+			fmt.Fprintf(&dirs, "%s\n%s\n", d, dirListing(d))
 		}
 		if d == root || d == filepath.Dir(d) {
 			break
@@ -155,6 +162,48 @@ func currentRulesetKey(mode, root string) rulesetKey {
 		mounts = []byte(fmt.Sprintf("unreadable: %v %d", err, time.Now().UnixNano()))
 	}
 	return rulesetKey{mode: mode, dirs: dirs.String(), mounts: string(mounts)}
+}
+
+// dirListing is directory d's identity and entries, each by name, inode
+// and type, in name order; an unreadable directory gives a listing no
+// other call does.
+func dirListing(d string) string {
+	fd, err := unix.Open(d, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Sprintf("unreadable: %v %d", err, time.Now().UnixNano())
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Sprintf("unreadable: %v %d", err, time.Now().UnixNano())
+	}
+	var entries []string
+	buf := make([]byte, 8192)
+	for {
+		n, err := unix.Getdents(fd, buf)
+		if err != nil {
+			return fmt.Sprintf("unreadable: %v %d", err, time.Now().UnixNano())
+		}
+		if n <= 0 {
+			break
+		}
+		// struct linux_dirent64: ino, off (8 bytes each), reclen (2),
+		// type (1), the name up to its NUL.
+		for b := buf[:n]; len(b) >= 19; {
+			reclen := int(binary.NativeEndian.Uint16(b[16:18]))
+			if reclen < 19 || reclen > len(b) {
+				return fmt.Sprintf("unreadable: bad dirent %d", time.Now().UnixNano())
+			}
+			name := b[19:reclen]
+			if i := bytes.IndexByte(name, 0); i >= 0 {
+				name = name[:i]
+			}
+			entries = append(entries, fmt.Sprintf("%s/%d/%d", name, binary.NativeEndian.Uint64(b[0:8]), b[18]))
+			b = b[reclen:]
+		}
+	}
+	slices.Sort(entries)
+	return fmt.Sprintf("%d:%d %s", st.Dev, st.Ino, strings.Join(entries, " "))
 }
 
 // Close gives the ruleset back (a nil ruleset holds nothing).
@@ -250,7 +299,14 @@ func landlockRules(mode, root string) ([]landlock.Rule, error) {
 	}
 	var rules []landlock.Rule
 	add := func(p string, write bool) {
-		st, err := os.Stat(p) // follows /bin -> usr/bin and the like
+		// A rule holds what the path leads to (/bin -> usr/bin and the
+		// like are followed): an entry that leads to the private dir, into
+		// it or to one of its ancestors (root's ln -s /run/cella /x, or
+		// ln -s / /x) would grant the private dir with it.
+		if r, err := filepath.EvalSymlinks(p); err != nil || r == private || strings.HasPrefix(r, private+"/") || isAncestor(r) {
+			return
+		}
+		st, err := os.Stat(p)
 		if err != nil {
 			return
 		}

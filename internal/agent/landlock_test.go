@@ -74,10 +74,20 @@ func TestLandlock(t *testing.T) {
 		"echo home=$(cd && touch h && echo yes)",
 	}, "; ")
 
+	// Entries beside the private dir that lead into it or above it (only
+	// root can make them in / and /run) grant nothing of it.
+	for name, target := range map[string]string{"to-private": private, "to-root": "/", "to-parent": helperDir} {
+		if err := os.Symlink(target, filepath.Join(helperDir, name)); err != nil {
+			t.Fatal(err)
+		}
+		script += "; cat " + filepath.Join(helperDir, name, strings.TrimPrefix(filepath.Join(private, "config.json"), target)) +
+			" >/dev/null 2>&1 && echo " + name + "=yes || echo " + name + "=no"
+	}
+
 	// root: everything but the private dir's contents. (Its names can be
 	// listed: the rights on its ancestors are inherited.)
 	r := e.run(ctx, bashReq(script))
-	for _, want := range []string{"private=no", "read=yes", "openw=yes", "tmpw=yes"} {
+	for _, want := range []string{"private=no", "read=yes", "openw=yes", "tmpw=yes", "to-private=no", "to-root=no", "to-parent=no"} {
 		if !strings.Contains(r.stdout, want+"\n") {
 			t.Errorf("root: want %s in %q (stderr %q)", want, r.stdout, r.stderr)
 		}
@@ -269,6 +279,13 @@ func TestRulesetKey(t *testing.T) {
 	if key() != k0 {
 		t.Fatal("a file made in /tmp changed the key")
 	}
+	// A cached ruleset pins the inodes of its rules, so the /tmp made
+	// again cannot get the old one's inode number: pin it here too.
+	pin, err := unix.Open(filepath.Join(root, "tmp"), unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(pin)
 	if err := os.RemoveAll(filepath.Join(root, "tmp")); err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +296,16 @@ func TestRulesetKey(t *testing.T) {
 	if k1 == k0 {
 		t.Fatal("/tmp made again (another directory) left the key as it was")
 	}
+	// A new entry of /run, with /run's mtime set back as it was: the key
+	// follows the entries, not the clock.
+	st, err := os.Stat(filepath.Join(root, "run"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := os.Mkdir(filepath.Join(root, "run", "new"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(filepath.Join(root, "run"), st.ModTime(), st.ModTime()); err != nil {
 		t.Fatal(err)
 	}
 	if key() == k1 {

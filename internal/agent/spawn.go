@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -116,6 +117,9 @@ func (s *Server) startThroughConnect(ctx context.Context, h http.Header) error {
 		}
 		req.Header.Set("Content-Type", codec.contentType)
 		req.Header.Set("Connect-Protocol-Version", "1")
+		// Bounded as a client's exec is: a login shell that hangs is
+		// killed with its stream, not left running unlisted.
+		req.Header.Set("Connect-Timeout-Ms", strconv.FormatInt(warmUpTimeout.Milliseconds(), 10))
 		for _, k := range []string{agentapi.AccessTokenHeader, "Authorization"} {
 			if v := h.Get(k); v != "" {
 				req.Header.Set(k, v)
@@ -166,6 +170,9 @@ func endedWithZero(b []byte, unmarshal func([]byte, proto.Message) error) error 
 	}
 	return nil
 }
+
+// warmUpTimeout bounds each of the warm-up's starts.
+const warmUpTimeout = time.Minute
 
 // memoryResponse keeps an answer in memory.
 type memoryResponse struct {

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -73,11 +74,12 @@ type userCache struct {
 
 // fileStamp tells versions of a file apart: useradd and its kin write a
 // new file and rename it over the old one (another inode), an editor may
-// write in place (another mtime or size).
+// write in place (another mtime, ctime or size; user space can set a
+// file's mtime back, never its ctime).
 type fileStamp struct {
-	ok          bool
-	dev, ino    uint64
-	size, mtime int64
+	ok                 bool
+	dev, ino           uint64
+	size, mtime, ctime int64
 }
 
 func stampOf(path string) fileStamp {
@@ -85,8 +87,19 @@ func stampOf(path string) fileStamp {
 	if err := unix.Stat(path, &st); err != nil {
 		return fileStamp{}
 	}
-	return fileStamp{ok: true, dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano()}
+	return fileStamp{ok: true, dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano()}
 }
+
+// racy reports whether the file changed so recently that another change
+// within the same clock tick could leave its stamp as it is (git's "racy"
+// rule): such a version is read every time until it has aged.
+func (f fileStamp) racy(now time.Time) bool {
+	return now.UnixNano()-max(f.mtime, f.ctime) < racyWindow.Nanoseconds()
+}
+
+// racyWindow is well over a filesystem clock tick (1-10 ms on kernels
+// without fine-grained timestamps); a variable for tests.
+var racyWindow = 100 * time.Millisecond
 
 // lookup finds a user by name. A numeric name that is not in passwd is
 // accepted as a bare uid (gid = uid, home = /) so that images without an
@@ -101,6 +114,9 @@ func (db userDB) lookup(name string) (*sandboxUser, error) {
 		return db.read(name)
 	}
 	stamps := [2]fileStamp{stampOf(db.passwdPath), stampOf(db.groupPath)}
+	if now := time.Now(); stamps[0].racy(now) || stamps[1].racy(now) {
+		return db.read(name)
+	}
 	c := db.cache
 	c.mu.Lock()
 	if stamps != c.stamps {

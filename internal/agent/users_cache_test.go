@@ -28,6 +28,20 @@ func TestUserLookupFollowsFiles(t *testing.T) {
 	write(group, "root:x:0:\nalice:x:1000:\nwheel:x:10:alice\n")
 	db := newUserDB(passwd, group)
 
+	// Files changed within the racy window are read every time and kept
+	// nowhere: another change in the same clock tick could keep the stamp.
+	if _, err := db.lookup("alice"); err != nil {
+		t.Fatal(err)
+	}
+	if len(db.cache.users) != 0 {
+		t.Fatalf("a user of files changed just now was kept: %v", db.cache.users)
+	}
+	// From here on every version counts as aged, so that what follows is
+	// the cache's own behaviour.
+	old := racyWindow
+	racyWindow = 0
+	t.Cleanup(func() { racyWindow = old })
+
 	u, err := db.lookup("alice")
 	if err != nil || u.UID != 1000 || len(u.Groups) != 2 {
 		t.Fatalf("alice: %+v %v", u, err)

@@ -328,11 +328,12 @@ func (l *Listener) check(c net.Conn) {
 // sendBuffer is the send buffer of the daemon's end of a session. A unix
 // stream socket holds at most its sender's buffer in flight (212992 bytes
 // by default here), so the agent, which under gVisor pays trips through the
-// sentry for every wake and read, took a 1 GiB upload in 200 KiB turns;
-// with 4 MiB a 1 MiB frame goes in at once: 1.9-2.7 s beside 2.8-3.4 s
-// for 1 GiB, five rounds each, same hour. It is a bound, not memory held:
-// an idle session queues nothing.
-const sendBuffer = 4 << 20
+// sentry for every wake and read, took a 1 GiB upload in 200 KiB turns:
+// 1.9-2.7 s beside 2.8-3.4 s for 1 GiB with 4 MiB, five rounds each, same
+// hour. It is a bound, not memory held while a session idles; but a
+// sandbox that stops reading can make the daemon's kernel hold it (twice
+// it, as Linux counts), hence 1 MiB and not more.
+const sendBuffer = 1 << 20
 
 // widenSendBuffer raises c's send buffer to sendBuffer, past the system's
 // cap (SO_SNDBUFFORCE: the daemon runs as root); failing leaves it as it was.
@@ -474,8 +475,10 @@ func (c *Conn) DialPort(ctx context.Context, port int) (net.Conn, error) {
 
 // bodyChunk is the most a copy into a stream sends per frame. io.Copy's
 // 32 KiB would make a 1 GiB upload 32768 frames, and each frame costs the
-// agent under gVisor trips through the sentry whatever its size.
-const bodyChunk = 1 << 20
+// agent under gVisor trips through the sentry whatever its size; the
+// sentry reads at most its socket's receive buffer (208 KiB) at a time
+// anyway, and a buffer is held for the whole of each body being sent.
+const bodyChunk = 256 << 10
 
 var bodyBuffers = sync.Pool{New: func() any { b := make([]byte, bodyChunk); return &b }}
 

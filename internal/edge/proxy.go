@@ -8,7 +8,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/cella-sandbox/cella/internal/agentapi"
@@ -87,7 +86,6 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, t Target) {
 		},
 		Transport:      link,
 		FlushInterval:  -1,
-		BufferPool:     copyBuffers,
 		ModifyResponse: p.timeExecStart(r, t, sb, start), // execstart.go
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
 			if link.Closed() {
@@ -107,20 +105,3 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, t Target) {
 	_ = http.NewResponseController(w).EnableFullDuplex()
 	rp.ServeHTTP(w, r)
 }
-
-// copyBuffers are the proxy's buffers for copying an answer to its client:
-// 256 KiB rather than httputil's 32 KiB, so that a large download costs
-// an eighth of the writes (each is written as soon as it is read, so a
-// streamed answer is not held back).
-var copyBuffers = &bufferPool{}
-
-type bufferPool struct{ p sync.Pool }
-
-func (b *bufferPool) Get() []byte {
-	if v, ok := b.p.Get().(*[]byte); ok {
-		return *v
-	}
-	return make([]byte, 256<<10)
-}
-
-func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
