@@ -558,10 +558,13 @@ func TestPidsLimitForkBomb(t *testing.T) {
 	cwd := "/tmp"
 	// ulimit -u bounds the bomb even if the watchdog did nothing: the uid
 	// is used by nothing else and is not root, so RLIMIT_NPROC applies.
-	// The shell waits for its bomb: if it returned at once, its own exit
-	// (status 0) could be reported before the watchdog's kill, a race that
-	// says nothing about the limit.
-	req := bashReq("ulimit -u 400; :(){ :|:& };:; wait")
+	// The shell stays until the watchdog's kill: if it ended before it,
+	// its own exit (status 0) could be reported first, a race that says
+	// nothing about the limit. (`wait` did not hold it: the bomb's first
+	// job ends as soon as it has forked the next ones, and a bomb in this
+	// test process's host, with no pids cgroup, can starve the watchdog
+	// past the output drain — 7 of 30 runs under a concurrent go test.)
+	req := bashReq("ulimit -u 400; :(){ :|:& };:; sleep 60")
 	req.Process.Cwd = &cwd
 	r := e.run(ctxT(t, 30*time.Second), req, "Authorization", basicAuth("bomb"), "Connect-Timeout-Ms", "20000")
 	want := "killed: sandbox pids limit 50 reached (raise with --pids)"
