@@ -213,10 +213,11 @@ func burst(ctx context.Context, c *client.Client, rt string, concurrent int, req
 
 // Files uploads and downloads 1 MB and (unless short) 1 GB through the API,
 // beside copying the same bytes between two local files in the same run,
-// beside the sandbox's own floor (the same bytes from a file of its
-// writable layer through a stream socket into another file, inside one
-// running process: what moving them costs the sandbox's kernel with no
-// API in between), and for 1 MiB beside the same calls for one byte.
+// beside the sandbox's own copy of them through a socket (from a file of
+// its writable layer through a stream socket into another file, inside one
+// running process: both ends in the sandbox, so an upper bound of the
+// sandbox's share of a transfer, which has one end outside, rather than a
+// floor), and for 1 MiB beside the same calls for one byte.
 func Files(ctx context.Context, cfg Config, short bool) ([]Figure, error) {
 	sizes := []int64{1 << 20, 1 << 30}
 	if short {
@@ -329,12 +330,12 @@ func fileRoundTrips(ctx context.Context, conn *client.SandboxConn, rt string, n 
 	return up, down
 }
 
-// socketCopyFloor is what an upload or a download asks of the sandbox's
-// own kernel, with no API, host or agent in between: the uploaded file's
-// bytes sent through a stream socket (a thread started beforehand writing
-// 1 MiB pieces) and written into another file, in one process already
-// running, timed by that process (its start is not counted: cp started
-// per copy was mostly a spawn, ~40 ms under gVisor).
+// socketCopyFloor is the sandbox's own kernel moving a transfer's bytes,
+// with no API, host or agent in between, and both ends inside: the
+// uploaded file's bytes sent through a stream socket (a thread started
+// beforehand writing 1 MiB pieces) and written into another file, in one
+// process already running, timed by that process (its start is not
+// counted: cp started per copy was mostly a spawn, ~40 ms under gVisor).
 const socketCopyFloor = `
 import os, socket, sys, threading, time
 src, dst = sys.argv[1], sys.argv[2]

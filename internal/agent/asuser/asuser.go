@@ -7,15 +7,16 @@
 // make them look per process by changing every thread), so Run locks a
 // goroutine to an OS thread and changes just that thread with the raw
 // syscalls: supplementary groups, effective gid, effective uid, and an
-// empty effective capability set. setfsuid(2) would be the narrower tool
+// empty effective capability set. The real and saved uid stay 0, which is
+// what lets the thread change back. setfsuid(2) would be the narrower tool
 // but gVisor does not implement it (ENOSYS); setresuid and setgroups are
-// per-task there as in Linux. A thread that became a user stays that user
-// and serves only that user's calls until it is destroyed.
+// per-task there as in Linux.
 //
 // While the thread is the user, processes of that user still cannot signal
 // or ptrace it: both checks compare against its real and saved uid, which
 // stay root. They can lower its scheduling (nice, policy, CPU affinity go
-// by the effective uid), which slows only their own user's calls.
+// by the effective uid), so those are checked after every call, and a
+// thread found changed is destroyed rather than reused.
 package asuser
 
 import (
@@ -23,6 +24,7 @@ import (
 	goruntime "runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -41,28 +43,33 @@ func (id Identity) IsRoot() bool { return id.UID == 0 && id.GID == 0 }
 
 // Run calls fn as id and returns its error. For root it simply calls fn.
 // Otherwise fn runs on a goroutine locked to an OS thread that has id's
-// credentials; fn must not start goroutines that are meant to act as the
-// user (they run on other threads). A panic in fn is re-raised in the
-// caller.
+// credentials for the duration of the call; fn must not start goroutines
+// or processes that are meant to act as the user (they run on other
+// threads, or keep the thread's root real uid), nor unlock the thread or
+// end its goroutine. A panic in fn is re-raised in the caller.
 //
-// The thread keeps id's credentials after the call and waits for id's next
-// one: switching there and back and verifying the way back took a dozen
-// syscalls per call, each a trip through gVisor's sentry (about 1 ms of a
-// 1 MiB upload's 5-6 ms). Such a thread only ever runs fn's of its own
-// identity: its goroutine never unlocks it, so Go's scheduler puts nothing
-// else on it, and when the goroutine ends (idle for idleFor, more than
-// maxIdle of its identity waiting, or fn panicked) Go destroys the thread.
-// Go creates new threads from a clean template thread, never by cloning a
-// locked one, so no other thread inherits the identity.
+// A thread that served id waits a while for id's next call, holding id's
+// groups and gid but root's effective uid (so that the user's processes
+// cannot re-nice or re-pin it meanwhile); the next call only switches the
+// effective uid, and the capabilities with it. Switching groups, gid and
+// uid there and back and verifying every piece of the way back, per call,
+// took about 20 syscalls, each a trip through gVisor's sentry: 160-180 µs
+// per file call in a gVisor sandbox. A thread leaves the pool of waiting
+// ones (idle for idleFor, or more waiting than maxIdle) fully restored and
+// verified, back to Go's pool of threads; if anything is off, or fn
+// panicked, its goroutine ends locked to it and Go destroys it, so no other
+// goroutine ever runs with a user's identity.
 func Run(id Identity, fn func() error) error {
 	if id.IsRoot() {
 		return fn()
 	}
+	id.Groups = slices.Clone(id.Groups)
+	key := id.key()
 	done := make(chan result, 1)
 	j := job{fn: fn, done: done}
-	if w := takeIdle(id.key()); w != nil {
+	if w := takeIdle(key); w != nil {
 		w.jobs <- j
-	} else if err := startWorker(id, j); err != nil {
+	} else if err := startWorker(id, key, j); err != nil {
 		return err
 	}
 	r := <-done
@@ -72,28 +79,32 @@ func Run(id Identity, fn func() error) error {
 	return r.err
 }
 
-var (
-	// idleFor is how long a thread waits for its identity's next call
-	// before it ends: long enough for a client's burst of file calls, short
-	// enough that an idle sandbox keeps no extra threads (each is kernel
-	// state in a pause's checkpoint).
-	idleFor = 10 * time.Second
-)
+// idleFor is how long a thread waits for its identity's next call before
+// it goes back to Go's pool: long enough for a client's burst of file
+// calls, short enough that an idle sandbox keeps nothing of a user.
+var idleFor atomic.Int64
+
+func init() { idleFor.Store(int64(10 * time.Second)) }
 
 const (
-	// maxIdle threads of one identity wait at a time; concurrent calls
-	// beyond them get threads of their own that end after their call.
-	maxIdle = 4
+	// maxIdle threads of one identity wait at a time, maxIdleTotal of all
+	// identities; concurrent calls beyond them get threads that go back
+	// after their call.
+	maxIdle      = 4
+	maxIdleTotal = 8
 )
 
 var (
 	mu sync.Mutex
-	// idle holds the threads waiting for a call, by identity.
-	idle = map[string][]*worker{}
+	// idle holds the threads waiting for a call, by identity; idleCount
+	// is their number.
+	idle      = map[string][]*worker{}
+	idleCount int
 )
 
 type worker struct {
 	key  string
+	uid  uint32
 	jobs chan job
 }
 
@@ -131,18 +142,19 @@ func takeIdle(key string) *worker {
 	} else {
 		idle[key] = ws[:len(ws)-1]
 	}
+	idleCount--
 	return w
 }
 
-// park puts w on the idle list; false when its identity has enough
-// threads waiting already.
+// park puts w on the idle list; false when enough threads wait already.
 func park(w *worker) bool {
 	mu.Lock()
 	defer mu.Unlock()
-	if len(idle[w.key]) >= maxIdle {
+	if len(idle[w.key]) >= maxIdle || idleCount >= maxIdleTotal {
 		return false
 	}
 	idle[w.key] = append(idle[w.key], w)
+	idleCount++
 	return true
 }
 
@@ -162,16 +174,16 @@ func unpark(w *worker) bool {
 	} else {
 		idle[w.key] = ws
 	}
+	idleCount--
 	return true
 }
 
-// retire ends every waiting thread (each ends with its goroutine, so Go
-// destroys it); calls under way finish on theirs. Tests use it to see
-// every thread back to root.
+// retire sends every waiting thread back to Go's pool; calls under way
+// finish on theirs. Tests use it to see every thread back to root.
 func retire() {
 	mu.Lock()
 	all := idle
-	idle = map[string][]*worker{}
+	idle, idleCount = map[string][]*worker{}, 0
 	mu.Unlock()
 	for _, ws := range all {
 		for _, w := range ws {
@@ -181,10 +193,9 @@ func retire() {
 }
 
 // startWorker starts a thread with id's credentials that runs first, then
-// waits for more calls of id. It returns once the thread has id's
-// credentials, or with the reason it could not get them (the thread is
-// then destroyed).
-func startWorker(id Identity, first job) error {
+// serves more calls of id. It returns once the thread has id's
+// credentials, or with the reason it could not get them.
+func startWorker(id Identity, key string, first job) error {
 	ready := make(chan error, 1)
 	go func() {
 		goruntime.LockOSThread()
@@ -192,38 +203,38 @@ func startWorker(id Identity, first job) error {
 			// Never the main thread: Go parks rather than destroys it when a
 			// goroutine exits locked to it, and /proc/self describes it.
 			// Holding it here makes the scheduler start the worker elsewhere.
-			ready <- startWorker(id, first)
+			ready <- startWorker(id, key, first)
 			goruntime.UnlockOSThread()
 			return
 		}
-		// Otherwise this goroutine ends locked, always: the thread is
-		// destroyed with it.
-		saved, err := agentOnce()
+		agent, err := pooled()
 		if err != nil {
+			goruntime.UnlockOSThread()
 			ready <- err
 			return
 		}
 		if err := become(id); err != nil {
+			leave(agent)
 			ready <- fmt.Errorf("act as uid %d: %w", id.UID, err)
 			return
 		}
-		// An effective uid change resets the process's dumpable flag (it is
-		// per process, not per thread): put it back as it was.
-		if err := unix.Prctl(unix.PR_SET_DUMPABLE, uintptr(saved.dumpable), 0, 0, 0); err != nil {
+		if err := unix.Prctl(unix.PR_SET_DUMPABLE, uintptr(agent.dumpable), 0, 0, 0); err != nil {
+			leave(agent)
 			ready <- fmt.Errorf("act as uid %d: set dumpable: %w", id.UID, err)
 			return
 		}
 		ready <- nil
-		w := &worker{key: id.key(), jobs: make(chan job, 1)}
-		serve(w, first)
+		serve(&worker{key: key, uid: id.UID, jobs: make(chan job, 1)}, agent, first)
 	}()
 	return <-ready
 }
 
-// serve runs j and the calls that follow on the current thread until the
-// thread is no longer wanted.
-func serve(w *worker, j job) {
-	timer := time.NewTimer(idleFor)
+// serve runs j and the calls of its identity that follow on the current
+// thread (locked, with the identity's credentials) until the thread is no
+// longer wanted; it returns with the thread unlocked only if the thread
+// is the agent's again.
+func serve(w *worker, agent *creds, j job) {
+	timer := time.NewTimer(time.Duration(idleFor.Load()))
 	defer timer.Stop()
 	for {
 		var r result
@@ -231,53 +242,185 @@ func serve(w *worker, j job) {
 			defer func() { r.panicked = recover() }()
 			r.err = j.fn()
 		}()
-		// Parked before the caller hears back, so that a Retire after Run
-		// returned finds the thread. A panic may have left the thread in
-		// any state: it is not reused.
-		parked := r.panicked == nil && park(w)
-		j.done <- r
-		if !parked {
+		if r.panicked != nil {
+			// fn may have left the thread in any state: destroyed.
+			j.done <- r
 			return
 		}
-		timer.Reset(idleFor)
+		err := rest(agent)
+		// Parked before the caller hears back, so that a retire after Run
+		// returned finds the thread.
+		parked := err == nil && park(w)
+		j.done <- r
+		if err != nil {
+			return // destroyed: the user changed what it could of the thread
+		}
+		if !parked {
+			leave(agent)
+			return
+		}
+		timer.Reset(time.Duration(idleFor.Load()))
 		var ok bool
 		select {
 		case j, ok = <-w.jobs:
 		case <-timer.C:
 			if unpark(w) {
+				leave(agent)
 				return
 			}
 			j, ok = <-w.jobs // taken meanwhile: its call is on the way
 		}
 		if !ok {
-			return // retired
+			leave(agent) // retired
+			return
+		}
+		if err := resume(w.uid, agent); err != nil {
+			j.done <- result{err: fmt.Errorf("act as uid %d: %w", w.uid, err)}
+			return // destroyed: it could not be the user again
 		}
 	}
 }
 
-// agentOnce holds the agent's own identity, read once: asuser never
-// changes the credentials of a thread that runs anything but a user's
-// calls.
-var agentOnce = sync.OnceValues(current)
+// rest gives a thread between calls root's effective uid and capabilities
+// back (it keeps the user's gid and groups, which nothing uses while it
+// waits), and checks that the user's processes did not change its
+// scheduling while it was theirs.
+func rest(agent *creds) error {
+	if err := switchEUID(uint32(agent.euid), agent, agent.caps); err != nil {
+		return err
+	}
+	return sameScheduling(agent)
+}
 
-// creds is what a worker needs of the agent's identity.
+// resume makes a resting thread the user again: the effective uid, and no
+// effective capabilities.
+func resume(uid uint32, agent *creds) error {
+	caps := agent.caps
+	caps[0].Effective, caps[1].Effective = 0, 0
+	return switchEUID(uid, agent, caps)
+}
+
+// switchEUID sets the thread's effective uid, its effective capabilities
+// to caps where the kernel does not do it by itself (agent.fixups), and
+// the process's dumpable flag back where the change can have moved it (an
+// effective uid change resets it to the host's suid_dumpable, gVisor's to
+// 0: the agent keeps itself at 0 anyway).
+func switchEUID(euid uint32, agent *creds, caps [2]unix.CapUserData) error {
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, ^uintptr(0), uintptr(euid), ^uintptr(0)); e != 0 {
+		return fmt.Errorf("setresuid: %w", e)
+	}
+	if !agent.fixups {
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		if err := unix.Capset(&hdr, &caps[0]); err != nil {
+			return fmt.Errorf("capset: %w", err)
+		}
+	}
+	if agent.dumpable != 0 {
+		if err := unix.Prctl(unix.PR_SET_DUMPABLE, uintptr(agent.dumpable), 0, 0, 0); err != nil {
+			return fmt.Errorf("set dumpable: %w", err)
+		}
+	}
+	return nil
+}
+
+// sameScheduling checks the current thread's nice value, policy and CPU
+// affinity against the agent's.
+func sameScheduling(agent *creds) error {
+	nice, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
+	if err != nil {
+		return fmt.Errorf("getpriority: %w", err)
+	}
+	policy, _, e := unix.RawSyscall(unix.SYS_SCHED_GETSCHEDULER, 0, 0, 0)
+	if e != 0 {
+		return fmt.Errorf("sched_getscheduler: %w", e)
+	}
+	var cpus unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &cpus); err != nil {
+		return fmt.Errorf("sched_getaffinity: %w", err)
+	}
+	if nice != agent.nice || int(policy) != agent.policy || cpus != agent.cpus {
+		return fmt.Errorf("the thread's scheduling was changed")
+	}
+	return nil
+}
+
+// leave gives the thread back to Go's pool once it is exactly the agent's
+// again; otherwise it stays locked and Go destroys it when its goroutine
+// ends (callers return right after).
+func leave(agent *creds) {
+	if restore(agent) == nil {
+		goruntime.UnlockOSThread()
+	}
+}
+
+// pooledOnce holds the identity of the agent's own threads, read once:
+// every thread a worker gives back was verified to be exactly that again,
+// so it need not be read (nine syscalls, each a trip through gVisor's
+// sentry) before every worker starts.
+var pooledOnce = sync.OnceValues(current)
+
+func pooled() (*creds, error) { return pooledOnce() }
+
+// creds is a thread's identity as Run changes it.
 type creds struct {
 	ruid, euid, suid int
+	rgid, egid, sgid int
+	groups           []uint32
+	caps             [2]unix.CapUserData
 	dumpable         int
+	// fixups: the kernel gives the effective capabilities back (the
+	// permitted ones, which are the agent's effective ones) when the
+	// effective uid returns to 0, and clears them when it leaves 0
+	// (capabilities(7); gVisor does the same), so a resting thread's uid
+	// switch needs no capset of its own.
+	fixups       bool
+	nice, policy int
+	cpus         unix.CPUSet
 }
 
 func current() (*creds, error) {
 	c := &creds{}
 	c.ruid, c.euid, c.suid = unix.Getresuid()
+	c.rgid, c.egid, c.sgid = unix.Getresgid()
+	n, _, e := unix.RawSyscall(unix.SYS_GETGROUPS, 0, 0, 0)
+	if e != 0 {
+		return nil, fmt.Errorf("getgroups: %w", e)
+	}
+	c.groups = make([]uint32, n)
+	if n > 0 {
+		m, _, e := unix.RawSyscall(unix.SYS_GETGROUPS, n, uintptr(unsafe.Pointer(&c.groups[0])), 0)
+		if e != 0 {
+			return nil, fmt.Errorf("getgroups: %w", e)
+		}
+		c.groups = c.groups[:m]
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	if err := unix.Capget(&hdr, &c.caps[0]); err != nil {
+		return nil, fmt.Errorf("capget: %w", err)
+	}
 	d, err := unix.PrctlRetInt(unix.PR_GET_DUMPABLE, 0, 0, 0, 0)
 	if err != nil {
 		return nil, fmt.Errorf("get dumpable: %w", err)
 	}
 	c.dumpable = d
+	// SECBIT_NO_SETUID_FIXUP (1 << SECURE_NO_SETUID_FIXUP, 2) turns the
+	// kernel's fixups off; without an answer, capset every time.
+	bits, err := unix.PrctlRetInt(unix.PR_GET_SECUREBITS, 0, 0, 0, 0)
+	c.fixups = err == nil && bits&(1<<2) == 0 &&
+		c.caps[0].Effective == c.caps[0].Permitted && c.caps[1].Effective == c.caps[1].Permitted
+	if c.nice, err = unix.Getpriority(unix.PRIO_PROCESS, 0); err != nil {
+		return nil, fmt.Errorf("getpriority: %w", err)
+	}
+	policy, _, e := unix.RawSyscall(unix.SYS_SCHED_GETSCHEDULER, 0, 0, 0)
+	if e != 0 {
+		return nil, fmt.Errorf("sched_getscheduler: %w", e)
+	}
+	c.policy = int(policy)
+	if err := unix.SchedGetaffinity(0, &c.cpus); err != nil {
+		return nil, fmt.Errorf("sched_getaffinity: %w", err)
+	}
 	if c.ruid != 0 || c.suid != 0 {
-		// Without a root real and saved uid the user's processes could
-		// signal or ptrace the thread, and it could not take the user's
-		// identity in the first place.
+		// Without a root real or saved uid the thread could not change back.
 		return nil, fmt.Errorf("act as user: the agent is not root (uids %d/%d/%d)", c.ruid, c.euid, c.suid)
 	}
 	return c, nil
@@ -308,6 +451,40 @@ func become(id Identity) error {
 		if err := unix.Capset(&hdr, &caps[0]); err != nil {
 			return fmt.Errorf("drop effective capabilities: %w", err)
 		}
+	}
+	return nil
+}
+
+// restore puts the thread back to c and checks that it is exactly c again.
+func restore(c *creds) error {
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, ^uintptr(0), uintptr(c.euid), ^uintptr(0)); e != 0 {
+		return fmt.Errorf("setresuid: %w", e)
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	caps := c.caps
+	if err := unix.Capset(&hdr, &caps[0]); err != nil {
+		return fmt.Errorf("capset: %w", err)
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, ^uintptr(0), uintptr(c.egid), ^uintptr(0)); e != 0 {
+		return fmt.Errorf("setresgid: %w", e)
+	}
+	if err := setgroups(c.groups); err != nil {
+		return err
+	}
+	// An effective uid change resets the process's dumpable flag (and it is
+	// per process, not per thread): put it back as it was.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, uintptr(c.dumpable), 0, 0, 0); err != nil {
+		return fmt.Errorf("set dumpable: %w", err)
+	}
+	now, err := current()
+	if err != nil {
+		return err
+	}
+	if now.ruid != c.ruid || now.euid != c.euid || now.suid != c.suid ||
+		now.rgid != c.rgid || now.egid != c.egid || now.sgid != c.sgid ||
+		!slices.Equal(now.groups, c.groups) || now.caps != c.caps ||
+		now.nice != c.nice || now.policy != c.policy || now.cpus != c.cpus {
+		return fmt.Errorf("credentials not restored")
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -193,6 +194,10 @@ func TestRunPanicAndRoot(t *testing.T) {
 	needRoot(t)
 	retire()
 	threadsAllRoot(t)
+	// Long enough that a thread kept after the panic would still wait
+	// (with the user's groups) when threadsAllRoot gives up.
+	defer idleFor.Store(idleFor.Load())
+	idleFor.Store(int64(time.Hour))
 	func() {
 		defer func() {
 			if p := recover(); p != "boom" {
@@ -234,69 +239,94 @@ func BenchmarkRun(b *testing.B) {
 	}
 }
 
-// threadNice is the nice value of thread tid of this process.
-func threadNice(t *testing.T, tid int) string {
+// threadStatus is the value of field (e.g. "Uid:") in thread tid's status.
+func threadStatus(t *testing.T, tid int, field string) string {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/stat", tid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/status", tid))
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Fields after the command (in parentheses): nice is the 17th.
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-	return f[16]
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, field); ok {
+			return strings.Join(strings.Fields(v), " ")
+		}
+	}
+	t.Fatalf("no %s in thread %d's status", field, tid)
+	return ""
 }
 
-// A thread keeps its user between calls and serves that user only: a
-// second call of the user runs on the same thread, another user's never
-// does, and what a user did to its thread (re-nice it) reaches no one else.
+// A thread serves the user's next call and no one else's: a second call
+// of the user runs on the same thread, calls of users that differ in uid,
+// gid or groups only never share one, and while it waits the thread has
+// root's effective uid (out of the user's reach) and the user's groups.
 func TestRunThreadServesOneIdentity(t *testing.T) {
 	needRoot(t)
 	retire()
-	other := Identity{UID: 1001, GID: 1001}
-	var first, again, theirs int
+	defer retire()
+	var first, again int
+	if err := Run(user, func() error { first = unix.Gettid(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got := threadStatus(t, first, "Uid:"); got != "0 0 0 0" {
+		t.Errorf("the waiting thread's uids: %s, want root's", got)
+	}
+	if got := threadStatus(t, first, "CapEff:"); got == "0000000000000000" {
+		t.Errorf("the waiting thread has no effective capabilities: it could not become the user again")
+	}
+	rootFile := filepath.Join(t.TempDir(), "root")
+	if err := os.WriteFile(rootFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The second call, on the waiting thread: the user's identity again,
+	// capabilities included (none).
 	if err := Run(user, func() error {
-		first = unix.Gettid()
-		return unix.Setpriority(unix.PRIO_PROCESS, 0, 19)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := Run(user, func() error { again = unix.Gettid(); return nil }); err != nil {
-		t.Fatal(err)
-	}
-	if first != again {
-		t.Errorf("the user's second call ran on thread %d, not on its thread %d", again, first)
-	}
-	if err := Run(other, func() error {
-		theirs = unix.Gettid()
-		if u := unix.Geteuid(); u != 1001 {
-			t.Errorf("euid %d in the other user's call", u)
+		again = unix.Gettid()
+		if u, g := unix.Geteuid(), unix.Getegid(); u != 1000 || g != 1000 {
+			t.Errorf("euid/egid %d/%d in the second call", u, g)
 		}
-		if g, _ := unix.Getgroups(); len(g) != 0 {
-			t.Errorf("the other user's call has groups %v", g)
+		if err := os.Chown(rootFile, 1000, 1000); !errors.Is(err, os.ErrPermission) {
+			t.Errorf("chown in the second call: %v, want permission denied", err)
 		}
 		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if theirs == first {
-		t.Fatalf("another user's call ran on the first user's thread")
+	if got := threadStatus(t, again, "CapEff:"); got == "0000000000000000" {
+		t.Errorf("the thread waiting again has no effective capabilities")
 	}
-	if n := threadNice(t, theirs); n != "0" {
-		t.Errorf("the other user's thread has nice %s", n)
+	if first != again {
+		t.Errorf("the user's second call ran on thread %d, not on its thread %d", again, first)
 	}
-	// Calls of both users at once never see each other's identity.
+	others := []Identity{
+		{UID: 1001, GID: 1001},                         // another user
+		{UID: 1000, GID: 1001, Groups: user.Groups},    // another gid only
+		{UID: 1000, GID: 1000, Groups: []uint32{1000}}, // other groups only
+	}
+	for _, o := range others {
+		var tid int
+		if err := Run(o, func() error { tid = unix.Gettid(); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if tid == first {
+			t.Fatalf("a call of %+v ran on the thread of %+v", o, user)
+		}
+	}
+	// Calls of all of them at once each see exactly their identity.
+	ids := append([]Identity{user}, others...)
 	var wg sync.WaitGroup
 	var wrong atomic.Int32
 	for i := range 64 {
-		id, want := user, 1000
-		if i%2 == 1 {
-			id, want = other, 1001
-		}
+		id := ids[i%len(ids)]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			_ = Run(id, func() error {
-				if unix.Geteuid() != want {
+				groups, _ := unix.Getgroups()
+				want := make([]int, len(id.Groups))
+				for i, g := range id.Groups {
+					want[i] = int(g)
+				}
+				if unix.Geteuid() != int(id.UID) || unix.Getegid() != int(id.GID) || !slices.Equal(groups, want) {
 					wrong.Add(1)
 				}
 				return nil
@@ -305,17 +335,59 @@ func TestRunThreadServesOneIdentity(t *testing.T) {
 	}
 	wg.Wait()
 	if wrong.Load() != 0 {
-		t.Fatalf("%d calls ran as the wrong user", wrong.Load())
+		t.Fatalf("%d calls ran with another identity", wrong.Load())
 	}
 	mu.Lock()
+	n := 0
 	for k, ws := range idle {
+		n += len(ws)
 		if len(ws) > maxIdle {
 			t.Errorf("%d threads of %s wait, want at most %d", len(ws), k, maxIdle)
 		}
 	}
+	if n > maxIdleTotal || n != idleCount {
+		t.Errorf("%d threads wait (counted %d), want at most %d", n, idleCount, maxIdleTotal)
+	}
 	mu.Unlock()
 	retire()
 	threadsAllRoot(t)
+}
+
+// A thread whose scheduling the user lowered is not reused.
+func TestRunDiscardsDegradedThread(t *testing.T) {
+	needRoot(t)
+	retire()
+	defer retire()
+	// Long enough that a re-niced thread kept waiting would outlast the
+	// poll below.
+	defer idleFor.Store(idleFor.Load())
+	idleFor.Store(int64(time.Hour))
+	if err := Run(user, func() error { return unix.Setpriority(unix.PRIO_PROCESS, 0, 19) }); err != nil {
+		t.Fatal(err)
+	}
+	niced := func() []string {
+		var out []string
+		tasks, _ := filepath.Glob("/proc/self/task/*/stat")
+		for _, p := range tasks {
+			b, err := os.ReadFile(p)
+			if err != nil {
+				continue
+			}
+			// Fields after the command (in parentheses): nice is the 17th.
+			f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+			if len(f) > 16 && f[16] != "0" {
+				out = append(out, p+": nice "+f[16])
+			}
+		}
+		return out
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(niced()) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("a thread the user re-niced is still in the pool: %v", niced())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // A thread that waits as the user for its next call is still out of the
@@ -372,12 +444,12 @@ func TestRunThreadUntouchable(t *testing.T) {
 	threadsAllRoot(t)
 }
 
-// A thread left idle for idleFor ends by itself.
+// A thread left idle for idleFor goes back to Go's pool as root by itself.
 func TestRunIdleThreadEnds(t *testing.T) {
 	needRoot(t)
 	retire()
-	defer func(d time.Duration) { idleFor = d }(idleFor)
-	idleFor = 50 * time.Millisecond
+	defer idleFor.Store(idleFor.Load())
+	idleFor.Store(int64(50 * time.Millisecond))
 	if err := Run(user, func() error { return nil }); err != nil {
 		t.Fatal(err)
 	}
