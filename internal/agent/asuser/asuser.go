@@ -106,6 +106,12 @@ type worker struct {
 	key  string
 	uid  uint32
 	jobs chan job
+	// setDumpable: an effective uid change leaves the process's dumpable
+	// flag other than the agent's, so every switch puts it back.
+	setDumpable bool
+	// capset: the kernel's capability fixups do not apply to this
+	// identity's switches, so every switch sets the capabilities itself.
+	capset bool
 }
 
 type job struct {
@@ -218,13 +224,22 @@ func startWorker(id Identity, key string, first job) error {
 			ready <- fmt.Errorf("act as uid %d: %w", id.UID, err)
 			return
 		}
+		// The euid change reset the process's dumpable flag to what the
+		// host resets it to (Linux: fs.suid_dumpable, 0 unless an admin
+		// set it; gVisor: always 0): learn that value here, so that the
+		// flag is put back after every later switch exactly when it
+		// differs from the agent's (which keeps itself at 0).
+		reset, err := unix.PrctlRetInt(unix.PR_GET_DUMPABLE, 0, 0, 0, 0)
+		w := &worker{key: key, uid: id.UID, jobs: make(chan job, 1), setDumpable: err != nil || reset != agent.dumpable,
+			// root's uid with another gid changes no euid: no fixups apply.
+			capset: !agent.fixups || id.UID == uint32(agent.euid)}
 		if err := unix.Prctl(unix.PR_SET_DUMPABLE, uintptr(agent.dumpable), 0, 0, 0); err != nil {
 			leave(agent)
 			ready <- fmt.Errorf("act as uid %d: set dumpable: %w", id.UID, err)
 			return
 		}
 		ready <- nil
-		serve(&worker{key: key, uid: id.UID, jobs: make(chan job, 1)}, agent, first)
+		serve(w, agent, first)
 	}()
 	return <-ready
 }
@@ -247,7 +262,7 @@ func serve(w *worker, agent *creds, j job) {
 			j.done <- r
 			return
 		}
-		err := rest(agent)
+		err := rest(w, agent)
 		// Parked before the caller hears back, so that a retire after Run
 		// returned finds the thread.
 		parked := err == nil && park(w)
@@ -274,7 +289,7 @@ func serve(w *worker, agent *creds, j job) {
 			leave(agent) // retired
 			return
 		}
-		if err := resume(w.uid, agent); err != nil {
+		if err := resume(w, agent); err != nil {
 			j.done <- result{err: fmt.Errorf("act as uid %d: %w", w.uid, err)}
 			return // destroyed: it could not be the user again
 		}
@@ -285,8 +300,8 @@ func serve(w *worker, agent *creds, j job) {
 // back (it keeps the user's gid and groups, which nothing uses while it
 // waits), and checks that the user's processes did not change its
 // scheduling while it was theirs.
-func rest(agent *creds) error {
-	if err := switchEUID(uint32(agent.euid), agent, agent.caps); err != nil {
+func rest(w *worker, agent *creds) error {
+	if err := switchEUID(w, uint32(agent.euid), agent, agent.caps); err != nil {
 		return err
 	}
 	return sameScheduling(agent)
@@ -294,28 +309,27 @@ func rest(agent *creds) error {
 
 // resume makes a resting thread the user again: the effective uid, and no
 // effective capabilities.
-func resume(uid uint32, agent *creds) error {
+func resume(w *worker, agent *creds) error {
 	caps := agent.caps
 	caps[0].Effective, caps[1].Effective = 0, 0
-	return switchEUID(uid, agent, caps)
+	return switchEUID(w, w.uid, agent, caps)
 }
 
 // switchEUID sets the thread's effective uid, its effective capabilities
-// to caps where the kernel does not do it by itself (agent.fixups), and
-// the process's dumpable flag back where the change can have moved it (an
-// effective uid change resets it to the host's suid_dumpable, gVisor's to
-// 0: the agent keeps itself at 0 anyway).
-func switchEUID(euid uint32, agent *creds, caps [2]unix.CapUserData) error {
+// to caps where the kernel does not do it by itself (w.capset), and
+// the process's dumpable flag back where the change moved it
+// (w.setDumpable).
+func switchEUID(w *worker, euid uint32, agent *creds, caps [2]unix.CapUserData) error {
 	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, ^uintptr(0), uintptr(euid), ^uintptr(0)); e != 0 {
 		return fmt.Errorf("setresuid: %w", e)
 	}
-	if !agent.fixups {
+	if w.capset {
 		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 		if err := unix.Capset(&hdr, &caps[0]); err != nil {
 			return fmt.Errorf("capset: %w", err)
 		}
 	}
-	if agent.dumpable != 0 {
+	if w.setDumpable {
 		if err := unix.Prctl(unix.PR_SET_DUMPABLE, uintptr(agent.dumpable), 0, 0, 0); err != nil {
 			return fmt.Errorf("set dumpable: %w", err)
 		}

@@ -18,8 +18,9 @@ import (
 )
 
 // TestMain doubles as the user's process of TestRunThreadUntouchable: with
-// ASUSER_ATTACK=pid:tid it tries to signal (signal 0: the permission check alone) and to ptrace that thread and
-// prints what it could do.
+// ASUSER_ATTACK=pid:tid it tries to signal (signal 0: the permission check
+// alone), ptrace, read, re-nice and re-pin that thread and prints what it
+// could do.
 func TestMain(m *testing.M) {
 	if v := os.Getenv("ASUSER_ATTACK"); v != "" {
 		var pid, tid int
@@ -32,6 +33,14 @@ func TestMain(m *testing.M) {
 		}
 		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/environ", pid, tid)); err == nil {
 			fmt.Printf("read environ (%d bytes)\n", len(b))
+		}
+		if err := unix.Setpriority(unix.PRIO_PROCESS, tid, 19); err == nil {
+			fmt.Println("reniced")
+		}
+		var one unix.CPUSet
+		one.Set(0)
+		if err := unix.SchedSetaffinity(tid, &one); err == nil {
+			fmt.Println("repinned")
 		}
 		fmt.Println("done")
 		os.Exit(0)
@@ -68,6 +77,15 @@ func threadsAllRoot(t *testing.T) {
 // notRoot lists the threads of the process that are not plain root.
 func notRoot() []string {
 	var bad []string
+	// The process's supplementary groups, as its main thread has them.
+	groups := ""
+	if b, err := os.ReadFile("/proc/self/status"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "Groups:"); ok {
+				groups = strings.Join(strings.Fields(v), " ")
+			}
+		}
+	}
 	tasks, _ := filepath.Glob("/proc/self/task/*/status")
 	for _, p := range tasks {
 		b, err := os.ReadFile(p)
@@ -82,6 +100,9 @@ func notRoot() []string {
 			}
 			if v, ok := strings.CutPrefix(line, "CapEff:"); ok && strings.TrimSpace(v) == "0000000000000000" {
 				bad = append(bad, p+": no effective capabilities left")
+			}
+			if v, ok := strings.CutPrefix(line, "Groups:"); ok && strings.Join(strings.Fields(v), " ") != groups {
+				bad = append(bad, p+": Groups:"+v)
 			}
 		}
 	}
@@ -390,9 +411,9 @@ func TestRunDiscardsDegradedThread(t *testing.T) {
 	}
 }
 
-// A thread that waits as the user for its next call is still out of the
-// user's reach: its real and saved uid are root, so a process of the user
-// can neither signal nor ptrace it nor read its environment.
+// A thread that waits for its user's next call is out of the user's
+// reach: all its uids are root then, so a process of the user can neither
+// signal, ptrace or read it, nor re-nice or re-pin it.
 func TestRunThreadUntouchable(t *testing.T) {
 	needRoot(t)
 	retire()
@@ -439,6 +460,87 @@ func TestRunThreadUntouchable(t *testing.T) {
 		return nil
 	}); err != nil {
 		t.Fatal(err)
+	}
+	retire()
+	threadsAllRoot(t)
+}
+
+// A thread leaving the waiting pool goes back to Go as the agent's again,
+// not destroyed: the agent's prewarmed threads are what it rides out a
+// fork bomb with (agent.prewarmThreads).
+func TestRunRetiredThreadReturns(t *testing.T) {
+	needRoot(t)
+	retire()
+	var tid int
+	if err := Run(user, func() error { tid = unix.Gettid(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	retire()
+	threadsAllRoot(t) // every thread root again, groups included
+	if _, err := os.Stat(fmt.Sprintf("/proc/self/task/%d", tid)); err != nil {
+		t.Fatalf("the retired thread %d was destroyed, not given back: %v", tid, err)
+	}
+}
+
+// The process's dumpable flag (per process; an effective uid change
+// resets it) is the same after calls as before, whatever it was.
+func TestRunKeepsDumpable(t *testing.T) {
+	needRoot(t)
+	before, err := unix.PrctlRetInt(unix.PR_GET_DUMPABLE, 0, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Prctl(unix.PR_SET_DUMPABLE, uintptr(before), 0, 0, 0)
+	for _, d := range []int{1, 0} {
+		retire()
+		threadsAllRoot(t)
+		if err := unix.Prctl(unix.PR_SET_DUMPABLE, uintptr(d), 0, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		pooledOnce = sync.OnceValues(current) // the agent's flag is read once
+		for range 3 {                         // a new thread, then a waiting one twice
+			if err := Run(user, func() error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+			if now, _ := unix.PrctlRetInt(unix.PR_GET_DUMPABLE, 0, 0, 0, 0); now != d {
+				t.Fatalf("dumpable %d after a call, was %d", now, d)
+			}
+		}
+	}
+	retire()
+	threadsAllRoot(t)
+	pooledOnce = sync.OnceValues(current)
+}
+
+// Root's uid with another group switches no effective uid, so no kernel
+// fixup applies: each call still runs without capabilities and the thread
+// rests with root's.
+func TestRunRootWithAnotherGroup(t *testing.T) {
+	needRoot(t)
+	retire()
+	defer retire()
+	f := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(f, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	id := Identity{UID: 0, GID: 1000}
+	var tid int
+	for range 2 {
+		if err := Run(id, func() error {
+			tid = unix.Gettid()
+			if unix.Getegid() != 1000 {
+				t.Errorf("egid %d", unix.Getegid())
+			}
+			if err := os.Chown(f, 1000, 1000); !errors.Is(err, os.ErrPermission) {
+				t.Errorf("chown without capabilities: %v", err)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if got := threadStatus(t, tid, "CapEff:"); got == "0000000000000000" {
+			t.Errorf("the resting thread has no effective capabilities")
+		}
 	}
 	retire()
 	threadsAllRoot(t)
