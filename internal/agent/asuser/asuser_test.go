@@ -260,6 +260,30 @@ func BenchmarkRun(b *testing.B) {
 	}
 }
 
+// callWithoutCaps runs a call as id that checks its euid and egid and that
+// it has no capabilities (chown of root's file f is refused), and then
+// that the thread rests with capabilities; it returns the thread's id.
+func callWithoutCaps(t *testing.T, id Identity, f string) int {
+	t.Helper()
+	var tid int
+	if err := Run(id, func() error {
+		tid = unix.Gettid()
+		if u, g := unix.Geteuid(), unix.Getegid(); u != int(id.UID) || g != int(id.GID) {
+			t.Errorf("euid/egid %d/%d in a call as %+v", u, g, id)
+		}
+		if err := os.Chown(f, 1000, 1000); !errors.Is(err, os.ErrPermission) {
+			t.Errorf("chown in a call as %+v: %v, want permission denied", id, err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := threadStatus(t, tid, "CapEff:"); got == "0000000000000000" {
+		t.Errorf("the thread resting after a call as %+v has no effective capabilities", id)
+	}
+	return tid
+}
+
 // threadStatus is the value of field (e.g. "Uid:") in thread tid's status.
 func threadStatus(t *testing.T, tid int, field string) string {
 	t.Helper()
@@ -300,21 +324,7 @@ func TestRunThreadServesOneIdentity(t *testing.T) {
 	}
 	// The second call, on the waiting thread: the user's identity again,
 	// capabilities included (none).
-	if err := Run(user, func() error {
-		again = unix.Gettid()
-		if u, g := unix.Geteuid(), unix.Getegid(); u != 1000 || g != 1000 {
-			t.Errorf("euid/egid %d/%d in the second call", u, g)
-		}
-		if err := os.Chown(rootFile, 1000, 1000); !errors.Is(err, os.ErrPermission) {
-			t.Errorf("chown in the second call: %v, want permission denied", err)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if got := threadStatus(t, again, "CapEff:"); got == "0000000000000000" {
-		t.Errorf("the thread waiting again has no effective capabilities")
-	}
+	again = callWithoutCaps(t, user, rootFile)
 	if first != again {
 		t.Errorf("the user's second call ran on thread %d, not on its thread %d", again, first)
 	}
@@ -524,23 +534,8 @@ func TestRunRootWithAnotherGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := Identity{UID: 0, GID: 1000}
-	var tid int
 	for range 2 {
-		if err := Run(id, func() error {
-			tid = unix.Gettid()
-			if unix.Getegid() != 1000 {
-				t.Errorf("egid %d", unix.Getegid())
-			}
-			if err := os.Chown(f, 1000, 1000); !errors.Is(err, os.ErrPermission) {
-				t.Errorf("chown without capabilities: %v", err)
-			}
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		if got := threadStatus(t, tid, "CapEff:"); got == "0000000000000000" {
-			t.Errorf("the resting thread has no effective capabilities")
-		}
+		callWithoutCaps(t, id, f)
 	}
 	retire()
 	threadsAllRoot(t)
