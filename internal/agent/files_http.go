@@ -389,8 +389,9 @@ func (s *Server) writeUpload(target string, data io.Reader, u *sandboxUser, meta
 			code = statusFor(err)
 			return fmt.Errorf("error writing file: %w", err)
 		}
-		// Read back in the same switch to the user: each switch is a
-		// dozen credential calls, under gVisor each through the sentry.
+		// Read back in the same call as the user: another would be
+		// another hand-off to a user's thread and its switches
+		// (asuser), each a trip through gVisor's sentry.
 		stored = readMetadata(p)
 		return nil
 	})

@@ -337,25 +337,43 @@ func switchEUID(w *worker, euid uint32, agent *creds, caps [2]unix.CapUserData) 
 	return nil
 }
 
-// sameScheduling checks the current thread's nice value, policy and CPU
-// affinity against the agent's.
+// sameScheduling checks the current thread's scheduling against the
+// agent's.
 func sameScheduling(agent *creds) error {
-	nice, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
+	now, err := currentScheduling()
 	if err != nil {
-		return fmt.Errorf("getpriority: %w", err)
+		return err
 	}
-	policy, _, e := unix.RawSyscall(unix.SYS_SCHED_GETSCHEDULER, 0, 0, 0)
-	if e != 0 {
-		return fmt.Errorf("sched_getscheduler: %w", e)
-	}
-	var cpus unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &cpus); err != nil {
-		return fmt.Errorf("sched_getaffinity: %w", err)
-	}
-	if nice != agent.nice || int(policy) != agent.policy || cpus != agent.cpus {
+	if now != agent.sched {
 		return fmt.Errorf("the thread's scheduling was changed")
 	}
 	return nil
+}
+
+// scheduling is what the user's processes can change of a thread whose
+// effective uid is theirs.
+type scheduling struct {
+	nice, policy int
+	cpus         unix.CPUSet
+}
+
+// currentScheduling reads the current thread's nice value, policy and CPU
+// affinity.
+func currentScheduling() (scheduling, error) {
+	var s scheduling
+	var err error
+	if s.nice, err = unix.Getpriority(unix.PRIO_PROCESS, 0); err != nil {
+		return s, fmt.Errorf("getpriority: %w", err)
+	}
+	policy, _, e := unix.RawSyscall(unix.SYS_SCHED_GETSCHEDULER, 0, 0, 0)
+	if e != 0 {
+		return s, fmt.Errorf("sched_getscheduler: %w", e)
+	}
+	s.policy = int(policy)
+	if err := unix.SchedGetaffinity(0, &s.cpus); err != nil {
+		return s, fmt.Errorf("sched_getaffinity: %w", err)
+	}
+	return s, nil
 }
 
 // leave gives the thread back to Go's pool once it is exactly the agent's
@@ -387,9 +405,8 @@ type creds struct {
 	// effective uid returns to 0, and clears them when it leaves 0
 	// (capabilities(7); gVisor does the same), so a resting thread's uid
 	// switch needs no capset of its own.
-	fixups       bool
-	nice, policy int
-	cpus         unix.CPUSet
+	fixups bool
+	sched  scheduling
 }
 
 func current() (*creds, error) {
@@ -422,16 +439,8 @@ func current() (*creds, error) {
 	bits, err := unix.PrctlRetInt(unix.PR_GET_SECUREBITS, 0, 0, 0, 0)
 	c.fixups = err == nil && bits&(1<<2) == 0 &&
 		c.caps[0].Effective == c.caps[0].Permitted && c.caps[1].Effective == c.caps[1].Permitted
-	if c.nice, err = unix.Getpriority(unix.PRIO_PROCESS, 0); err != nil {
-		return nil, fmt.Errorf("getpriority: %w", err)
-	}
-	policy, _, e := unix.RawSyscall(unix.SYS_SCHED_GETSCHEDULER, 0, 0, 0)
-	if e != 0 {
-		return nil, fmt.Errorf("sched_getscheduler: %w", e)
-	}
-	c.policy = int(policy)
-	if err := unix.SchedGetaffinity(0, &c.cpus); err != nil {
-		return nil, fmt.Errorf("sched_getaffinity: %w", err)
+	if c.sched, err = currentScheduling(); err != nil {
+		return nil, err
 	}
 	if c.ruid != 0 || c.suid != 0 {
 		// Without a root real or saved uid the thread could not change back.
@@ -497,7 +506,7 @@ func restore(c *creds) error {
 	if now.ruid != c.ruid || now.euid != c.euid || now.suid != c.suid ||
 		now.rgid != c.rgid || now.egid != c.egid || now.sgid != c.sgid ||
 		!slices.Equal(now.groups, c.groups) || now.caps != c.caps ||
-		now.nice != c.nice || now.policy != c.policy || now.cpus != c.cpus {
+		now.sched != c.sched {
 		return fmt.Errorf("credentials not restored")
 	}
 	return nil
