@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -70,7 +71,7 @@ func testMappings() []Mapping {
 // its DNS, both on loopback. The sandbox's original destinations are
 // whatever each test says it dialed.
 type harness struct {
-	t   *testing.T
+	t   testing.TB
 	p   *Proxy
 	sb  *Sandbox
 	ln  net.Listener
@@ -78,6 +79,9 @@ type harness struct {
 	cfg Config
 
 	dsts sync.Map // client local address -> netip.AddrPort it "dialed"
+	// everyDst, when set, is every connection's destination (a
+	// benchmark's: no registration to wait for).
+	everyDst atomic.Pointer[netip.AddrPort]
 	// ports redirects upstream dials by port (uint16 -> loopback address),
 	// so that a test server plays port 443 or 80.
 	ports sync.Map
@@ -94,7 +98,7 @@ type harness struct {
 	serveDone, dnsDone chan struct{}
 }
 
-func newHarness(t *testing.T, pol Policy, tweak func(*Config)) *harness {
+func newHarness(t testing.TB, pol Policy, tweak func(*Config)) *harness {
 	t.Helper()
 	h := &harness{t: t, serveDone: make(chan struct{}), dnsDone: make(chan struct{})}
 	var ca *CA
@@ -184,6 +188,9 @@ func (h *harness) serveOn(p uint16, addr string) { h.ports.Store(p, addr) }
 // origDst plays SO_ORIGINAL_DST. The client registers its destination
 // right after connecting, so the proxy may ask a moment before.
 func (h *harness) origDst(c net.Conn) (netip.AddrPort, error) {
+	if dst := h.everyDst.Load(); dst != nil {
+		return *dst, nil
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
 		if v, ok := h.dsts.Load(c.RemoteAddr().String()); ok {
@@ -322,7 +329,7 @@ func port(t *testing.T, u string) uint16 {
 }
 
 // upstreamCA plays the public web PKI for the tests' TLS upstreams.
-func upstreamCA(t *testing.T) (*CA, *x509.CertPool) {
+func upstreamCA(t testing.TB) (*CA, *x509.CertPool) {
 	t.Helper()
 	ca, err := LoadOrCreateCA(t.TempDir())
 	if err != nil {

@@ -3,12 +3,15 @@ package egress
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"log"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,8 +39,9 @@ type httpConn struct {
 	key string  // the host every request must name ("" for an address)
 	tgt *target // set by the first allowed request, or by the TLS decision
 	rp  *httputil.ReverseProxy
+	own *httputil.ReverseProxy // in the clear, on the connection's own upstream connections
 	h2c *httputil.ReverseProxy // in the clear, for h2c requests: h2c upstream
-	trs []*http.Transport
+	trs []*http.Transport      // the connection's own (not the sandbox's pool)
 }
 
 // serveHTTP runs net/http's server on the one connection so that framing,
@@ -120,6 +124,11 @@ func (u *upstreamConns) dial(ctx context.Context, _, _ string) (net.Conn, error)
 	case u.tls:
 		return u.p.dialTLS(ctx, u.s, t, u.protos)
 	}
+	return u.dialTo(ctx, t)
+}
+
+// dialTo opens a cleartext connection to t for this sandbox connection.
+func (u *upstreamConns) dialTo(ctx context.Context, t target) (net.Conn, error) {
 	c, err := u.p.dial(ctx, t.addrs)
 	if err != nil {
 		return nil, err
@@ -141,68 +150,140 @@ func (u *upstreamConns) close() {
 
 func (h *httpConn) setTarget(t target, key string) {
 	h.up.target(t)
-	newTransport := func() *http.Transport {
-		tr := &http.Transport{
-			Proxy:               nil,  // never the daemon's HTTP_PROXY
-			DisableCompression:  true, // pass Accept-Encoding and bodies through as sent
-			MaxIdleConnsPerHost: 2,
-			// One sandbox connection opens about one upstream connection:
-			// Limits count two descriptors per connection.
-			MaxConnsPerHost:       2,
-			IdleConnTimeout:       90 * time.Second,
-			ExpectContinueTimeout: time.Second,
-		}
-		if h.up.tls {
-			// The connections are TLS already: h2 when their ALPN says so.
-			tr.DialTLSContext = h.up.dial
-			tr.ForceAttemptHTTP2 = true
-		} else {
-			tr.DialContext = h.up.dial
-		}
-		return tr
-	}
-	tr := newTransport()
-	trs := []*http.Transport{tr}
-	upHost := t.name
-	if upHost == "" {
-		upHost = t.addrs[0].Addr().String()
-	}
-	upHost = net.JoinHostPort(upHost, strconv.Itoa(int(h.s.dst.Port())))
-	scheme := "http"
-	if h.up.tls {
-		scheme = "https"
-	}
-	proxy := func(tr http.RoundTripper) *httputil.ReverseProxy {
-		return &httputil.ReverseProxy{
-			Rewrite: func(pr *httputil.ProxyRequest) {
-				pr.Out.URL.Scheme = scheme
-				pr.Out.URL.Host = upHost
-				pr.Out.Host = pr.In.Host
-			},
-			Transport:     tr,
-			FlushInterval: -1, // stream (server-sent events, LLM token streams, gRPC)
-			ErrorLog:      discardLog,
-			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-				msg := fmt.Sprintf("%s could not be reached: %v", displayHost(t), err)
-				h.s.setReason(msg)
-				writeRefusal(w, h.s, &refusal{status: http.StatusBadGateway, msg: msg})
-			},
-		}
-	}
-	rp := proxy(tr)
-	var h2c *httputil.ReverseProxy
-	if !h.up.tls {
-		// A sandbox that speaks h2c gets h2c upstream: it may need
-		// HTTP/2 itself (gRPC without TLS).
-		t2 := newTransport()
-		t2.Protocols = new(http.Protocols)
-		t2.Protocols.SetUnencryptedHTTP2(true)
-		trs = append(trs, t2)
-		h2c = proxy(t2)
+	var rp *httputil.ReverseProxy
+	var trs []*http.Transport
+	switch {
+	case h.up.tls:
+		// TLS connections stay the sandbox connection's own: the first is
+		// the one made during its handshake, whose ALPN the sandbox got.
+		tr := h.connTransport()
+		tr.DialTLSContext = h.up.dial
+		tr.ForceAttemptHTTP2 = true
+		trs = append(trs, tr)
+		rp = h.proxy(t, "https", upHost(t, h.s.dst), tr, false)
+	case h.s.fakeName != "":
+		// A fake address stands for its name (and the name's addresses,
+		// resolved by the proxy): the sandbox's connections to the name
+		// and port share its pool.
+		rp = h.proxy(t, "http", upHost(t, h.s.dst), h.p.plainTransport(h.s.sb, true), true)
+	case t.name == "":
+		// Decided by the address alone (every request names an address or
+		// nothing): connections to the address and port share its pool,
+		// apart from names, so that a name that reads as an address (and
+		// may be mapped elsewhere) never shares one with it.
+		rp = h.proxy(t, "http", upHost(t, h.s.dst), h.p.plainTransport(h.s.sb, false), true)
+	default:
+		// A name on an address the sandbox chose (not through cella's
+		// DNS): the connection keeps its upstream connections to itself,
+		// as a pool by address would carry other names' requests (and
+		// their header rules) on them.
+		rp = h.ownProxyOf(t)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.key, h.tgt, h.rp, h.h2c, h.trs = key, &t, rp, h2c, trs
+	h.key, h.tgt, h.rp, h.trs = key, &t, rp, append(h.trs, trs...)
+}
+
+// upHost is where t's requests go, "host:port": its name, or the
+// address the sandbox connected to.
+func upHost(t target, dst netip.AddrPort) string {
+	host := t.name
+	if host == "" {
+		host = t.addrs[0].Addr().String()
+	}
+	return net.JoinHostPort(host, strconv.Itoa(int(dst.Port())))
+}
+
+// connTransport is a transport of this sandbox connection's own.
+func (h *httpConn) connTransport() *http.Transport {
+	return &http.Transport{
+		Proxy:               nil,  // never the daemon's HTTP_PROXY
+		DisableCompression:  true, // pass Accept-Encoding and bodies through as sent
+		MaxIdleConnsPerHost: 2,
+		// One sandbox connection opens about one upstream connection:
+		// Limits count two descriptors per connection.
+		MaxConnsPerHost:       2,
+		IdleConnTimeout:       90 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}
+}
+
+// proxy forwards the connection's requests for t to upHost through tr
+// (pooled: the sandbox's pool, whose dial reads t from the request).
+func (h *httpConn) proxy(t target, scheme, upHost string, tr http.RoundTripper, pooled bool) *httputil.ReverseProxy {
+	s := h.s
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = scheme
+			pr.Out.URL.Host = upHost
+			pr.Out.Host = pr.In.Host
+			if pooled {
+				ctx := context.WithValue(pr.Out.Context(), plainDialKey{}, plainDial{t: t, asker: pr.In.Context()})
+				pr.Out = pr.Out.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+					GotConn: func(info httptrace.GotConnInfo) { s.setUpstream(info.Conn.RemoteAddr().String()) },
+				}))
+			}
+		},
+		Transport:     tr,
+		FlushInterval: -1, // stream (server-sent events, LLM token streams, gRPC)
+		BufferPool:    copyBuffers,
+		ErrorLog:      discardLog,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			msg := fmt.Sprintf("%s could not be reached: %v", displayHost(t), err)
+			s.setReason(msg)
+			writeRefusal(w, s, &refusal{status: http.StatusBadGateway, msg: msg})
+		},
+	}
+}
+
+// ownProxy is the proxy of the connection's cleartext requests that do not
+// take pooled connections: a request a transport cannot send again on a
+// fresh connection when the reused one turns out closed by its server (one
+// with a body, or not idempotent) gets one of its own, as every request
+// did before there was a pool.
+func (h *httpConn) ownProxy() *httputil.ReverseProxy {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.own == nil {
+		h.own = h.newOwnProxy(*h.tgt)
+	}
+	return h.own
+}
+
+// ownProxyOf is ownProxy for setTarget, which holds no lock yet.
+func (h *httpConn) ownProxyOf(t target) *httputil.ReverseProxy {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.own = h.newOwnProxy(t)
+	return h.own
+}
+
+// newOwnProxy makes the connection's own cleartext proxy for t (h.mu held).
+func (h *httpConn) newOwnProxy(t target) *httputil.ReverseProxy {
+	tr := h.connTransport()
+	up := h.up
+	tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) { return up.dialTo(ctx, t) }
+	h.trs = append(h.trs, tr)
+	return h.proxy(t, "http", upHost(t, h.s.dst), tr, false)
+}
+
+// h2cProxy is the proxy of the connection's HTTP/2 requests in the clear,
+// made at the first: a sandbox that speaks h2c gets h2c upstream (it may
+// need HTTP/2 itself: gRPC without TLS), on connections of its own.
+func (h *httpConn) h2cProxy() *httputil.ReverseProxy {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.h2c == nil {
+		tr := h.connTransport()
+		tr.Protocols = new(http.Protocols)
+		tr.Protocols.SetUnencryptedHTTP2(true)
+		t := *h.tgt
+		up := h.up
+		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) { return up.dialTo(ctx, t) }
+		h.trs = append(h.trs, tr)
+		h.h2c = h.proxy(t, "http", upHost(t, h.s.dst), tr, false)
+	}
+	return h.h2c
 }
 
 func (h *httpConn) serve(w http.ResponseWriter, r *http.Request) {
@@ -218,12 +299,12 @@ func (h *httpConn) serve(w http.ResponseWriter, r *http.Request) {
 		h.refuse(w, host, policyRefusal("h2c-upgrade", "an upgrade to h2c is not supported: send HTTP/2 with prior knowledge, or HTTP/1.1"))
 		return
 	}
-	t, key, rp := h.current(r)
+	t, key, rp := h.current()
 	if t == nil {
 		// The first request decides the connection: h2c's concurrent
 		// streams wait for it.
 		h.decideMu.Lock()
-		if t, key, rp = h.current(r); t == nil {
+		if t, key, rp = h.current(); t == nil {
 			nt, ref := h.p.decideName(r.Context(), s, host, "the Host header")
 			if ref != nil {
 				h.decideMu.Unlock()
@@ -240,7 +321,7 @@ func (h *httpConn) serve(w http.ResponseWriter, r *http.Request) {
 				k = nt.name
 			}
 			h.setTarget(nt, k)
-			t, key, rp = h.current(r)
+			t, key, rp = h.current()
 		}
 		h.decideMu.Unlock()
 	}
@@ -295,16 +376,34 @@ func (h *httpConn) serve(w http.ResponseWriter, r *http.Request) {
 	// otherwise net/http closes it when the answer's header goes out and a
 	// fast upstream loses its connection mid-answer (see api/proxy.go).
 	_ = http.NewResponseController(w).EnableFullDuplex()
+	switch {
+	case h.up.tls:
+	case r.ProtoMajor == 2:
+		rp = h.h2cProxy()
+	case !replayable(r):
+		rp = h.ownProxy()
+	}
 	rp.ServeHTTP(w, r)
 }
 
-// current is the connection's decision so far and the proxy for r.
-func (h *httpConn) current(r *http.Request) (*target, string, *httputil.ReverseProxy) {
+// replayable says whether net/http's transport would send r again on a
+// new connection when a reused one fails under it (Request.isReplayable,
+// idempotency keys aside): only such requests take pooled connections.
+func replayable(r *http.Request) bool {
+	if r.Body != nil && r.Body != http.NoBody {
+		return false
+	}
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
+}
+
+// current is the connection's decision so far and its proxy.
+func (h *httpConn) current() (*target, string, *httputil.ReverseProxy) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if r.ProtoMajor == 2 && h.h2c != nil {
-		return h.tgt, h.key, h.h2c
-	}
 	return h.tgt, h.key, h.rp
 }
 
@@ -411,3 +510,95 @@ func (p *Proxy) dialTLS(ctx context.Context, s *session, t target, protos []stri
 	s.setUpstream(c.RemoteAddr().String())
 	return tc, nil
 }
+
+// The sandbox's pool of idle cleartext HTTP/1 connections. A sandbox's
+// clients (pip, curl, an SDK) open a connection per request or per
+// package as often as not; the upstream answers keep-alive, and dialing
+// it again for each was most of what the proxy added to a small GET. So
+// the connections to an upstream outlive the sandbox connection that made
+// them, for the sandbox's next request to the same place: its own only
+// (never another sandbox's: what they carry may include its secrets),
+// keyed by where the request was decided to go (setTarget's upKey), and
+// each request is still decided on its own connection before it may take
+// one. TLS connections are not pooled: each is made for its sandbox
+// connection's handshake.
+const (
+	// plainIdle bounds a sandbox's idle upstream connections of each kind
+	// (by name, by address), all upstreams together (Limits: each is one
+	// descriptor of the daemon's, over the two of every connection in use).
+	plainIdle = 2
+	// defaultUpstreamIdle is how long an idle one is kept: below the
+	// shortest keep-alive timeout of common servers (Node's 5 s), so that a
+	// request rarely gets a connection its server is closing, which only
+	// requests the transport may replay survive.
+	defaultUpstreamIdle = 4 * time.Second
+)
+
+// plainDialKey carries a request's plainDial to the pool's dial.
+type plainDialKey struct{}
+
+// plainDial is what the pool's dial needs of the request it dials for:
+// the decided target, and the request's own context — the transport dials
+// apart from the request's cancellation (another request may take the
+// connection), but a dial nobody waits for must not go on after its
+// sandbox connection ended, uncounted by Limits.
+type plainDial struct {
+	t     target
+	asker context.Context
+}
+
+// plainTransport is sb's pool of connections decided by name (a fake
+// address), or by address, made at its first cleartext request.
+func (p *Proxy) plainTransport(sb *Sandbox, byName bool) *http.Transport {
+	kind := 0
+	if byName {
+		kind = 1
+	}
+	sb.plainMu.Lock()
+	defer sb.plainMu.Unlock()
+	if sb.plain[kind] == nil {
+		sb.plain[kind] = &http.Transport{
+			Proxy:                 nil,  // never the daemon's HTTP_PROXY
+			DisableCompression:    true, // pass Accept-Encoding and bodies through as sent
+			MaxIdleConns:          plainIdle,
+			MaxIdleConnsPerHost:   plainIdle,
+			IdleConnTimeout:       p.cfg.UpstreamIdle,
+			ExpectContinueTimeout: time.Second,
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				// The dial's context keeps the values of the request that
+				// asked for it (a request of the same host may take the
+				// connection instead).
+				d, ok := ctx.Value(plainDialKey{}).(plainDial)
+				if !ok {
+					return nil, errors.New("an upstream connection without a decision")
+				}
+				ctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				defer context.AfterFunc(d.asker, cancel)()
+				return p.dial(ctx, d.t.addrs)
+			},
+		}
+	}
+	return sb.plain[kind]
+}
+
+// closePlain closes sb's idle upstream connections (its listener closed).
+func (sb *Sandbox) closePlain() {
+	sb.plainMu.Lock()
+	trs := sb.plain
+	sb.plainMu.Unlock()
+	for _, tr := range trs {
+		if tr != nil {
+			tr.CloseIdleConnections()
+		}
+	}
+}
+
+// copyBuffers are the proxies' copy buffers (httputil's default is a new
+// 32 KiB one per request).
+var copyBuffers = &bufferPool{sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}}
+
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte  { return *b.p.Get().(*[]byte) }
+func (b *bufferPool) Put(p []byte) { b.p.Put(&p) }

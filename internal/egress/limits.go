@@ -14,7 +14,9 @@ const DefaultMaxConnsPerSandbox = 1024
 // up the daemon's file descriptors: every connection the proxy carries
 // costs it two (the sandbox's end and the upstream's). A connection past a
 // limit is closed as soon as it is accepted and reported as a block event
-// that names the limit.
+// that names the limit. Beside them each sandbox may keep up to
+// 2 × plainIdle idle cleartext upstream connections for Config.UpstreamIdle
+// (http.go); MaxFD keeps those out of the daemon's reserve too.
 type Limits struct {
 	// PerSandbox is how many connections one sandbox may have open through
 	// the proxy at once (0: DefaultMaxConnsPerSandbox, < 0: no limit).

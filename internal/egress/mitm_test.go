@@ -55,7 +55,7 @@ func (rec *recorder) seen() []string {
 	return append([]string(nil), rec.auth...)
 }
 
-func cellaCA(t *testing.T) (*CA, *x509.CertPool) {
+func cellaCA(t testing.TB) (*CA, *x509.CertPool) {
 	t.Helper()
 	ca, err := LoadOrCreateCA(t.TempDir())
 	if err != nil {

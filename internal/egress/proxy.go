@@ -61,6 +61,9 @@ type Config struct {
 	// PeekTimeout is how long a connection may stay silent before it is
 	// taken for a server-speaks-first protocol (raw TCP); 0 is 5s.
 	PeekTimeout time.Duration
+	// UpstreamIdle is how long a sandbox's idle cleartext upstream
+	// connection is kept for its next request (http.go); 0 is 4 s.
+	UpstreamIdle time.Duration
 	// DenyUpstream reports upstreams never dialed whatever the policy, with
 	// why: the daemon's own API, which a name mapped to loopback would
 	// otherwise reach (and through it other sandboxes).
@@ -105,6 +108,9 @@ type Sandbox struct {
 	policy atomic.Pointer[compiledPolicy]
 	fakes  fakeTable
 	conns  atomic.Int64 // connections open through the proxy
+
+	plainMu sync.Mutex
+	plain   [2]*http.Transport // idle cleartext upstream connections, by address and by name (http.go)
 }
 
 // SetPolicy replaces the policy for the connections and queries that
@@ -191,6 +197,9 @@ func New(cfg Config) *Proxy {
 	if cfg.PeekTimeout <= 0 {
 		cfg.PeekTimeout = defaultPeekTimeout
 	}
+	if cfg.UpstreamIdle <= 0 {
+		cfg.UpstreamIdle = defaultUpstreamIdle
+	}
 	if cfg.OperatorHint == "" {
 		cfg.OperatorHint = defaultHint
 	}
@@ -261,6 +270,7 @@ func (p *Proxy) Serve(ln net.Listener, sb *Sandbox, origDst func(net.Conn) (neti
 	defer func() {
 		cancel()
 		conns.Wait()
+		sb.closePlain()
 	}()
 	var backoff time.Duration
 	for {

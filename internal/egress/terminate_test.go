@@ -282,8 +282,9 @@ func TestTLSCarriesOtherProtocols(t *testing.T) {
 func TestALPNFollowsTheUpstream(t *testing.T) {
 	h := newHarness(t, Policy{AllowOut: []string{"api.test"}}, nil)
 	rec := &hostRecorder{}
-	h1 := tlsUpstream(t, h.upCA, rec) // http/1.1 only
-	h1.Config.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
+	// http/1.1 only: httptest's TLS server offers h2 only with EnableHTTP2
+	// (setting its Config once it serves would race with it).
+	h1 := tlsUpstream(t, h.upCA, rec)
 	tc := frontTLS(t, h, port(t, h1.URL), "h2", "http/1.1")
 	if got := tc.ConnectionState().NegotiatedProtocol; got != "http/1.1" && got != "" {
 		t.Errorf("ALPN with an HTTP/1.1 upstream = %q", got)
