@@ -42,6 +42,8 @@ type httpConn struct {
 	own *httputil.ReverseProxy // in the clear, on the connection's own upstream connections
 	h2c *httputil.ReverseProxy // in the clear, for h2c requests: h2c upstream
 	trs []*http.Transport      // the connection's own (not the sandbox's pool)
+	// closed: the connection's end closed trs' idle connections.
+	closed bool
 }
 
 // serveHTTP runs net/http's server on the one connection so that framing,
@@ -84,6 +86,9 @@ func (p *Proxy) serveHTTP(ctx context.Context, s *session, conn net.Conn, fixed 
 	_ = srv.Serve(ln)
 	handlers.Wait()
 	h.mu.Lock()
+	// A handler that starts only now (an h2c stream the closing server
+	// still ran) makes no transport that keeps idle connections.
+	h.closed = true
 	trs := h.trs
 	h.mu.Unlock()
 	for _, tr := range trs {
@@ -175,8 +180,9 @@ func (h *httpConn) setTarget(t target, key string) {
 	default:
 		// A name on an address the sandbox chose (not through cella's
 		// DNS): the connection keeps its upstream connections to itself,
-		// as a pool by address would carry other names' requests (and
-		// their header rules) on them.
+		// as a pool keyed by the name would send a request the sandbox
+		// addressed to one of the name's addresses to another (whichever
+		// the pooled connection was dialed to).
 		rp = h.ownProxyOf(t)
 	}
 	h.mu.Lock()
@@ -261,6 +267,7 @@ func (h *httpConn) ownProxyOf(t target) *httputil.ReverseProxy {
 // newOwnProxy makes the connection's own cleartext proxy for t (h.mu held).
 func (h *httpConn) newOwnProxy(t target) *httputil.ReverseProxy {
 	tr := h.connTransport()
+	tr.DisableKeepAlives = h.closed
 	up := h.up
 	tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) { return up.dialTo(ctx, t) }
 	h.trs = append(h.trs, tr)
@@ -275,6 +282,7 @@ func (h *httpConn) h2cProxy() *httputil.ReverseProxy {
 	defer h.mu.Unlock()
 	if h.h2c == nil {
 		tr := h.connTransport()
+		tr.DisableKeepAlives = h.closed
 		tr.Protocols = new(http.Protocols)
 		tr.Protocols.SetUnencryptedHTTP2(true)
 		t := *h.tgt
@@ -514,11 +522,12 @@ func (p *Proxy) dialTLS(ctx context.Context, s *session, t target, protos []stri
 // The sandbox's pool of idle cleartext HTTP/1 connections. A sandbox's
 // clients (pip, curl, an SDK) open a connection per request or per
 // package as often as not; the upstream answers keep-alive, and dialing
-// it again for each was most of what the proxy added to a small GET. So
+// it again for each was half the proxy's own work per small GET
+// (BenchmarkHTTPGet). So
 // the connections to an upstream outlive the sandbox connection that made
 // them, for the sandbox's next request to the same place: its own only
 // (never another sandbox's: what they carry may include its secrets),
-// keyed by where the request was decided to go (setTarget's upKey), and
+// keyed by where the request was decided to go (upHost), and
 // each request is still decided on its own connection before it may take
 // one. TLS connections are not pooled: each is made for its sandbox
 // connection's handshake.

@@ -146,8 +146,10 @@ func (h *harness) secondSandbox(id string, pol Policy) (*Sandbox, net.Listener) 
 // share idle upstream connections across its own connections — and
 // nothing else does: never another sandbox's (whose requests carry its
 // own secrets), never a request decided for an address with one decided
-// for a name, never a request the policy no longer allows; a sandbox
-// whose listener closes leaves no upstream connection open.
+// for a name, another port, a request the transport could not send again
+// (a body, or a method that is not idempotent), a name on an address the
+// sandbox chose itself, or a request the policy no longer allows; a
+// sandbox whose listener closes leaves no upstream connection open.
 func TestHTTPUpstreamPool(t *testing.T) {
 	secrets := func(name string) (string, error) { return "value-of-" + name, nil }
 	one := &Transform{Headers: map[string]string{"Authorization": "Bearer ${secret:ONE}"}}
@@ -162,64 +164,38 @@ func TestHTTPUpstreamPool(t *testing.T) {
 	})
 	up := newConnLog(t)
 	h.serveOn(80, up.srv.Listener.Addr().String())
+	h.serveOn(8080, up.srv.Listener.Addr().String())
 	byName := netip.AddrPortFrom(h.fake("pkg.test"), 80)
 
-	// The same sandbox, three connections by name: one upstream connection.
-	for i := 1; i <= 3; i++ {
-		if code, resp := h.sandboxGet(h.ln, h.sb, byName, "pkg.test", "one", i); code != http.StatusOK {
-			t.Fatalf("GET %d by name: %s", i, resp)
+	// Each request of the first sandbox, with the Authorization its rules
+	// give it: sent one after the other, each on a new connection, and
+	// answered with the upstream connection it came on.
+	var wantAuth []string
+	allowed := 0
+	send := func(what string, dst netip.AddrPort, req, auth string) string {
+		t.Helper()
+		allowed++
+		if code, resp := h.sandboxSend(h.ln, h.sb, dst, req, allowed); code != http.StatusOK {
+			t.Fatalf("%s: %s", what, resp)
+		}
+		wantAuth = append(wantAuth, auth)
+		c := up.conns()
+		return c[len(c)-1]
+	}
+	get := func(host string) string {
+		return fmt.Sprintf("GET / HTTP/1.1\r\nHost: %s\r\nX-Who: one\r\nConnection: close\r\n\r\n", host)
+	}
+	const ruled = "Bearer value-of-ONE"
+
+	// Three connections by name: one upstream connection.
+	pooled := send("GET 1 by name", byName, get("pkg.test"), ruled)
+	for i := 2; i <= 3; i++ {
+		if c := send(fmt.Sprintf("GET %d by name", i), byName, get("pkg.test"), ruled); c != pooled {
+			t.Errorf("GET %d of one sandbox by name came on upstream connection %s, the first on %s", i, c, pooled)
 		}
 	}
-	if c := up.conns(); len(c) != 3 || c[1] != c[0] || c[2] != c[0] {
-		t.Errorf("three requests of one sandbox came on upstream connections %v, want one", c)
-	}
-	pooled := up.conns()[0]
-	// A request with a body, which a transport does not send again when a
-	// reused connection fails under it, gets a connection of its own.
-	post := "POST / HTTP/1.1\r\nHost: pkg.test\r\nX-Who: one\r\nContent-Length: 4\r\nConnection: close\r\n\r\nbody"
-	if code, resp := h.sandboxSend(h.ln, h.sb, byName, post, 4); code != http.StatusOK {
-		t.Fatalf("POST by name: %s", resp)
-	}
-	if c := up.conns(); c[3] == pooled {
-		t.Errorf("a POST took a pooled connection: %v", c)
-	}
-
-	// Decided for an address (the same upstream port): another connection,
-	// also after a name that reads as that address.
-	literal := netip.AddrPortFrom(h.fake("192.0.2.7"), 80)
-	if code, resp := h.sandboxGet(h.ln, h.sb, literal, "192.0.2.7", "one", 5); code != http.StatusOK {
-		t.Fatalf("GET of the name 192.0.2.7: %s", resp)
-	}
-	if code, resp := h.sandboxGet(h.ln, h.sb, netip.MustParseAddrPort("192.0.2.7:80"), "192.0.2.7", "one", 6); code != http.StatusOK {
-		t.Fatalf("GET by address: %s", resp)
-	}
-	if c := up.conns(); c[5] == pooled || c[5] == c[4] {
-		t.Errorf("a request decided for an address took the connection of a name's: %v", c)
-	}
-
-	// Another port of the name: another connection.
-	h.serveOn(8080, up.srv.Listener.Addr().String())
-	if code, resp := h.sandboxGet(h.ln, h.sb, netip.AddrPortFrom(byName.Addr(), 8080), "pkg.test:8080", "one", 7); code != http.StatusOK {
-		t.Fatalf("GET of port 8080: %s", resp)
-	}
-	if c := up.conns(); c[6] == pooled {
-		t.Errorf("a request to port 8080 took a connection to port 80: %v", c)
-	}
-	// Names on an address the sandbox picked itself (not through cella's
-	// DNS): each connection keeps its upstream connections to itself.
-	pinned := netip.MustParseAddrPort("127.0.0.1:80")
-	if code, resp := h.sandboxGet(h.ln, h.sb, pinned, "pkg.test", "one", 8); code != http.StatusOK {
-		t.Fatalf("GET of pkg.test pinned to 127.0.0.1: %s", resp)
-	}
-	if code, resp := h.sandboxGet(h.ln, h.sb, pinned, "api.test", "one", 9); code != http.StatusOK {
-		t.Fatalf("GET of api.test pinned to 127.0.0.1: %s", resp)
-	}
-	if c := up.conns(); c[8] == c[7] || c[8] == pooled {
-		t.Errorf("requests for two names pinned to one address came on one upstream connection: %v", c)
-	}
-
 	// Another sandbox allowed the same name, with another secret: never a
-	// connection of the first one's.
+	// connection of the first one's (asked while the first's is idle).
 	rules2 := map[string][]Rule{"pkg.test": {{Transform: &Transform{Headers: map[string]string{"Authorization": "Bearer ${secret:TWO}"}}, Scheme: "http", Port: 80}}}
 	sb2, ln2 := h.secondSandbox("sb-two", Policy{AllowOut: []string{"pkg.test"}, Rules: rules2})
 	fake2, err := sb2.fakes.assign(sb2.ID, "pkg.test")
@@ -227,29 +203,61 @@ func TestHTTPUpstreamPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 1; i <= 2; i++ {
-		if code, resp := h.sandboxGet(ln2, sb2, netip.AddrPortFrom(fake2, 80), "pkg.test", "two", i); code != http.StatusOK {
+		req := "GET / HTTP/1.1\r\nHost: pkg.test\r\nX-Who: two\r\nConnection: close\r\n\r\n"
+		if code, resp := h.sandboxSend(ln2, sb2, netip.AddrPortFrom(fake2, 80), req, i); code != http.StatusOK {
 			t.Fatalf("the second sandbox's GET %d: %s", i, resp)
 		}
 	}
+	// Requests a transport does not send again when a reused connection
+	// fails under it get connections of their own.
+	for _, req := range []string{
+		"POST / HTTP/1.1\r\nHost: pkg.test\r\nX-Who: one\r\nContent-Length: 4\r\nConnection: close\r\n\r\nbody",
+		"DELETE / HTTP/1.1\r\nHost: pkg.test\r\nX-Who: one\r\nConnection: close\r\n\r\n",
+	} {
+		method, _, _ := strings.Cut(req, " ")
+		if c := send(method+" by name", byName, req, ruled); c == pooled {
+			t.Errorf("a %s took a pooled connection", method)
+		}
+	}
+	// Decided for an address (the same upstream port): another connection,
+	// also after a name that reads as that address.
+	literal := send("GET of the name 192.0.2.7", netip.AddrPortFrom(h.fake("192.0.2.7"), 80), get("192.0.2.7"), "")
+	if c := send("GET by address", netip.MustParseAddrPort("192.0.2.7:80"), get("192.0.2.7"), ""); c == pooled || c == literal {
+		t.Errorf("a request decided for an address took the connection of a name's (%s, %s): %s", pooled, literal, c)
+	}
+	// Another port of the name: another connection.
+	if c := send("GET of port 8080", netip.AddrPortFrom(byName.Addr(), 8080), get("pkg.test:8080"), ruled); c == pooled {
+		t.Errorf("a request to port 8080 took a connection to port 80: %s", c)
+	}
+	// The name on one of its addresses that the sandbox picked itself (not
+	// through cella's DNS): its requests keep their connections to
+	// themselves, neither taking the name's pooled one nor leaving one for
+	// the next.
+	pinned := netip.MustParseAddrPort("127.0.0.1:80")
+	first := send("GET of pkg.test pinned to 127.0.0.1", pinned, get("pkg.test"), ruled)
+	if c := send("a second GET of pkg.test pinned to 127.0.0.1", pinned, get("pkg.test"), ruled); c == first || first == pooled {
+		t.Errorf("requests for a name pinned to an address shared upstream connections: pooled %s, then %s and %s", pooled, first, c)
+	}
+
 	up.mu.Lock()
 	reqs := slices.Clone(up.reqs)
 	up.mu.Unlock()
 	var ones, twos []string
-	for i, r := range reqs {
-		want := "Bearer value-of-ONE"
-		switch {
-		case r.who == "two":
-			want = "Bearer value-of-TWO"
+	for _, r := range reqs {
+		if r.who == "two" {
 			twos = append(twos, r.conn)
-		case i == 4 || i == 5 || i == 8:
-			want = "" // not pkg.test: no rule
-			ones = append(ones, r.conn)
-		default:
-			ones = append(ones, r.conn)
+			if r.auth != "Bearer value-of-TWO" {
+				t.Errorf("the second sandbox's request carried Authorization %q", r.auth)
+			}
+			continue
 		}
-		if r.auth != want {
-			t.Errorf("request %d (%s's) carried Authorization %q, want %q", i, r.who, r.auth, want)
+		if i := len(ones); i < len(wantAuth) && r.auth != wantAuth[i] {
+			t.Errorf("request %d of the first sandbox carried Authorization %q, want %q", i+1, r.auth, wantAuth[i])
 		}
+		ones = append(ones, r.conn)
+	}
+	if len(ones) != len(wantAuth) {
+		t.Errorf("the upstream got %d requests of the first sandbox, want %d", len(ones), len(wantAuth))
 	}
 	for _, c := range twos {
 		if slices.Contains(ones, c) {
