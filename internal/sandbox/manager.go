@@ -154,6 +154,10 @@ type Manager struct {
 
 	layers *rootfs.Layers // makes the writable layers (blank images in <data>/layers)
 
+	// snapshotting are the snapshots being made, whose directories have no
+	// record yet: gcSnapshots leaves them (guarded by snapMu).
+	snapshotting map[string]bool
+
 	// agentsMu serializes pruning the agent binaries with holding one
 	// (agents.go); agentHolds counts the holds per hash.
 	agentsMu   sync.Mutex

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -147,6 +148,10 @@ func (m *Manager) snapshot(ctx context.Context, p tenant.Principal, id, name str
 
 	start := time.Now()
 	snID := store.NewID()
+	// Until its record is written, nothing but this mark keeps a snapshot
+	// collection (run by any sandbox's kill) from taking the directory.
+	m.makingSnapshot(snID, true)
+	defer m.makingSnapshot(snID, false)
 	dir := m.snapshotDir(snID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", id, err)
@@ -299,9 +304,24 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, p tenant.Principal, idOrNa
 	return nil
 }
 
+// makingSnapshot marks snapshot id as being made (its directory is in use
+// before its record exists), or no longer.
+func (m *Manager) makingSnapshot(id string, making bool) {
+	snapMu.Lock()
+	defer snapMu.Unlock()
+	if !making {
+		delete(m.snapshotting, id)
+		return
+	}
+	if m.snapshotting == nil {
+		m.snapshotting = map[string]bool{}
+	}
+	m.snapshotting[id] = true
+}
+
 // gcSnapshots removes the snapshot directories no record and no sandbox
 // uses any more: deleted snapshots, and the hidden ones fork makes once its
-// last fork is gone.
+// last fork is gone. Snapshots being made are left alone.
 func (m *Manager) gcSnapshots(ctx context.Context) {
 	snapMu.Lock()
 	defer snapMu.Unlock()
@@ -309,7 +329,10 @@ func (m *Manager) gcSnapshots(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	used := map[string]bool{}
+	used := maps.Clone(m.snapshotting)
+	if used == nil {
+		used = map[string]bool{}
+	}
 	rows, err := m.cfg.Store.ListSnapshots(ctx, store.SnapshotFilter{IncludeHidden: true})
 	if err != nil {
 		m.log.Warn("snapshot gc: list", "err", err)
