@@ -182,11 +182,15 @@ func (h *httpConn) setTarget(t target, key string) {
 		// DNS): the connection keeps its upstream connections to itself,
 		// as a pool keyed by the name would send a request the sandbox
 		// addressed to one of the name's addresses to another (whichever
-		// the pooled connection was dialed to).
-		rp = h.ownProxyOf(t)
+		// the pooled connection was dialed to). rp stays nil: it is the
+		// connection's own proxy, made below.
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if rp == nil {
+		h.own = h.newOwnProxy(t, false)
+		rp = h.own
+	}
 	h.key, h.tgt, h.rp, h.trs = key, &t, rp, append(h.trs, trs...)
 }
 
@@ -251,27 +255,9 @@ func (h *httpConn) ownProxy() *httputil.ReverseProxy {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.own == nil {
-		h.own = h.newOwnProxy(*h.tgt)
+		h.own = h.newOwnProxy(*h.tgt, false)
 	}
 	return h.own
-}
-
-// ownProxyOf is ownProxy for setTarget, which holds no lock yet.
-func (h *httpConn) ownProxyOf(t target) *httputil.ReverseProxy {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.own = h.newOwnProxy(t)
-	return h.own
-}
-
-// newOwnProxy makes the connection's own cleartext proxy for t (h.mu held).
-func (h *httpConn) newOwnProxy(t target) *httputil.ReverseProxy {
-	tr := h.connTransport()
-	tr.DisableKeepAlives = h.closed
-	up := h.up
-	tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) { return up.dialTo(ctx, t) }
-	h.trs = append(h.trs, tr)
-	return h.proxy(t, "http", upHost(t, h.s.dst), tr, false)
 }
 
 // h2cProxy is the proxy of the connection's HTTP/2 requests in the clear,
@@ -281,17 +267,26 @@ func (h *httpConn) h2cProxy() *httputil.ReverseProxy {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.h2c == nil {
-		tr := h.connTransport()
-		tr.DisableKeepAlives = h.closed
-		tr.Protocols = new(http.Protocols)
-		tr.Protocols.SetUnencryptedHTTP2(true)
-		t := *h.tgt
-		up := h.up
-		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) { return up.dialTo(ctx, t) }
-		h.trs = append(h.trs, tr)
-		h.h2c = h.proxy(t, "http", upHost(t, h.s.dst), tr, false)
+		h.h2c = h.newOwnProxy(*h.tgt, true)
 	}
 	return h.h2c
+}
+
+// newOwnProxy makes a cleartext proxy for t whose upstream connections are
+// this sandbox connection's own (h.mu held); h2c: it speaks HTTP/2 with
+// prior knowledge upstream. A connection already closed (a handler that
+// started after its end) gets a transport that keeps nothing idle.
+func (h *httpConn) newOwnProxy(t target, h2c bool) *httputil.ReverseProxy {
+	tr := h.connTransport()
+	tr.DisableKeepAlives = h.closed
+	if h2c {
+		tr.Protocols = new(http.Protocols)
+		tr.Protocols.SetUnencryptedHTTP2(true)
+	}
+	up := h.up
+	tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) { return up.dialTo(ctx, t) }
+	h.trs = append(h.trs, tr)
+	return h.proxy(t, "http", upHost(t, h.s.dst), tr, false)
 }
 
 func (h *httpConn) serve(w http.ResponseWriter, r *http.Request) {
