@@ -3,7 +3,6 @@ package egress
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -170,13 +169,13 @@ func (h *httpConn) setTarget(t target, key string) {
 		// A fake address stands for its name (and the name's addresses,
 		// resolved by the proxy): the sandbox's connections to the name
 		// and port share its pool.
-		rp = h.proxy(t, "http", upHost(t, h.s.dst), h.p.plainTransport(h.s.sb, true), true)
+		rp = h.proxy(t, "http", upHost(t, h.s.dst), h.p.plainPool(h.s.sb, true), true)
 	case t.name == "":
 		// Decided by the address alone (every request names an address or
 		// nothing): connections to the address and port share its pool,
 		// apart from names, so that a name that reads as an address (and
 		// may be mapped elsewhere) never shares one with it.
-		rp = h.proxy(t, "http", upHost(t, h.s.dst), h.p.plainTransport(h.s.sb, false), true)
+		rp = h.proxy(t, "http", upHost(t, h.s.dst), h.p.plainPool(h.s.sb, false), true)
 	default:
 		// A name on an address the sandbox chose (not through cella's
 		// DNS): the connection keeps its upstream connections to itself,
@@ -218,6 +217,14 @@ func (h *httpConn) connTransport() *http.Transport {
 	}
 }
 
+// flushInterval bounds how long a response with a known length waits in
+// the server's buffer for more of itself. Streams (server-sent events, LLM
+// token streams, gRPC, chunked bodies: no Content-Length) are flushed at
+// every write whatever it says (httputil.ReverseProxy). A negative interval
+// would flush every response's head on its own, from a goroutine started
+// for it, before the body: two writes and a wake-up per small answer.
+const flushInterval = 50 * time.Millisecond
+
 // proxy forwards the connection's requests for t to upHost through tr
 // (pooled: the sandbox's pool, whose dial reads t from the request).
 func (h *httpConn) proxy(t target, scheme, upHost string, tr http.RoundTripper, pooled bool) *httputil.ReverseProxy {
@@ -228,16 +235,29 @@ func (h *httpConn) proxy(t target, scheme, upHost string, tr http.RoundTripper, 
 			pr.Out.URL.Host = upHost
 			pr.Out.Host = pr.In.Host
 			if pooled {
-				ctx := context.WithValue(pr.Out.Context(), plainDialKey{}, plainDial{t: t, asker: pr.In.Context()})
+				ctx := context.WithValue(pr.Out.Context(), plainDialKey{}, plainDial{t: t})
 				pr.Out = pr.Out.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 					GotConn: func(info httptrace.GotConnInfo) { s.setUpstream(info.Conn.RemoteAddr().String()) },
 				}))
 			}
 		},
 		Transport:     tr,
-		FlushInterval: -1, // stream (server-sent events, LLM token streams, gRPC)
+		FlushInterval: flushInterval,
 		BufferPool:    copyBuffers,
 		ErrorLog:      discardLog,
+		// A switch of protocols the request did not ask for: httputil
+		// answers 502 but leaves the connection (the answer's body) open
+		// until a finalizer closes it; an error here closes it. (The
+		// sandbox's pool refuses such an answer itself.)
+		ModifyResponse: func(res *http.Response) error {
+			if res.StatusCode != http.StatusSwitchingProtocols {
+				return nil
+			}
+			if asked := upgradeOf(res.Request.Header); asked == "" || !strings.EqualFold(asked, upgradeOf(res.Header)) {
+				return fmt.Errorf("the upstream switched protocols to %q, and the request asked for %q", res.Header.Get("Upgrade"), asked)
+			}
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			msg := fmt.Sprintf("%s could not be reached: %v", displayHost(t), err)
 			s.setReason(msg)
@@ -538,22 +558,20 @@ const (
 	defaultUpstreamIdle = 4 * time.Second
 )
 
-// plainDialKey carries a request's plainDial to the pool's dial.
+// plainDialKey carries a request's plainDial to the pool.
 type plainDialKey struct{}
 
-// plainDial is what the pool's dial needs of the request it dials for:
-// the decided target, and the request's own context — the transport dials
-// apart from the request's cancellation (another request may take the
-// connection), but a dial nobody waits for must not go on after its
-// sandbox connection ended, uncounted by Limits.
+// plainDial is what the pool needs of the request beyond the request
+// itself: the decided target, whose addresses a new connection dials (in
+// the request's goroutine, with its context: a dial is called off with the
+// sandbox connection that asked for it).
 type plainDial struct {
-	t     target
-	asker context.Context
+	t target
 }
 
-// plainTransport is sb's pool of connections decided by name (a fake
+// plainPool is sb's pool of connections decided by name (a fake
 // address), or by address, made at its first cleartext request.
-func (p *Proxy) plainTransport(sb *Sandbox, byName bool) *http.Transport {
+func (p *Proxy) plainPool(sb *Sandbox, byName bool) *upstreamPool {
 	kind := 0
 	if byName {
 		kind = 1
@@ -561,26 +579,9 @@ func (p *Proxy) plainTransport(sb *Sandbox, byName bool) *http.Transport {
 	sb.plainMu.Lock()
 	defer sb.plainMu.Unlock()
 	if sb.plain[kind] == nil {
-		sb.plain[kind] = &http.Transport{
-			Proxy:                 nil,  // never the daemon's HTTP_PROXY
-			DisableCompression:    true, // pass Accept-Encoding and bodies through as sent
-			MaxIdleConns:          plainIdle,
-			MaxIdleConnsPerHost:   plainIdle,
-			IdleConnTimeout:       p.cfg.UpstreamIdle,
-			ExpectContinueTimeout: time.Second,
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				// The dial's context keeps the values of the request that
-				// asked for it (a request of the same host may take the
-				// connection instead).
-				d, ok := ctx.Value(plainDialKey{}).(plainDial)
-				if !ok {
-					return nil, errors.New("an upstream connection without a decision")
-				}
-				ctx, cancel := context.WithCancel(ctx)
-				defer cancel()
-				defer context.AfterFunc(d.asker, cancel)()
-				return p.dial(ctx, d.t.addrs)
-			},
+		sb.plain[kind] = &upstreamPool{
+			idle: p.cfg.UpstreamIdle,
+			dial: func(ctx context.Context, t target) (net.Conn, error) { return p.dial(ctx, t.addrs) },
 		}
 	}
 	return sb.plain[kind]
@@ -589,11 +590,11 @@ func (p *Proxy) plainTransport(sb *Sandbox, byName bool) *http.Transport {
 // closePlain closes sb's idle upstream connections (its listener closed).
 func (sb *Sandbox) closePlain() {
 	sb.plainMu.Lock()
-	trs := sb.plain
+	pools := sb.plain
 	sb.plainMu.Unlock()
-	for _, tr := range trs {
-		if tr != nil {
-			tr.CloseIdleConnections()
+	for _, u := range pools {
+		if u != nil {
+			u.close()
 		}
 	}
 }

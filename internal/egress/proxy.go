@@ -110,7 +110,7 @@ type Sandbox struct {
 	conns  atomic.Int64 // connections open through the proxy
 
 	plainMu sync.Mutex
-	plain   [2]*http.Transport // idle cleartext upstream connections, by address and by name (http.go)
+	plain   [2]*upstreamPool // idle cleartext upstream connections, by address and by name (http.go)
 }
 
 // SetPolicy replaces the policy for the connections and queries that
