@@ -317,3 +317,58 @@ func TestProxyStreams(t *testing.T) {
 		t.Fatalf("after the body: %q %v", line, err)
 	}
 }
+
+// TestUnaskedUpgradeClosesItsStream: a sandbox port that answers a plain
+// request with 101 Switching Protocols gets the client a 502 that says so,
+// and the stream into the sandbox is closed at once (httputil would leave
+// it to a finalizer); an upgrade the request asked for still passes.
+func TestUnaskedUpgradeClosesItsStream(t *testing.T) {
+	closed := make(chan struct{}, 2)
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: other\r\n\r\n")
+		brw.Flush()
+		io.Copy(io.Discard, brw) // until the edge closes the stream
+		closed <- struct{}{}
+	}))
+	defer backend.Close()
+	p := New(Config{Router: testRouter{"open": {id: "open", envd: "envd-1", backend: backend}}, Domain: "cella.test"})
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.Handle(w, r) }))
+	defer front.Close()
+	send := func(upgrade string) (int, string) {
+		t.Helper()
+		c, err := net.Dial("tcp", front.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		req := fmt.Sprintf("GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n%s: open\r\n%s: 8080\r\n", hdrSandboxID, hdrSandboxPort)
+		if upgrade != "" {
+			req += "Connection: Upgrade\r\nUpgrade: " + upgrade + "\r\n"
+		}
+		io.WriteString(c, req+"\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return resp.StatusCode, string(b)
+	}
+	for _, asked := range []string{"", "websocket"} {
+		if code, body := send(asked); code != http.StatusBadGateway || !strings.Contains(body, "did not ask for") {
+			t.Errorf("a 101 to other for a request asking for %q: %d %s", asked, code, body)
+		}
+		select {
+		case <-closed:
+		case <-time.After(time.Minute):
+			t.Fatalf("the stream of a 101 the request (upgrade %q) did not ask for is still open", asked)
+		}
+	}
+	if code, _ := send("other"); code != http.StatusSwitchingProtocols {
+		t.Errorf("the upgrade the request asked for: %d", code)
+	}
+}
