@@ -8,12 +8,10 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
-	"strings"
 	"time"
 
-	"golang.org/x/net/http/httpguts"
-
 	"github.com/cella-sandbox/cella/internal/agentapi"
+	"github.com/cella-sandbox/cella/internal/upgrade"
 )
 
 // sandboxError is E2B's answer for a sandbox the edge cannot reach.
@@ -91,7 +89,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, t Target) {
 		Transport:     link,
 		FlushInterval: -1,
 		ModifyResponse: func(res *http.Response) error {
-			if err := unaskedUpgrade(res); err != nil {
+			if err := upgrade.Check(res); err != nil {
 				return err
 			}
 			if timing != nil {
@@ -104,7 +102,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, t Target) {
 				BadGateway(w, t.ID, "The sandbox was not found")
 				return
 			}
-			var switched *switchError
+			var switched *upgrade.UnaskedError
 			if errors.As(err, &switched) {
 				BadGateway(w, t.ID, fmt.Sprintf("port %d of sandbox %s answered: %v", t.Port, t.ID, err))
 				return
@@ -121,36 +119,4 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, t Target) {
 	// body until it is done with it.
 	_ = http.NewResponseController(w).EnableFullDuplex()
 	rp.ServeHTTP(w, r)
-}
-
-// switchError is a switch of protocols the request did not ask for.
-type switchError struct{ to, asked string }
-
-func (e *switchError) Error() string {
-	return fmt.Sprintf("101 Switching Protocols to %q, which the request did not ask for (it asked for %q)", e.to, e.asked)
-}
-
-// unaskedUpgrade refuses a 101 whose protocol is not the one the request
-// asked for (by Connection: Upgrade and Upgrade). httputil answers such a
-// 101 with a 502 itself but leaves the answer's body — the stream into the
-// sandbox — open until a finalizer closes it; an error from ModifyResponse
-// closes it at once.
-func unaskedUpgrade(res *http.Response) error {
-	if res.StatusCode != http.StatusSwitchingProtocols {
-		return nil
-	}
-	asked, to := upgradeOf(res.Request.Header), upgradeOf(res.Header)
-	if asked == "" || !strings.EqualFold(asked, to) {
-		return &switchError{to: res.Header.Get("Upgrade"), asked: asked}
-	}
-	return nil
-}
-
-// upgradeOf is the protocol h's Upgrade field names when its Connection
-// field says Upgrade, else "".
-func upgradeOf(h http.Header) string {
-	if !httpguts.HeaderValuesContainsToken(h["Connection"], "Upgrade") {
-		return ""
-	}
-	return h.Get("Upgrade")
 }

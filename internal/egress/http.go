@@ -3,6 +3,7 @@ package egress
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -17,6 +18,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/cella-sandbox/cella/internal/upgrade"
 )
 
 // discardLog keeps net/http's per-connection complaints (a sandbox that
@@ -245,21 +248,15 @@ func (h *httpConn) proxy(t target, scheme, upHost string, tr http.RoundTripper, 
 		FlushInterval: flushInterval,
 		BufferPool:    copyBuffers,
 		ErrorLog:      discardLog,
-		// A switch of protocols the request did not ask for: httputil
-		// answers 502 but leaves the connection (the answer's body) open
-		// until a finalizer closes it; an error here closes it. (The
-		// sandbox's pool refuses such an answer itself.)
-		ModifyResponse: func(res *http.Response) error {
-			if res.StatusCode != http.StatusSwitchingProtocols {
-				return nil
-			}
-			if asked := upgradeOf(res.Request.Header); asked == "" || !strings.EqualFold(asked, upgradeOf(res.Header)) {
-				return fmt.Errorf("the upstream switched protocols to %q, and the request asked for %q", res.Header.Get("Upgrade"), asked)
-			}
-			return nil
-		},
+		// A switch of protocols the request did not ask for: refused, and
+		// its connection (the answer's body: for the sandbox's pool, the
+		// pooled connection itself) closed at once.
+		ModifyResponse: upgrade.Check,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			msg := fmt.Sprintf("%s could not be reached: %v", displayHost(t), err)
+			if unasked := (*upgrade.UnaskedError)(nil); errors.As(err, &unasked) {
+				msg = fmt.Sprintf("%s answered with %v", displayHost(t), err)
+			}
 			s.setReason(msg)
 			writeRefusal(w, s, &refusal{status: http.StatusBadGateway, msg: msg})
 		},

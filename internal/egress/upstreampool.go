@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
-	"strings"
 	"sync"
 	"time"
 
@@ -175,12 +174,9 @@ func (u *upstreamPool) send(c *upConn, req *http.Request, trace *httptrace.Clien
 	c.left = math.MaxInt64 // the body is the caller's to read, at its pace
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// An upgrade (WebSocket): the connection is the answer's body,
-		// both ways, and never goes back to the pool — only the upgrade
-		// the request asked for: any other 101 would make the sandbox's
-		// connection a tunnel that no later request of it is checked on.
-		if asked := upgradeOf(req.Header); asked == "" || !strings.EqualFold(asked, upgradeOf(resp.Header)) {
-			return fail(fmt.Errorf("the upstream switched protocols to %q, and the request asked for %q", resp.Header.Get("Upgrade"), asked))
-		}
+		// both ways, and never goes back to the pool. Whether the request
+		// asked for it is the proxy's check (upgrade.Check, in its
+		// ModifyResponse), which closes this body when it did not.
 		if !stop() {
 			return fail(context.Canceled)
 		}
@@ -200,15 +196,6 @@ func (u *upstreamPool) send(c *upConn, req *http.Request, trace *httptrace.Clien
 	}
 	resp.Body = &pooledBody{u: u, c: c, body: resp.Body, stop: stop, keep: keep}
 	return resp, nil
-}
-
-// upgradeOf is the protocol h's Upgrade field names when its Connection
-// field says Upgrade, else "".
-func upgradeOf(h http.Header) string {
-	if !httpguts.HeaderValuesContainsToken(h["Connection"], "Upgrade") {
-		return ""
-	}
-	return h.Get("Upgrade")
 }
 
 // aLongTimeAgo is a deadline that has passed: it wakes a blocked read.

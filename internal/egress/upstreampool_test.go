@@ -231,6 +231,8 @@ func TestHTTPPoolUpstreamMisbehaves(t *testing.T) {
 	for _, path := range []string{"/099", "/101-bare", "/101-other"} {
 		if code, resp := get(path); code != http.StatusBadGateway {
 			t.Errorf("GET %s: %d %.300q", path, code, resp)
+		} else if strings.HasPrefix(path, "/101") && !strings.Contains(resp, "did not ask for") {
+			t.Errorf("GET %s: the 502 does not say the request did not ask for the switch: %.300q", path, resp)
 		}
 		up.waitClosed(t, "after GET "+path, up.last())
 	}
