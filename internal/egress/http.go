@@ -238,7 +238,7 @@ func (h *httpConn) proxy(t target, scheme, upHost string, tr http.RoundTripper, 
 			pr.Out.URL.Host = upHost
 			pr.Out.Host = pr.In.Host
 			if pooled {
-				ctx := context.WithValue(pr.Out.Context(), plainDialKey{}, plainDial{t: t})
+				ctx := context.WithValue(pr.Out.Context(), targetKey{}, t)
 				pr.Out = pr.Out.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 					GotConn: func(info httptrace.GotConnInfo) { s.setUpstream(info.Conn.RemoteAddr().String()) },
 				}))
@@ -555,16 +555,10 @@ const (
 	defaultUpstreamIdle = 4 * time.Second
 )
 
-// plainDialKey carries a request's plainDial to the pool.
-type plainDialKey struct{}
-
-// plainDial is what the pool needs of the request beyond the request
-// itself: the decided target, whose addresses a new connection dials (in
-// the request's goroutine, with its context: a dial is called off with the
-// sandbox connection that asked for it).
-type plainDial struct {
-	t target
-}
+// targetKey carries a pooled request's decided target to the pool, whose
+// new connections dial its addresses (in the request's goroutine, with its
+// context: a dial is called off with the sandbox connection that asked).
+type targetKey struct{}
 
 // plainPool is sb's pool of connections decided by name (a fake
 // address), or by address, made at its first cleartext request.

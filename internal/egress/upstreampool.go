@@ -76,7 +76,7 @@ const max1xx = 5
 // or a new one. A reused connection that its server closed before
 // answering is replaced once, as the Transport replays such requests.
 func (u *upstreamPool) RoundTrip(req *http.Request) (*http.Response, error) {
-	d, ok := req.Context().Value(plainDialKey{}).(plainDial)
+	t, ok := req.Context().Value(targetKey{}).(target)
 	if !ok {
 		return nil, errors.New("an upstream request without a decision")
 	}
@@ -102,7 +102,7 @@ func (u *upstreamPool) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		reused := c != nil
 		if c == nil {
-			nc, err := u.dial(req.Context(), d.t)
+			nc, err := u.dial(req.Context(), t)
 			if err != nil {
 				return nil, err
 			}

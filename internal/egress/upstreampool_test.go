@@ -377,7 +377,7 @@ func TestHTTPPoolAnswersNeverCross(t *testing.T) {
 			defer u.close()
 			addr := netip.MustParseAddrPort(ln.Addr().String())
 			get := func(method, path string) string {
-				ctx := context.WithValue(context.Background(), plainDialKey{}, plainDial{t: target{addrs: []netip.AddrPort{addr}}})
+				ctx := context.WithValue(context.Background(), targetKey{}, target{addrs: []netip.AddrPort{addr}})
 				req, _ := http.NewRequestWithContext(ctx, method, "http://"+addr.String()+path, nil)
 				resp, err := u.RoundTrip(req)
 				if err != nil {
