@@ -32,6 +32,7 @@ var execShape = []string{"/bin/bash", "-l", "-c", "true"}
 const (
 	spawnFloorName = "in-sandbox spawn floor: the agent's fork/exec/wait of bash -l -c true"
 	execPathName   = "the agent's exec path (bash -l -c true: its confinement, pipes, end event)"
+	firstSpawnName = "the agent's first spawn of bash -l -c true after a pool hand-out"
 )
 
 // spawnFloors asks the agent of sandbox id to time n spawns of the exec
