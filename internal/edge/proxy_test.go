@@ -321,7 +321,9 @@ func TestProxyStreams(t *testing.T) {
 // TestUnaskedUpgradeClosesItsStream: a sandbox port that answers a plain
 // request with 101 Switching Protocols gets the client a 502 that says so,
 // and the stream into the sandbox is closed at once (httputil would leave
-// it to a finalizer); an upgrade the request asked for still passes.
+// it to a finalizer), also when the protocol is the one asked for only
+// under a Unicode case fold, which httputil's ASCII fold refuses; an
+// upgrade the request asked for still passes.
 func TestUnaskedUpgradeClosesItsStream(t *testing.T) {
 	closed := make(chan struct{}, 2)
 	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -330,7 +332,11 @@ func TestUnaskedUpgradeClosesItsStream(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: other\r\n\r\n")
+		to := "other"
+		if r.URL.Path == "/kelvin" {
+			to = "websoc\u212aet" // Kelvin's K
+		}
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + to + "\r\n\r\n")
 		brw.Flush()
 		io.Copy(io.Discard, brw) // until the edge closes the stream
 		closed <- struct{}{}
@@ -339,14 +345,14 @@ func TestUnaskedUpgradeClosesItsStream(t *testing.T) {
 	p := New(Config{Router: testRouter{"open": {id: "open", envd: "envd-1", backend: backend}}, Domain: "cella.test"})
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.Handle(w, r) }))
 	defer front.Close()
-	send := func(upgrade string) (int, string) {
+	send := func(path, upgrade string) (int, string) {
 		t.Helper()
 		c, err := net.Dial("tcp", front.Listener.Addr().String())
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		req := fmt.Sprintf("GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n%s: open\r\n%s: 8080\r\n", hdrSandboxID, hdrSandboxPort)
+		req := fmt.Sprintf("GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n%s: open\r\n%s: 8080\r\n", path, hdrSandboxID, hdrSandboxPort)
 		if upgrade != "" {
 			req += "Connection: Upgrade\r\nUpgrade: " + upgrade + "\r\n"
 		}
@@ -358,17 +364,17 @@ func TestUnaskedUpgradeClosesItsStream(t *testing.T) {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		return resp.StatusCode, string(b)
 	}
-	for _, asked := range []string{"", "websocket"} {
-		if code, body := send(asked); code != http.StatusBadGateway || !strings.Contains(body, "did not ask for") {
-			t.Errorf("a 101 to other for a request asking for %q: %d %s", asked, code, body)
+	for _, c := range []struct{ path, asked string }{{"/x", ""}, {"/x", "websocket"}, {"/kelvin", "websocket"}} {
+		if code, body := send(c.path, c.asked); code != http.StatusBadGateway || !strings.Contains(body, "did not ask for") {
+			t.Errorf("GET %s, a 101 the request asking for %q did not ask for: %d %s", c.path, c.asked, code, body)
 		}
 		select {
 		case <-closed:
 		case <-time.After(time.Minute):
-			t.Fatalf("the stream of a 101 the request (upgrade %q) did not ask for is still open", asked)
+			t.Fatalf("GET %s: the stream of a 101 the request (upgrade %q) did not ask for is still open", c.path, c.asked)
 		}
 	}
-	if code, _ := send("other"); code != http.StatusSwitchingProtocols {
+	if code, _ := send("/x", "other"); code != http.StatusSwitchingProtocols {
 		t.Errorf("the upgrade the request asked for: %d", code)
 	}
 }

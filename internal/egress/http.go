@@ -250,7 +250,8 @@ func (h *httpConn) proxy(t target, scheme, upHost string, tr http.RoundTripper, 
 		ErrorLog:      discardLog,
 		// A switch of protocols the request did not ask for: refused, and
 		// its connection (the answer's body: for the sandbox's pool, the
-		// pooled connection itself) closed at once.
+		// pooled connection itself) closed at once. The only check: the
+		// pool's round tripper hands any 101 on as an upgradedBody.
 		ModifyResponse: upgrade.Check,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			msg := fmt.Sprintf("%s could not be reached: %v", displayHost(t), err)

@@ -90,6 +90,9 @@ func (h *harness) sandboxSend(ln net.Listener, sb *Sandbox, dst netip.AddrPort, 
 	h.dsts.Store(c.LocalAddr().String(), dst)
 	defer c.Close()
 	_, _ = io.WriteString(c, req)
+	// Bounded, so that a proxy that wrongly keeps the connection open (a
+	// tunnel) fails the test instead of hanging it.
+	_ = c.SetReadDeadline(time.Now().Add(time.Minute))
 	raw, _ := io.ReadAll(c)
 	resp := string(raw)
 	code := 0

@@ -87,6 +87,10 @@ func (u *scriptedUpstream) serve(n int, c net.Conn) {
 			io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\n\r\ntunnelled\n")
 		case "/101-other":
 			io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: other\r\n\r\ntunnelled\n")
+		case "/101-kelvin":
+			// "websocket" with Kelvin's K (U+212A): the same under a
+			// Unicode case fold, not under httputil's ASCII one.
+			io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websoc\u212aet\r\n\r\ntunnelled\n")
 		case "/pair":
 			// Answered once two have come: two connections in use at once,
 			// then both idle.
@@ -243,6 +247,14 @@ func TestHTTPPoolUpstreamMisbehaves(t *testing.T) {
 	}
 	h.waitAllowed(h.sb, allowed)
 	up.waitClosed(t, "after a 101 to another protocol", up.last())
+	// One that is the protocol asked for only under a Unicode case fold,
+	// which httputil refuses after the proxy's check without closing it.
+	allowed++
+	if code, resp := h.sandboxSend(h.ln, h.sb, dst, "GET /101-kelvin HTTP/1.1\r\nHost: pkg.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", allowed); code != http.StatusBadGateway || !strings.Contains(resp, "did not ask for") {
+		t.Errorf("GET /101-kelvin asking for websocket: %d %.300q", code, resp)
+	}
+	h.waitAllowed(h.sb, allowed)
+	up.waitClosed(t, "after a 101 to websoc\u212aet", up.last())
 	// The same for a request on the connection's own upstream connection
 	// (a POST is not pooled).
 	allowed++

@@ -8,7 +8,6 @@ package upgrade
 import (
 	"fmt"
 	"net/http"
-	"strings"
 
 	"golang.org/x/net/http/httpguts"
 )
@@ -25,15 +24,21 @@ func (e *UnaskedError) Error() string {
 
 // Check refuses res when it is a 101 whose protocol is not the one its
 // request asked for (by Connection: Upgrade and Upgrade). Meant for a
-// ReverseProxy's ModifyResponse: httputil answers such a 101 with a 502
-// itself, but leaves the answer's body — the connection — open until a
-// finalizer closes it, while an error from ModifyResponse closes it at once.
+// ReverseProxy's ModifyResponse, which runs before httputil switches
+// protocols; its error closes the answer's body — the connection — at
+// once. It refuses at least whatever httputil would refuse after it: a
+// protocol that is not printable ASCII, or that differs from the one asked
+// for under an ASCII case fold (strings.EqualFold would also take
+// "websoc\u212aet", Kelvin's K, for "websocket") — httputil answers those
+// with a 502 but leaves the connection to a finalizer. And a bare 101 to a
+// request that asked for nothing, which httputil itself would turn into a
+// tunnel ("" equals "").
 func Check(res *http.Response) error {
 	if res.StatusCode != http.StatusSwitchingProtocols {
 		return nil
 	}
 	asked, to := Of(res.Request.Header), Of(res.Header)
-	if asked == "" || !strings.EqualFold(asked, to) {
+	if asked == "" || !printableASCII(to) || !asciiEqualFold(asked, to) {
 		return &UnaskedError{To: res.Header.Get("Upgrade"), Asked: asked}
 	}
 	return nil
@@ -46,4 +51,36 @@ func Of(h http.Header) string {
 		return ""
 	}
 	return h.Get("Upgrade")
+}
+
+// printableASCII is whether s is all printable ASCII, as httputil requires
+// of a protocol it switches to.
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < ' ' || s[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+// asciiEqualFold is httputil's comparison of protocols: case folded in
+// ASCII only.
+func asciiEqualFold(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		if lowerASCII(a[i]) != lowerASCII(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func lowerASCII(b byte) byte {
+	if 'A' <= b && b <= 'Z' {
+		return b + 'a' - 'A'
+	}
+	return b
 }

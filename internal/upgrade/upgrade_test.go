@@ -28,6 +28,11 @@ func TestCheck(t *testing.T) {
 		{"a 101 to a request that asked for none", http.StatusSwitchingProtocols, http.Header{}, h("Connection", "Upgrade", "Upgrade", "websocket"), true},
 		{"Upgrade without Connection: Upgrade asks for nothing", http.StatusSwitchingProtocols, h("Upgrade", "websocket"), h("Connection", "Upgrade", "Upgrade", "websocket"), true},
 		{"another protocol", http.StatusSwitchingProtocols, websocket, h("Connection", "Upgrade", "Upgrade", "h2c"), true},
+		// Equal only under a Unicode case fold, which httputil does not
+		// apply (it refuses these itself, leaving the connection open).
+		{"Kelvin's K for k", http.StatusSwitchingProtocols, websocket, h("Connection", "Upgrade", "Upgrade", "websoc\u212aet"), true},
+		{"a long s for s", http.StatusSwitchingProtocols, websocket, h("Connection", "Upgrade", "Upgrade", "web\u017focket"), true},
+		{"not printable", http.StatusSwitchingProtocols, h("Connection", "Upgrade", "Upgrade", "web\x01socket"), h("Connection", "Upgrade", "Upgrade", "web\x01socket"), true},
 	} {
 		res := &http.Response{StatusCode: c.status, Header: c.answer, Request: &http.Request{Header: c.asked}}
 		err := Check(res)
