@@ -321,6 +321,83 @@ func MemoryLimit(id string) (int64, error) {
 	return n, nil
 }
 
+// CPUQuota reads container id's CFS bandwidth: the quota and period in
+// microseconds, quota -1 when unlimited (v1 cpu.cfs_quota_us and
+// cpu.cfs_period_us, else a unified cgroup's cpu.max).
+func CPUQuota(id string) (quota, period int64, err error) {
+	if !idRE.MatchString(id) {
+		return 0, 0, fmt.Errorf("invalid container id %q", id)
+	}
+	v1 := filepath.Join(Root, "cpu", Parent, id)
+	quota, err = readInt(filepath.Join(v1, "cpu.cfs_quota_us"))
+	if err == nil {
+		period, err = readInt(filepath.Join(v1, "cpu.cfs_period_us"))
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		if err != nil {
+			return 0, 0, fmt.Errorf("read cpu quota of %s: %w", id, err)
+		}
+		return quota, period, nil
+	}
+	b, err := os.ReadFile(filepath.Join(Root, Parent, id, "cpu.max"))
+	if err != nil {
+		return 0, 0, fmt.Errorf("read cpu quota of %s: %w", id, err)
+	}
+	q, p, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
+	if period, err = strconv.ParseInt(p, 10, 64); err != nil {
+		return 0, 0, fmt.Errorf("read cpu quota of %s: cpu.max %q", id, b)
+	}
+	if q == "max" {
+		return -1, period, nil
+	}
+	if quota, err = strconv.ParseInt(q, 10, 64); err != nil {
+		return 0, 0, fmt.Errorf("read cpu quota of %s: cpu.max %q", id, b)
+	}
+	return quota, period, nil
+}
+
+// SetCPUQuota sets container id's CFS bandwidth to quota microseconds of
+// CPU time every period (quota > 0), where CPUQuota reads it. The cgroup
+// must exist: its runtime made it.
+func SetCPUQuota(id string, quota, period int64) error {
+	if !idRE.MatchString(id) {
+		return fmt.Errorf("invalid container id %q", id)
+	}
+	if quota <= 0 || period <= 0 {
+		return fmt.Errorf("set cpu quota of %s: quota %d and period %d must be positive", id, quota, period)
+	}
+	v1 := filepath.Join(Root, "cpu", Parent, id)
+	if _, err := os.Stat(filepath.Join(v1, "cpu.cfs_quota_us")); err == nil {
+		// The period first: the kernel checks each write against the
+		// other value, and the period is the one that does not change.
+		if err := writeFile(filepath.Join(v1, "cpu.cfs_period_us"), strconv.FormatInt(period, 10)); err != nil {
+			return fmt.Errorf("set cpu period of %s: %w", id, err)
+		}
+		if err := writeFile(filepath.Join(v1, "cpu.cfs_quota_us"), strconv.FormatInt(quota, 10)); err != nil {
+			return fmt.Errorf("set cpu quota of %s: %w", id, err)
+		}
+		return nil
+	}
+	if err := writeFile(filepath.Join(Root, Parent, id, "cpu.max"), fmt.Sprintf("%d %d", quota, period)); err != nil {
+		return fmt.Errorf("set cpu quota of %s: %w", id, err)
+	}
+	return nil
+}
+
+// writeFile writes an existing control file (never creates one: a missing
+// cgroup is an error, not a new file).
+func writeFile(path, value string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(value)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
 // Usage is a container's resource use as its cgroups account it.
 type Usage struct {
 	// CPU is the CPU time the container used since its cgroup was made.

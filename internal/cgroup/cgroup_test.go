@@ -367,3 +367,56 @@ func TestWaitFrozen(t *testing.T) {
 	}
 	_ = os.WriteFile(filepath.Join(d, "freezer.state"), []byte("THAWED"), 0)
 }
+
+// TestCPUQuotaFormats: CPUQuota and SetCPUQuota speak v1's two files and a
+// unified cgroup's cpu.max ("max" = unlimited), never create a control
+// file, and refuse a quota that is no limit.
+func TestCPUQuotaFormats(t *testing.T) {
+	root := t.TempDir()
+	old := Root
+	Root = root
+	t.Cleanup(func() { Root = old })
+	write := func(path, body string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v1 := filepath.Join(root, "cpu", Parent, "one")
+	write(filepath.Join(v1, "cpu.cfs_quota_us"), "-1\n")
+	write(filepath.Join(v1, "cpu.cfs_period_us"), "100000\n")
+	v2 := filepath.Join(root, Parent, "two", "cpu.max")
+	write(v2, "max 100000\n")
+
+	for _, id := range []string{"one", "two"} {
+		if q, p, err := CPUQuota(id); err != nil || q != -1 || p != 100000 {
+			t.Errorf("%s unlimited: %d %d %v", id, q, p, err)
+		}
+		if err := SetCPUQuota(id, 150000, 100000); err != nil {
+			t.Fatalf("SetCPUQuota %s: %v", id, err)
+		}
+		if q, p, err := CPUQuota(id); err != nil || q != 150000 || p != 100000 {
+			t.Errorf("%s after SetCPUQuota: %d %d %v", id, q, p, err)
+		}
+	}
+	if b, _ := os.ReadFile(v2); string(b) != "150000 100000" {
+		t.Errorf("cpu.max = %q", b)
+	}
+	if err := SetCPUQuota("none", 100000, 100000); err == nil {
+		t.Error("SetCPUQuota of a container without cgroups succeeded")
+	}
+	if _, err := os.Stat(filepath.Join(root, Parent, "none")); !os.IsNotExist(err) {
+		t.Errorf("SetCPUQuota made a cgroup directory or file: %v", err)
+	}
+	for _, bad := range [][2]int64{{0, 100000}, {-1, 100000}, {100000, 0}} {
+		if err := SetCPUQuota("one", bad[0], bad[1]); err == nil {
+			t.Errorf("SetCPUQuota(%d, %d) accepted", bad[0], bad[1])
+		}
+	}
+	if _, _, err := CPUQuota("../one"); err == nil {
+		t.Error("CPUQuota took a path for an id")
+	}
+}

@@ -212,6 +212,7 @@ func testFork(t *testing.T, env *daemontest.Env, rt string) {
 		}
 		id := r.Sandbox.SandboxID
 		onlySocketInRunDir(t, env, id) // agentchannel.go
+		holdsCPULimit(t, env, id)
 		t.Cleanup(func() { _ = env.Client.Kill(context.Background(), id) })
 		c, err := env.Client.Sandbox(ctx, id)
 		if err != nil {

@@ -17,6 +17,7 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
+	"github.com/cella-sandbox/cella/internal/cgroup"
 	"github.com/cella-sandbox/cella/internal/client"
 	"github.com/cella-sandbox/cella/internal/daemon"
 	"github.com/cella-sandbox/cella/internal/daemon/daemontest"
@@ -24,6 +25,7 @@ import (
 	"github.com/cella-sandbox/cella/internal/envd/process"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
+	"github.com/cella-sandbox/cella/internal/runtime/oci"
 )
 
 // counterCmd counts into a file (and stdout) five times a second.
@@ -129,6 +131,23 @@ func state(t *testing.T, env *daemontest.Env, id string) string {
 	return d.State
 }
 
+// holdsCPULimit: sandbox id's container is held to the CPU limit its record
+// gives (a memory restore runs under a higher one and must put it back).
+func holdsCPULimit(t *testing.T, env *daemontest.Env, id string) {
+	t.Helper()
+	d, err := env.Client.Get(ctxT(t, time.Minute), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.CPUCount <= 0 {
+		t.Fatalf("sandbox %s has no CPU limit (%g) to check", id, d.CPUCount)
+	}
+	want, period := oci.CPUQuota(d.CPUCount)
+	if q, p, err := cgroup.CPUQuota(id); err != nil || q != want || p != period {
+		t.Errorf("sandbox %s (%g CPUs) runs under a CPU quota of %d every %d (%v); want %d every %d", id, d.CPUCount, q, p, err, want, period)
+	}
+}
+
 // checkPausedContainer checks what the runtime holds of a paused sandbox:
 // nothing after a memory checkpoint, a frozen container otherwise.
 func checkPausedContainer(t *testing.T, env *daemontest.Env, id string) {
@@ -192,6 +211,7 @@ func testPauseResume(t *testing.T, env *daemontest.Env) {
 			t.Fatalf("resume #%d: resumed=%v err=%v", i+1, resumed, err)
 		}
 		t.Logf("cycle %d: pause %v, resume %v", i+1, pauseTook.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+		holdsCPULimit(t, env, sb.ID)
 		if c := readCount(t, sb); c < n {
 			t.Fatalf("cycle %d: counter went back from %d to %d", i+1, n, c)
 		}

@@ -37,6 +37,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cella-sandbox/cella/internal/cgroup"
 	"github.com/cella-sandbox/cella/internal/rootfs"
 	"github.com/cella-sandbox/cella/internal/runtime"
 	"github.com/cella-sandbox/cella/internal/runtime/oci"
@@ -392,7 +393,44 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string) error {
 // runsc reads it by the descriptor it holds, and a checkpoint of the
 // restored sandbox first waits for every page (pgalloc.MemoryFile.SaveTo).
 func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir string) error {
-	return r.boot(ctx, &spec, "restore", savedMounts(imageDir), "restore", "--background", "--image-path="+imageDir)
+	return r.restore(ctx, spec, imageDir, "restore", "--background", "--image-path="+imageDir)
+}
+
+// restoreCPUs is the least CPU limit, in cores, a memory restore runs
+// under: gVisor's own least CPU count (runsc gives a sandbox at least 2
+// CPUs whatever its quota, --cpu-num-from-quota), so the restored kernel
+// sees the CPUs it had.
+const restoreCPUs = 2
+
+// restore runs `runsc <verb...>` (a restore of imageDir) for spec, under a
+// CPU limit of at least restoreCPUs, and puts spec's own limit back on the
+// container's cgroup before it returns. The restore's kernel load is one
+// thread and the --background page loading others, all in the sandbox's
+// cgroup: under a 1-core limit they queued behind each other (runsc's
+// "Kernel load took" 114-130 ms beside 46-80 ms under 2 cores, 100 MiB
+// touched), where a raw restore has the host's cores. The window is the
+// restore call alone: a daemon that dies inside it has no record of the
+// sandbox as running (resume, fork and snapshot create write theirs after),
+// so crash reconciliation removes the container. If the limit cannot be
+// put back, the container is destroyed and the restore fails.
+func (r *Runtime) restore(ctx context.Context, spec runtime.Spec, imageDir string, verb ...string) error {
+	limit := spec.Limits.CPUs
+	raised := limit > 0 && limit < restoreCPUs
+	if raised {
+		spec.Limits.CPUs = restoreCPUs
+	}
+	if err := r.boot(ctx, &spec, "restore", savedMounts(imageDir), verb...); err != nil {
+		return err
+	}
+	if !raised {
+		return nil
+	}
+	quota, period := oci.CPUQuota(limit)
+	if err := cgroup.SetCPUQuota(spec.ID, quota, period); err != nil {
+		derr := r.Destroy(context.WithoutCancel(ctx), spec.ID)
+		return fmt.Errorf("gvisor restore %s: put back its CPU limit of %g: %w", spec.ID, limit, errors.Join(err, derr))
+	}
+	return nil
 }
 
 // State implements runtime.Runtime.

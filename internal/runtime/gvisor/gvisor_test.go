@@ -1,13 +1,21 @@
 package gvisor
 
 import (
+	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cella-sandbox/cella/internal/cgroup"
 	"github.com/cella-sandbox/cella/internal/runtime"
+	"github.com/cella-sandbox/cella/internal/runtime/oci"
 	"github.com/cella-sandbox/cella/internal/runtime/oci/ocitest"
 	"github.com/cella-sandbox/cella/internal/runtime/runtimetest"
 )
@@ -72,4 +80,73 @@ func TestStartLatency(t *testing.T) {
 	}
 	rt := newRuntime(t)
 	ocitest.Latency(t, rt, "gvlat", n)
+}
+
+// TestRestoreRaisesCPULimitForItsDuration: a memory restore of a 1-CPU
+// container runs under restoreCPUs (its bundle says so) and returns with
+// the container's own limit in its cgroup (runtimetest checks that for
+// every restore); when the limit cannot be put back the restore fails and
+// leaves no container running above its limit.
+func TestRestoreRaisesCPULimitForItsDuration(t *testing.T) {
+	rt := newRuntime(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	f := ocitest.New(t, runtimetest.NewID("cpurestore"), false, "sleep 1000")
+	id := f.Spec.ID
+	t.Cleanup(func() { _ = rt.Destroy(context.Background(), id) })
+	if f.Spec.Limits.CPUs != 1 {
+		t.Fatalf("fixture CPUs %g, want 1", f.Spec.Limits.CPUs)
+	}
+	checkpoint := func(name string) string {
+		t.Helper()
+		img := filepath.Join(f.Dir, name)
+		if err := os.Mkdir(img, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := rt.Checkpoint(ctx, id, img); err != nil {
+			t.Fatalf("Checkpoint: %v", err)
+		}
+		return img
+	}
+	if err := rt.Start(ctx, f.Spec); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	img := checkpoint("image")
+	if err := rt.Restore(ctx, f.Spec, img); err != nil {
+		t.Fatalf("Restore: %v", err)
+	}
+	b, err := os.ReadFile(filepath.Join(f.Spec.BundleDir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		t.Fatal(err)
+	}
+	raised, period := oci.CPUQuota(restoreCPUs)
+	if c := spec.Linux.Resources.CPU; c == nil || c.Quota == nil || *c.Quota != raised || c.Period == nil || int64(*c.Period) != period {
+		t.Errorf("the restore's bundle has CPU %+v; want quota %d every %d (%d CPUs)", c, raised, period, restoreCPUs)
+	}
+	own, _ := oci.CPUQuota(1)
+	if q, _, err := cgroup.CPUQuota(id); err != nil || q != own {
+		t.Errorf("after Restore the cgroup's quota is %d (%v); want its own %d", q, err, own)
+	}
+
+	// The limit cannot be put back: cella's cgroup writes go to an empty
+	// tree (runsc's do not: it writes the real one).
+	img = checkpoint("image2")
+	realRoot := cgroup.Root
+	cgroup.Root = t.TempDir()
+	err = rt.Restore(ctx, f.Spec, img)
+	cgroup.Root = realRoot
+	if err == nil || !strings.Contains(err.Error(), "put back its CPU limit") {
+		t.Fatalf("Restore whose CPU limit cannot be put back: %v; want an error saying so", err)
+	}
+	if ids, err := rt.List(ctx); err != nil || slices.Contains(ids, id) {
+		t.Errorf("after the failed restore runsc still lists %s: %v (%v)", id, ids, err)
+	}
+	if err := rt.Destroy(ctx, id); err != nil { // cgroups the swapped root hid
+		t.Fatal(err)
+	}
+	ocitest.AssertGone(t, rt, id, f.Spec.BundleDir)
 }

@@ -41,5 +41,5 @@ func (r *Runtime) CheckpointRunning(ctx context.Context, id, imageDir string) er
 // dir at the same guest paths), which restore's spec validation would
 // refuse: it runs with --restore-spec-validation=warning.
 func (r *Runtime) RestoreFrom(ctx context.Context, spec runtime.Spec, imageDir string) error {
-	return r.boot(ctx, &spec, "restore", savedMounts(imageDir), "--restore-spec-validation=warning", "restore", "--background", "--image-path="+imageDir)
+	return r.restore(ctx, spec, imageDir, "--restore-spec-validation=warning", "restore", "--background", "--image-path="+imageDir)
 }

@@ -378,6 +378,13 @@ func sysfsMount(source string) specs.Mount {
 // cpuPeriod is the CFS period; 100 ms is the kernel's and docker's default.
 const cpuPeriod = 100000
 
+// CPUQuota is the CFS bandwidth a container limited to cpus cores gets:
+// quota microseconds every period (both for cgroup.SetCPUQuota too).
+func CPUQuota(cpus float64) (quota, period int64) {
+	quota = int64(cpus * cpuPeriod)
+	return max(quota, 1000), cpuPeriod // the kernel's minimum quota is 1 ms
+}
+
 func resources(l runtime.Limits) *specs.LinuxResources {
 	r := &specs.LinuxResources{
 		// Deny device access except the standard pseudo-devices and ptys.
@@ -402,9 +409,8 @@ func resources(l runtime.Limits) *specs.LinuxResources {
 		}
 	}
 	if l.CPUs > 0 {
-		quota := int64(l.CPUs * cpuPeriod)
-		quota = max(quota, 1000) // the kernel's minimum quota is 1 ms
-		r.CPU = &specs.LinuxCPU{Quota: ptr(quota), Period: ptr(uint64(cpuPeriod))}
+		quota, period := CPUQuota(l.CPUs)
+		r.CPU = &specs.LinuxCPU{Quota: ptr(quota), Period: ptr(uint64(period))}
 	}
 	if l.Pids > 0 {
 		r.Pids = &specs.LinuxPids{Limit: l.Pids}

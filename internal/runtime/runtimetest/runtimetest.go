@@ -29,6 +29,7 @@ import (
 
 	"github.com/cella-sandbox/cella/internal/cgroup"
 	"github.com/cella-sandbox/cella/internal/runtime"
+	"github.com/cella-sandbox/cella/internal/runtime/oci"
 	"github.com/cella-sandbox/cella/internal/runtime/oci/ocitest"
 )
 
@@ -156,6 +157,7 @@ func testLifecycle(t *testing.T, rt runtime.Runtime, useTemplate bool) {
 	if lim, err := cgroup.MemoryLimit(id); err != nil || lim != f.Spec.Limits.MemoryBytes {
 		t.Errorf("memory.limit_in_bytes = %d, %v; want %d", lim, err, f.Spec.Limits.MemoryBytes)
 	}
+	assertCPULimit(t, f.Spec)
 	s, err := rt.Stats(ctx, id)
 	if err != nil {
 		t.Fatalf("Stats: %v", err)
@@ -169,6 +171,19 @@ func testLifecycle(t *testing.T, rt runtime.Runtime, useTemplate bool) {
 	destroy(t, rt, id, f.Spec.BundleDir)
 	if _, err := rt.Stats(ctx, id); !errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("Stats after Destroy: %v, want ErrNotFound", err)
+	}
+}
+
+// assertCPULimit: the container of spec has spec's CPU limit in its
+// cgroup (a runtime may restore under another, but not return with it).
+func assertCPULimit(t *testing.T, spec runtime.Spec) {
+	t.Helper()
+	if spec.Limits.CPUs <= 0 {
+		t.Fatalf("the fixture of %s has no CPU limit to check", spec.ID)
+	}
+	wantQuota, wantPeriod := oci.CPUQuota(spec.Limits.CPUs)
+	if quota, period, err := cgroup.CPUQuota(spec.ID); err != nil || quota != wantQuota || period != wantPeriod {
+		t.Errorf("CPU limit of %s: quota %d period %d (%v); want %d every %d (%g CPUs)", spec.ID, quota, period, err, wantQuota, wantPeriod, spec.Limits.CPUs)
 	}
 }
 
@@ -337,6 +352,7 @@ func testCheckpoint(t *testing.T, rt runtime.Runtime) {
 	if st := state(t, rt, id); st != runtime.StatusRunning {
 		t.Fatalf("State after Restore = %q, want running", st)
 	}
+	assertCPULimit(t, f.Spec)
 	waitTick(t, f, saved)
 	b, _ := os.ReadFile(f.Spec.LogPath)
 	ts := ticks(string(b))
@@ -374,6 +390,7 @@ func testSnapshotter(t *testing.T, rt runtime.Runtime) {
 			t.Fatalf("RestoreFrom %d: %v\ncontainer log:\n%s", i, err, log)
 		}
 		t.Cleanup(func() { _ = rt.Destroy(context.Background(), cid) })
+		assertCPULimit(t, c.Spec)
 		first := waitTick(t, c, 0)
 		b, _ := os.ReadFile(c.Spec.LogPath)
 		// The save came after tick "before" and before the read of "saved".
