@@ -185,16 +185,12 @@ func (u *upstreamPool) send(c *upConn, req *http.Request, trace *httptrace.Clien
 		return resp, nil
 	}
 	handedOn = true
-	keep := !resp.Close && !req.Close
+	pb := &pooledBody{u: u, c: c, body: resp.Body, stop: stop, keep: !resp.Close && !req.Close}
 	if resp.Body == http.NoBody {
-		if stop() && keep {
-			u.put(c)
-		} else {
-			_ = c.Close()
-		}
+		pb.finish(true) // read to its end already: c goes back (or closes) now
 		return resp, nil
 	}
-	resp.Body = &pooledBody{u: u, c: c, body: resp.Body, stop: stop, keep: keep}
+	resp.Body = pb
 	return resp, nil
 }
 

@@ -79,6 +79,8 @@ func (u *scriptedUpstream) serve(n int, c net.Conn) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
 			io.Copy(io.Discard, br) // leaves the closing to the proxy
 			return
+		case "/no-content":
+			io.WriteString(c, "HTTP/1.1 204 No Content\r\n\r\n")
 		case "/hints":
 			io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"+ok)
 		case "/099":
@@ -197,6 +199,14 @@ func TestHTTPPoolUpstreamMisbehaves(t *testing.T) {
 		t.Fatalf("GET /ok: %s", resp)
 	}
 	first := up.last()
+	// An answer without a body gives its connection back at once: the
+	// next request goes on it.
+	if code, resp := get("/no-content"); code != http.StatusNoContent || up.last() != first {
+		t.Fatalf("GET /no-content: %q on %d (want the pooled %d)", resp, up.last(), first)
+	}
+	if code, resp := get("/ok"); code != 200 || up.last() != first {
+		t.Fatalf("GET after a 204: %q on %d (want the pooled %d)", resp, up.last(), first)
+	}
 	if code, resp := get("/drop-next"); code != 200 || up.last() != first {
 		t.Fatalf("GET /drop-next: %s, on %d (want the pooled %d)", resp, up.last(), first)
 	}
