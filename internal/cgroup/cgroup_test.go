@@ -408,8 +408,16 @@ func TestCPUQuotaFormats(t *testing.T) {
 	if err := SetCPUQuota("none", 100000, 100000); err == nil {
 		t.Error("SetCPUQuota of a container without cgroups succeeded")
 	}
-	if _, err := os.Stat(filepath.Join(root, Parent, "none")); !os.IsNotExist(err) {
-		t.Errorf("SetCPUQuota made a cgroup directory or file: %v", err)
+	// A cgroup directory without the cpu controller's files: an error,
+	// and no file made.
+	if err := os.MkdirAll(filepath.Join(root, Parent, "three"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := SetCPUQuota("three", 100000, 100000); err == nil {
+		t.Error("SetCPUQuota of a cgroup without a cpu controller succeeded")
+	}
+	if _, err := os.Stat(filepath.Join(root, Parent, "three", "cpu.max")); !os.IsNotExist(err) {
+		t.Errorf("SetCPUQuota made a control file: %v", err)
 	}
 	for _, bad := range [][2]int64{{0, 100000}, {-1, 100000}, {100000, 0}} {
 		if err := SetCPUQuota("one", bad[0], bad[1]); err == nil {

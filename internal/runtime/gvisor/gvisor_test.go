@@ -136,9 +136,11 @@ func TestRestoreRaisesCPULimitForItsDuration(t *testing.T) {
 	// tree (runsc's do not: it writes the real one).
 	img = checkpoint("image2")
 	realRoot := cgroup.Root
+	restoreRoot := func() { cgroup.Root = realRoot }
+	t.Cleanup(restoreRoot) // also if Restore panics; nothing here runs in parallel
 	cgroup.Root = t.TempDir()
 	err = rt.Restore(ctx, f.Spec, img)
-	cgroup.Root = realRoot
+	restoreRoot()
 	if err == nil || !strings.Contains(err.Error(), "put back its CPU limit") {
 		t.Fatalf("Restore whose CPU limit cannot be put back: %v; want an error saying so", err)
 	}
