@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,16 +47,24 @@ type StateResult struct {
 	// flags, memory limit and touched memory) → its holder answered a
 	// `runsc exec` of the same ask. ResumeRatio = Resume / it. RawPlain is
 	// the same restore without --background, PlainRatio Resume / it.
-	RawRestore    time.Duration   `json:"raw_restore_ns,omitempty"`
-	ResumeRatio   float64         `json:"resume_ratio,omitempty"`
-	RawPlain      time.Duration   `json:"raw_restore_plain_ns,omitempty"`
-	PlainRatio    float64         `json:"resume_plain_ratio,omitempty"`
-	ResumeRuns    []time.Duration `json:"resume_runs_ns"`
-	RawRestoreRun []time.Duration `json:"raw_restore_runs_ns,omitempty"`
-	RawPlainRun   []time.Duration `json:"raw_restore_plain_runs_ns,omitempty"`
-	Snapshot      time.Duration   `json:"snapshot_ns"`
-	Forks         int             `json:"forks"`
-	Fork          time.Duration   `json:"fork_ns"` // the fork call, until it answered
+	RawRestore  time.Duration `json:"raw_restore_ns,omitempty"`
+	ResumeRatio float64       `json:"resume_ratio,omitempty"`
+	// WideResume: the same rounds of a second sandbox, alike but for its
+	// CPU limit: the host's WideCPUs cores, what the raw container (which
+	// has no CPU limit) may use. WideRatio = WideResume / RawRestore: the
+	// resume against the floor with the CPU limit taken out of it.
+	WideCPUs       float64         `json:"wide_cpus,omitempty"`
+	WideResume     time.Duration   `json:"wide_resume_ns,omitempty"`
+	WideRatio      float64         `json:"wide_resume_ratio,omitempty"`
+	WideResumeRuns []time.Duration `json:"wide_resume_runs_ns,omitempty"`
+	RawPlain       time.Duration   `json:"raw_restore_plain_ns,omitempty"`
+	PlainRatio     float64         `json:"resume_plain_ratio,omitempty"`
+	ResumeRuns     []time.Duration `json:"resume_runs_ns"`
+	RawRestoreRun  []time.Duration `json:"raw_restore_runs_ns,omitempty"`
+	RawPlainRun    []time.Duration `json:"raw_restore_plain_runs_ns,omitempty"`
+	Snapshot       time.Duration   `json:"snapshot_ns"`
+	Forks          int             `json:"forks"`
+	Fork           time.Duration   `json:"fork_ns"` // the fork call, until it answered
 	// ForkAllAnswer: fork call → every fork's holder answered (asked all
 	// at once once the call answered).
 	ForkAllAnswer time.Duration `json:"fork_all_answer_ns"`
@@ -139,7 +148,7 @@ func (r *StateResult) Check() error {
 	if r.FloorErr != "" {
 		return fmt.Errorf("bench state %s: floor: %s", r.Runtime, r.FloorErr)
 	}
-	for name, x := range map[string]float64{"resume": r.ResumeRatio, "resume (plain)": r.PlainRatio, "fork call": r.ForkCallRatio,
+	for name, x := range map[string]float64{"resume": r.ResumeRatio, "resume (plain)": r.PlainRatio, "resume at the host's CPUs": r.WideRatio, "fork call": r.ForkCallRatio,
 		"fork all answer": r.ForkAllRatio, "fork PSS": r.ForkPSSRatio, "raw fork PSS": r.RawForkPSSRatio} {
 		if x <= 0 {
 			return fmt.Errorf("bench state %s: no %s ratio", r.Runtime, name)
@@ -157,6 +166,7 @@ func (r *StateResult) ratios() {
 	}
 	r.ResumeRatio = div(int64(r.Resume), int64(r.RawRestore))
 	r.PlainRatio = div(int64(r.Resume), int64(r.RawPlain))
+	r.WideRatio = div(int64(r.WideResume), int64(r.RawRestore))
 	r.ForkCallRatio = div(int64(r.Fork), int64(r.RawForks))
 	r.ForkAllRatio = div(int64(r.ForkAllAnswer), int64(r.RawForks))
 	r.ForkPSSRatio = div(r.ForkPSSMean, r.OriginalPSS)
@@ -265,6 +275,44 @@ func state(ctx context.Context, cfg Config, rt string, mb, forks, rounds int) (S
 	}
 	res.OriginalPSS = sandboxPSS(sb.SandboxID)
 
+	// Beside it, under gVisor, the same holder in a sandbox of the host's
+	// CPUs: the raw container the resumes are judged by has no CPU limit.
+	var wide *client.SandboxConn
+	if rt == runtime.GVisor {
+		res.WideCPUs = float64(goruntime.NumCPU())
+		w, err := c.Create(ctx, client.CreateRequest{CPUCount: res.WideCPUs, MemoryMB: int64(memMB), Timeout: new(int64(1800))})
+		if err != nil {
+			return res, fmt.Errorf("sandbox of %g CPUs: %w", res.WideCPUs, err)
+		}
+		defer c.Kill(context.WithoutCancel(ctx), w.SandboxID)
+		if wide, err = c.Sandbox(ctx, w.SandboxID); err != nil {
+			return res, err
+		}
+		if err := startHolder(ctx, wide, mb); err != nil {
+			return res, err
+		}
+	}
+	// resume pauses id, then times its connect until its holder answered.
+	resume := func(id string) (time.Duration, time.Duration, error) {
+		t0 := time.Now()
+		if err := c.Pause(ctx, id, true); err != nil {
+			return 0, 0, fmt.Errorf("pause: %w", err)
+		}
+		paused := time.Since(t0)
+		t0 = time.Now()
+		if _, err := c.Connect(ctx, id); err != nil {
+			return 0, 0, fmt.Errorf("resume: %w", err)
+		}
+		conn, err := c.Sandbox(ctx, id)
+		if err != nil {
+			return 0, 0, err
+		}
+		if _, err := exec1(conn, askHolder); err != nil {
+			return 0, 0, fmt.Errorf("holder after resume: %w", err)
+		}
+		return paused, time.Since(t0), nil
+	}
+
 	// Pause and resume, each resume beside a raw restore, taking turns
 	// which goes first.
 	var pauses []time.Duration
@@ -285,30 +333,35 @@ func state(ctx context.Context, cfg Config, rt string, mb, forks, rounds int) (S
 		res.RawPlainRun = append(res.RawPlainRun, d)
 	}
 	for i := range rounds {
-		t0 = time.Now()
-		if err := c.Pause(ctx, sb.SandboxID, true); err != nil {
-			return res, fmt.Errorf("pause: %w", err)
-		}
-		pauses = append(pauses, time.Since(t0))
 		if i%2 == 1 {
 			rawResume()
 		}
-		t0 = time.Now()
-		if _, err := c.Connect(ctx, sb.SandboxID); err != nil {
-			return res, fmt.Errorf("resume: %w", err)
-		}
-		if conn, err = c.Sandbox(ctx, sb.SandboxID); err != nil {
+		paused, resumed, err := resume(sb.SandboxID)
+		if err != nil {
 			return res, err
 		}
-		if _, err := exec1(conn, askHolder); err != nil {
-			return res, fmt.Errorf("holder after resume: %w", err)
+		pauses = append(pauses, paused)
+		res.ResumeRuns = append(res.ResumeRuns, resumed)
+		if wide != nil {
+			_, resumed, err := resume(wide.ID)
+			if err != nil {
+				return res, fmt.Errorf("sandbox of %g CPUs: %w", res.WideCPUs, err)
+			}
+			res.WideResumeRuns = append(res.WideResumeRuns, resumed)
 		}
-		res.ResumeRuns = append(res.ResumeRuns, time.Since(t0))
 		if i%2 == 0 {
 			rawResume()
 		}
 	}
+	if wide != nil {
+		// Gone before the forks, which it would share the machine with.
+		_ = c.Kill(ctx, wide.ID)
+	}
+	if conn, err = c.Sandbox(ctx, sb.SandboxID); err != nil {
+		return res, err
+	}
 	res.Pause, res.Resume, res.RawRestore = p50(pauses), p50(res.ResumeRuns), p50(res.RawRestoreRun)
+	res.WideResume = p50(res.WideResumeRuns)
 	res.RawPlain = p50(res.RawPlainRun)
 
 	t0 = time.Now()
@@ -462,6 +515,9 @@ func PrintState(w io.Writer, rs []StateResult, asJSON bool) error {
 		fmt.Fprintf(tw, "  pause (keep memory), p50 of %d\t%s\n", r.Rounds, ms(r.Pause))
 		fmt.Fprintf(tw, "  resume → holder answers, p50 of %d\t%s\t%s\n", r.Rounds, ms(r.Resume),
 			strings.TrimSuffix(ratio(r.ResumeRatio, "raw runsc restore --background")+"; "+ratio(r.PlainRatio, "raw plain runsc restore"), "; "))
+		if r.WideResume > 0 {
+			fmt.Fprintf(tw, "  resume → holder answers, a sandbox of the host's %g CPUs (the raw container's), p50 of %d\t%s\t%s\n", r.WideCPUs, len(r.WideResumeRuns), ms(r.WideResume), ratio(r.WideRatio, "raw runsc restore --background"))
+		}
 		if r.RawRestore > 0 {
 			fmt.Fprintf(tw, "  raw runsc restore --background → holder answers (floor), p50 of %d\t%s\n", len(r.RawRestoreRun), ms(r.RawRestore))
 			fmt.Fprintf(tw, "  raw plain runsc restore → holder answers, p50 of %d\t%s\n", len(r.RawPlainRun), ms(r.RawPlain))
@@ -497,6 +553,8 @@ func StateFigures(rs []StateResult) []Figure {
 		resume := fig("resume → holder answers", r.ResumeRuns...)
 		resume.against(rawRestore)
 		resume.alsoAgainst(rawPlain)
+		wide := fig(fmt.Sprintf("resume → holder answers, a sandbox of the host's %g CPUs (the raw container has no CPU limit)", r.WideCPUs), r.WideResumeRuns...)
+		wide.against(rawRestore)
 		rawForksName := fmt.Sprintf("raw runsc restore --background ×%d, %d at a time → every holder answered (fork floor)", r.Forks, sandbox.ForkParallel)
 		rawForks := fig(rawForksName)
 		if r.RawForks > 0 {
@@ -514,15 +572,19 @@ func StateFigures(rs []StateResult) []Figure {
 		pause := fig("pause (keep memory), p50 of the rounds", r.Pause)
 		pause.N = r.Rounds
 		snap := fig("snapshot (original keeps running)", r.Snapshot)
-		for _, f := range []*Figure{&pause, &resume, &rawRestore, &rawPlain, &snap, &call, &all, &rawForks, &pss} {
+		for _, f := range []*Figure{&pause, &resume, &wide, &rawRestore, &rawPlain, &snap, &call, &all, &rawForks, &pss} {
 			if f.Err == "" && r.Err != "" {
 				f.Err = r.Err
 			}
-			if f.Err == "" && r.FloorErr != "" && (f == &rawRestore || f == &rawPlain || f == &rawForks) {
+			if f.Err == "" && r.FloorErr != "" && (f == &rawRestore || f == &rawPlain || f == &rawForks || f == &wide) {
 				f.Err = r.FloorErr
 			}
 		}
-		figs = append(figs, pause, resume, rawRestore, rawPlain, snap, call, all, rawForks, pss)
+		figs = append(figs, pause, resume)
+		if r.Runtime == runtime.GVisor {
+			figs = append(figs, wide)
+		}
+		figs = append(figs, rawRestore, rawPlain, snap, call, all, rawForks, pss)
 	}
 	return figs
 }

@@ -14,8 +14,8 @@ import (
 )
 
 // TestStateFloors: a small `cella bench state` under gVisor has every
-// figure beside its raw runsc floor (resume, fork call, fork answers, PSS
-// of forks and of raw restores), and leaves none of its raw containers
+// figure beside its raw runsc floor (resume, resume of a sandbox of the
+// host's CPUs, fork call, fork answers, PSS of forks and of raw restores), and leaves none of its raw containers
 // behind: no cgroup, no runsc process, no directory.
 func TestStateFloors(t *testing.T) {
 	runsc := os.Getenv("CELLA_TEST_RUNSC")
@@ -50,7 +50,7 @@ func TestStateFloors(t *testing.T) {
 	if err := r.Check(); err != nil {
 		t.Fatal(err)
 	}
-	if len(r.ResumeRuns) != 2 || len(r.RawRestoreRun) != 2 || len(r.RawPlainRun) != 2 || r.RawForks <= 0 || r.RawSourcePSS <= 0 {
+	if len(r.ResumeRuns) != 2 || len(r.WideResumeRuns) != 2 || len(r.RawRestoreRun) != 2 || len(r.RawPlainRun) != 2 || r.RawForks <= 0 || r.RawSourcePSS <= 0 {
 		t.Fatalf("missing runs: %+v", r)
 	}
 	prefix := rawContainerPrefix()
