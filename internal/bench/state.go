@@ -357,9 +357,6 @@ func state(ctx context.Context, cfg Config, rt string, mb, forks, rounds int) (S
 		// Gone before the forks, which it would share the machine with.
 		_ = c.Kill(ctx, wide.ID)
 	}
-	if conn, err = c.Sandbox(ctx, sb.SandboxID); err != nil {
-		return res, err
-	}
 	res.Pause, res.Resume, res.RawRestore = p50(pauses), p50(res.ResumeRuns), p50(res.RawRestoreRun)
 	res.WideResume = p50(res.WideResumeRuns)
 	res.RawPlain = p50(res.RawPlainRun)
