@@ -398,8 +398,8 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir strin
 
 // restoreCPUs is the least CPU limit, in cores, a memory restore runs
 // under: gVisor's own least CPU count (runsc gives a sandbox at least 2
-// CPUs whatever its quota, --cpu-num-from-quota), so the restored kernel
-// sees the CPUs it had.
+// CPUs whatever its quota, or the host's if it has fewer:
+// --cpu-num-from-quota), so the restored kernel sees the CPUs it had.
 const restoreCPUs = 2
 
 // restore runs `runsc <verb...>` (a restore of imageDir) for spec, under a
@@ -410,9 +410,10 @@ const restoreCPUs = 2
 // "Kernel load took" 114-130 ms beside 46-80 ms under 2 cores, 100 MiB
 // touched), where a raw restore has the host's cores. The window is the
 // restore call alone: a daemon that dies inside it has no record of the
-// sandbox as running (resume, fork and snapshot create write theirs after),
-// so crash reconciliation removes the container. If the limit cannot be
-// put back, the container is destroyed and the restore fails.
+// sandbox as running (resume, fork and a create from a memory snapshot
+// write theirs after), so crash reconciliation removes the container. If
+// the limit cannot be put back, the container is destroyed and the
+// restore fails.
 func (r *Runtime) restore(ctx context.Context, spec runtime.Spec, imageDir string, verb ...string) error {
 	limit := spec.Limits.CPUs
 	raised := limit > 0 && limit < restoreCPUs

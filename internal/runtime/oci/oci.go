@@ -379,7 +379,8 @@ func sysfsMount(source string) specs.Mount {
 const cpuPeriod = 100000
 
 // CPUQuota is the CFS bandwidth a container limited to cpus cores gets:
-// quota microseconds every period (both for cgroup.SetCPUQuota too).
+// quota microseconds every period, the values both its OCI spec and
+// cgroup.SetCPUQuota take.
 func CPUQuota(cpus float64) (quota, period int64) {
 	quota = int64(cpus * cpuPeriod)
 	return max(quota, 1000), cpuPeriod // the kernel's minimum quota is 1 ms
