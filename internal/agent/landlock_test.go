@@ -146,7 +146,9 @@ func TestLandlock(t *testing.T) {
 
 	// The agent itself stays unrestricted: the threads that restricted
 	// themselves to fork the commands above are gone, none went back to
-	// the scheduler (no_new_privs is the per-thread trace Landlock leaves),
+	// the scheduler (no_new_privs is the per-thread trace Landlock leaves;
+	// a thread of the commands' domain that lived on would let them trace
+	// or read the agent's memory, Landlock allowing that within a domain),
 	// and the agent still reads the private dir.
 	eventually(t, 10*time.Second, "every restricted thread to end", func() bool { return len(noNewPrivsThreads(t)) == 0 })
 	if _, err := os.ReadFile(filepath.Join(private, "config.json")); err != nil {
@@ -313,5 +315,184 @@ func TestRulesetKey(t *testing.T) {
 	}
 	if currentRulesetKey(landlockModeRoot, root) == key() {
 		t.Fatal("the modes share a key")
+	}
+}
+
+// TestRulesetKeyWatch: the ancestors' listings and the mount table are read
+// again only when something may have changed, and every change the key
+// follows is seen: at once (the directory's stamp is racy right after a
+// change, so it is read every time), and once the stamp has aged (when
+// only the stamp can tell). The changes: an entry made, removed, renamed
+// over, moved in from elsewhere or moved out, renamed with the
+// directory's mtime set back (only its ctime tells), the ancestor itself
+// removed and made again (and then changed), and, as root, a mount over
+// an ancestor's entry and its unmount. With nothing changed and the
+// stamps aged, nothing is read again but for the mount table's poll, which
+// any mount in the test's mount namespace raises (other tests mount).
+func TestRulesetKeyWatch(t *testing.T) {
+	root := t.TempDir()
+	old := privateRunDir
+	privateRunDir = "/run/cella"
+	t.Cleanup(func() { privateRunDir = old })
+	key := func() rulesetKey { return currentRulesetKey(landlockModeRoot, root) }
+	path := func(p string) string { return filepath.Join(root, p) }
+	// settle waits until the ancestors' stamps have aged past racyWindow.
+	settle := func(t *testing.T) {
+		t.Helper()
+		eventually(t, 10*time.Second, "the ancestors' stamps to age", func() bool {
+			return !racy([]fileStamp{stampOf(root), stampOf(path("run"))}, time.Now())
+		})
+	}
+	// steady takes the key with the stamps aged and checks that, with
+	// nothing changed, it stays and nothing is read again.
+	steady := func(t *testing.T, after string) rulesetKey {
+		t.Helper()
+		settle(t)
+		k := key()
+		reads, forMounts := keyReads.Load(), keyReadsForMounts.Load()
+		for range 3 {
+			if key() != k {
+				t.Fatalf("after %s, the key changed with nothing changed", after)
+			}
+		}
+		if n := keyReads.Load() - reads - (keyReadsForMounts.Load() - forMounts); n != 0 {
+			t.Fatalf("after %s, read %d times again with nothing changed", after, n)
+		}
+		return k
+	}
+	mk := func(p string) func() error { return func() error { return os.MkdirAll(path(p), 0o755) } }
+	file := func(p string) func() error { return func() error { return os.WriteFile(path(p), nil, 0o644) } }
+	mv := func(from, to string) func() error { return func() error { return os.Rename(path(from), path(to)) } }
+	type change struct {
+		what          string
+		setup, change func() error // the key is taken between them
+	}
+	changes := func(t *testing.T) []change {
+		var mtime time.Time
+		cs := []change{
+			{"an entry made in /run", nil, mk("run/a")},
+			{"an entry made in /", nil, file("b")},
+			{"an entry of /run renamed over another", func() error {
+				if err := file("run/c")(); err != nil {
+					return err
+				}
+				return file("run/d")()
+			}, mv("run/d", "run/c")},
+			{"a file from elsewhere moved over an entry of /run", func() error {
+				if err := mk("x/y")(); err != nil {
+					return err
+				}
+				return file("x/y/f")()
+			}, mv("x/y/f", "run/c")},
+			{"an entry of /run moved elsewhere", file("run/g"), mv("run/g", "x/g")},
+			{"an entry removed from /run", nil, func() error { return os.Remove(path("run/c")) }},
+			{"an entry of /run renamed, /run's mtime set back", func() error {
+				st, err := os.Stat(path("run"))
+				mtime = st.ModTime()
+				return err
+			}, func() error {
+				if err := mv("run/a", "run/h")(); err != nil {
+					return err
+				}
+				return os.Chtimes(path("run"), mtime, mtime)
+			}},
+			{"/run removed and made again", nil, func() error {
+				if err := os.RemoveAll(path("run")); err != nil {
+					return err
+				}
+				return mk("run/cella")()
+			}},
+			{"an entry made in the new /run", nil, mk("run/e")},
+		}
+		if os.Geteuid() == 0 {
+			mnt := path("run/e")
+			cs = append(cs,
+				change{"a mount over an entry of /run", nil, func() error {
+					t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
+					return unix.Mount("cella-test", mnt, "tmpfs", 0, "size=1m")
+				}},
+				change{"its unmount", nil, func() error { return unix.Unmount(mnt, 0) }})
+		}
+		return cs
+	}
+	for _, at := range []string{"at once", "once aged"} {
+		t.Run(at, func(t *testing.T) {
+			if err := os.RemoveAll(root); err != nil {
+				t.Fatal(err)
+			}
+			if err := mk("run/cella")(); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range changes(t) {
+				if c.setup != nil {
+					if err := c.setup(); err != nil {
+						t.Fatalf("%s: %v", c.what, err)
+					}
+				}
+				prev := steady(t, "the setup of "+c.what)
+				if err := c.change(); err != nil {
+					t.Fatalf("%s: %v", c.what, err)
+				}
+				if at == "once aged" {
+					settle(t)
+				}
+				if key() == prev {
+					t.Fatalf("%s left the key as it was", c.what)
+				}
+			}
+		})
+	}
+
+	// A read made while a stamp is racy is not gone by: while the stamps
+	// are racy (a window wider than the test, here), every key reads
+	// again, and the first key after they aged reads once more.
+	steady(t, "the changes")
+	racyWindow = time.Hour
+	if err := mk("run/racy")(); err != nil {
+		racyWindow = 100 * time.Millisecond
+		t.Fatal(err)
+	}
+	reads := keyReads.Load()
+	key()
+	key()
+	n := keyReads.Load() - reads
+	racyWindow = 100 * time.Millisecond
+	if n != 2 {
+		t.Fatalf("%d reads in two keys while the stamps were racy; want 2", n)
+	}
+	settle(t)
+	reads = keyReads.Load()
+	key()
+	if n := keyReads.Load() - reads; n != 1 {
+		t.Fatalf("%d reads in the first key after the stamps aged; want 1 (the last read was racy)", n)
+	}
+
+	// A mount table that could not be opened is opened again at the next
+	// key, and then watched as before.
+	rulesetSources.mu.Lock()
+	unix.Close(rulesetSources.mountsFD)
+	rulesetSources.mountsFD = -1
+	rulesetSources.mu.Unlock()
+	reads = keyReads.Load()
+	key()
+	if n := keyReads.Load() - reads; n != 1 {
+		t.Fatalf("%d reads in the key after the mount table was closed; want 1", n)
+	}
+	steady(t, "the mount table opened again")
+
+	// An ancestor that cannot be read gives a key no other call gives:
+	// missing, or there but no directory.
+	if err := os.Rename(path("run"), path("run.away")); err != nil {
+		t.Fatal(err)
+	}
+	if key() == key() {
+		t.Fatal("a missing ancestor gave the same key twice")
+	}
+	if err := os.WriteFile(path("run"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	settle(t)
+	if key() == key() {
+		t.Fatal("an ancestor that is no directory gave the same key twice")
 	}
 }

@@ -92,14 +92,24 @@ func stampOf(path string) fileStamp {
 
 // racy reports whether the file changed so recently that another change
 // within the same clock tick could leave its stamp as it is (git's "racy"
-// rule): such a version is read every time until it has aged.
+// rule): such a version is read every time until it has aged. A ctime in
+// whole seconds is of a file system that keeps no finer time (ext4 with
+// 128-byte inodes, and others): its tick is a second.
 func (f fileStamp) racy(now time.Time) bool {
-	return now.UnixNano()-max(f.mtime, f.ctime) < racyWindow.Nanoseconds()
+	window := racyWindow
+	if f.ctime%int64(time.Second) == 0 {
+		window = max(window, coarseRacyWindow)
+	}
+	return now.UnixNano()-max(f.mtime, f.ctime) < window.Nanoseconds()
 }
 
 // racyWindow is well over a filesystem clock tick (1-10 ms on kernels
-// without fine-grained timestamps); a variable for tests.
-var racyWindow = 100 * time.Millisecond
+// without fine-grained timestamps), coarseRacyWindow over a second;
+// variables for tests.
+var (
+	racyWindow       = 100 * time.Millisecond
+	coarseRacyWindow = 2 * time.Second
+)
 
 // lookup finds a user by name. A numeric name that is not in passwd is
 // accepted as a bare uid (gid = uid, home = /) so that images without an

@@ -81,3 +81,35 @@ func TestUserLookupFollowsFiles(t *testing.T) {
 		t.Fatal("alice after userdel")
 	}
 }
+
+// TestRacyStamps: a stamp is racy within racyWindow of its change, and
+// within coarseRacyWindow when its ctime is in whole seconds (a file
+// system with one-second timestamps, where two changes a few hundred
+// milliseconds apart leave the same stamp).
+func TestRacyStamps(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	at := func(ago time.Duration, whole bool) fileStamp {
+		c := now.Add(-ago).UnixNano()
+		if whole {
+			c -= c % int64(time.Second)
+		} else if c%int64(time.Second) == 0 {
+			c-- // not whole
+		}
+		return fileStamp{ok: true, mtime: c, ctime: c}
+	}
+	for _, c := range []struct {
+		ago   time.Duration
+		whole bool
+		racy  bool
+	}{
+		{racyWindow / 2, false, true},
+		{racyWindow * 2, false, false},
+		{time.Second, true, true},
+		{coarseRacyWindow / 2, true, true},
+		{coarseRacyWindow * 2, true, false},
+	} {
+		if got := at(c.ago, c.whole).racy(now); got != c.racy {
+			t.Errorf("changed %v ago (whole seconds: %v): racy %v, want %v", c.ago, c.whole, got, c.racy)
+		}
+	}
+}
