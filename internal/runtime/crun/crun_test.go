@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -73,6 +75,26 @@ func TestIsolation(t *testing.T) {
 			}
 			if rep.PPID != 1 || rep.PID >= 10 {
 				t.Errorf("pid %d ppid %d: not in a pid namespace", rep.PID, rep.PPID)
+			}
+			// /run is a mount of its own, holding the image's /run: root
+			// cannot rename it (it holds the agent's private dir, which the
+			// commands' Landlock rules find by path).
+			if !rep.RunMounted || rep.RunRename == "renamed" {
+				t.Errorf("/run mounted %v, rename %q: want a mount point that root cannot rename", rep.RunMounted, rep.RunRename)
+			}
+			image, err := os.ReadDir(filepath.Join(f.Spec.RootFS, "run"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []string{"cella"} // the run dir's mount point
+			for _, e := range image {
+				if e.Name() != "cella" {
+					want = append(want, e.Name())
+				}
+			}
+			slices.Sort(want)
+			if !slices.Equal(rep.RunEntries, want) {
+				t.Errorf("/run holds %q, the image's /run %q", rep.RunEntries, want)
 			}
 			if err := rt.Destroy(ctx, id); err != nil {
 				t.Fatal(err)

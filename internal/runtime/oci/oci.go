@@ -344,12 +344,25 @@ func baseMounts(s *runtime.Spec, o Options) []specs.Mount {
 		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
 		sysfsMount(o.SysfsSource),
 		{Destination: runtime.AgentGuestPath, Type: "bind", Source: s.AgentBinary, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+	}
+	if o.HostKernel {
+		// /run is a mount of its own (a tmpfs holding a copy of the image's
+		// /run, as a booted system's is), so that no command can rename it:
+		// the private dir's ancestors stay where the agent's Landlock rules
+		// expect them. A /run the image lacks is made in the sandbox's
+		// upper layer, where root could rename it and have the next
+		// ruleset treat the moved directory, private dir inside, as an
+		// ordinary one (review, 2026-12-08). Under gVisor no command runs
+		// under Landlock.
+		ms = append(ms, specs.Mount{Destination: "/run", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=755", "size=65536k", "tmpcopyup"}})
+	}
+	ms = append(ms,
 		// Read-only: a host directory holding the daemon's socket and, until
 		// the agent has read it, the agent's config. connect(2) on a socket
 		// needs no write access to its mount, so the agent still dials out;
 		// nothing in the sandbox can write, replace or fill anything there.
-		{Destination: GuestRunDir, Type: "bind", Source: runDir, Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}},
-	}
+		specs.Mount{Destination: GuestRunDir, Type: "bind", Source: runDir, Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}},
+	)
 	// devpts gid=5 (tty) needs gid 5 to exist in the container's user
 	// namespace.
 	if o.UserNS == nil || o.UserNS.Size > 5 {

@@ -104,6 +104,9 @@ func TestBuild(t *testing.T) {
 	if m := byDest["/sys"]; !slices.Contains(m.Options, "ro") {
 		t.Errorf("/sys %+v", m)
 	}
+	if m, ok := byDest["/run"]; ok {
+		t.Errorf("a /run mount without HostKernel: %+v", m)
+	}
 	if m := byDest["/data"]; !slices.Contains(m.Options, "ro") {
 		t.Errorf("/data %+v", m)
 	}
@@ -153,6 +156,13 @@ func TestBuildUserNS(t *testing.T) {
 	}
 	if !slices.Contains(sp.Linux.MaskedPaths, "/proc/kcore") || !slices.Contains(sp.Linux.MaskedPaths, "/sys/devices/virtual/block") || !slices.Contains(sp.Linux.ReadonlyPaths, "/proc/sys") {
 		t.Error("host kernel paths not masked")
+	}
+	// /run: a tmpfs with the image's /run copied in, mounted before the
+	// run dir inside it.
+	run := slices.IndexFunc(sp.Mounts, func(m specs.Mount) bool { return m.Destination == "/run" })
+	rundir := slices.IndexFunc(sp.Mounts, func(m specs.Mount) bool { return m.Destination == GuestRunDir })
+	if run < 0 || sp.Mounts[run].Type != "tmpfs" || !slices.Contains(sp.Mounts[run].Options, "tmpcopyup") || run > rundir {
+		t.Errorf("/run mount at %d (run dir at %d): %+v", run, rundir, sp.Mounts)
 	}
 	for _, m := range sp.Mounts {
 		if m.Destination == "/sys" && (m.Type != "bind" || m.Source != "/z" || !slices.Contains(m.Options, "ro")) {

@@ -73,9 +73,6 @@ func BaseTemplate(t *testing.T) *template.Template {
 	if dir == "" {
 		dir = template.DefaultCacheDir
 	}
-	if _, err := os.Stat(filepath.Join(dir, "names", template.BaseName+".json")); err != nil {
-		return nil
-	}
 	s, err := template.NewStore(dir)
 	if err != nil {
 		return nil
@@ -170,6 +167,12 @@ type Report struct {
 	UserWrite  string   `json:"user_write"`
 	PID        int      `json:"pid"`
 	PPID       int      `json:"ppid"`
+	// RunMounted says whether /run is a mount point; RunRename is what
+	// renaming /run to /run.moved gave ("renamed", then put back, or the
+	// error), as the container's root.
+	RunMounted bool     `json:"run_mounted"`
+	RunRename  string   `json:"run_rename"`
+	RunEntries []string `json:"run_entries"`
 }
 
 // ReportScript is a PID 1 script that inspects its sandbox with python3,
@@ -200,6 +203,14 @@ if pid == 0:
 _, st = os.waitpid(pid, 0)
 r['user_write'] = 'ok' if st == 0 else 'failed'
 r['pid'] = os.getpid(); r['ppid'] = os.getppid()
+r['run_mounted'] = any(l.split()[4] == '/run' for l in open('/proc/self/mountinfo'))
+try:
+    os.rename('/run', '/run.moved')
+    os.rename('/run.moved', '/run')
+    r['run_rename'] = 'renamed'
+except OSError as e:
+    r['run_rename'] = e.strerror
+r['run_entries'] = sorted(os.listdir('/run'))
 s = socket.socket(socket.AF_UNIX)
 s.connect('/run/cella/t.sock')
 s.sendall(json.dumps(r).encode() + b'\n')
