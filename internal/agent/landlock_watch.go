@@ -15,7 +15,7 @@ import (
 
 // keyWatch spares each command under the namespaces runtime the reads
 // currentRulesetKey would otherwise make every time: the listings of the
-// private dir's ancestors and the mount table (measured: about 0.2 ms of
+// private dir's ancestors and the mount table (measured: 0.1-0.2 ms of
 // every exec's start, more than running under the ruleset costs the
 // command itself). It keeps what it read last and reads again only when
 // something may have changed:
