@@ -40,6 +40,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -211,6 +212,9 @@ func (r *Runtime) prepare(spec *runtime.Spec) (*bundle, error) {
 		// be the host kernel's: never granted to a sandbox.
 		return nil, fmt.Errorf("a container engine inside the sandbox needs the gvisor runtime: %w", runtime.ErrNotSupported)
 	}
+	if err := checkRunDir(spec.RootFS); err != nil {
+		return nil, err
+	}
 	b := &bundle{dir: spec.BundleDir}
 	opts := oci.Options{CgroupNS: true, HostKernel: true, OCIVersion: "1.0.2"}
 	s := *spec
@@ -328,6 +332,40 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) error {
 		return fmt.Errorf("crun start %s: %w", spec.ID, err)
 	}
 	return nil
+}
+
+// checkRunDir refuses a root whose /run or /run/cella is there but is no
+// directory (a symlink, most likely): crun would follow it and mount the
+// sandbox's /run tmpfs or its run dir where it leads, leaving a link that
+// root can rename, while the agent's Landlock rules, which find the run
+// dir's ancestors by path, would rule the real ones as ordinary
+// directories. One that is missing crun makes, as a directory.
+func checkRunDir(root string) error {
+	for _, p := range []string{"run", "run/cella"} {
+		fi, err := os.Lstat(filepath.Join(root, p))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("check the root's /%s: %w", p, err)
+		}
+		if !fi.IsDir() {
+			return fmt.Errorf("the image's /%s is a %s, not a directory: the namespaces runtime mounts the sandbox's own /%s there and keeps it in place only on a directory (use an image whose /%s is one, or the gvisor runtime): %w",
+				p, fileKind(fi.Mode()), p, p, runtime.ErrNotSupported)
+		}
+	}
+	return nil
+}
+
+// fileKind names a file type for an error message.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeSymlink != 0:
+		return "symlink"
+	case m.IsRegular():
+		return "regular file"
+	}
+	return "special file"
 }
 
 // State implements runtime.Runtime.

@@ -51,13 +51,23 @@ func TestIsolation(t *testing.T) {
 		name     string
 		noUserNS bool
 		uidMap   string
-	}{{"userns", false, "0 100000 65536"}, {"nouserns", true, "0 0 4294967295"}} {
+		noRun    bool // the image has no /run: crun makes it in the upper layer
+	}{{"userns", false, "0 100000 65536", false}, {"nouserns", true, "0 0 4294967295", false}, {"userns-no-run", false, "0 100000 65536", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			rt := newRuntime(t, tc.noUserNS)
 			id := runtimetest.NewID("iso")
 			f := ocitest.New(t, id, true, ocitest.ReportScript)
 			if f.Template == nil {
 				t.Skip("no base template built (cella template ensure base)")
+			}
+			if tc.noRun {
+				if err := os.RemoveAll(filepath.Join(f.Spec.RootFS, "run")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			image, err := os.ReadDir(filepath.Join(f.Spec.RootFS, "run"))
+			if err != nil && !tc.noRun {
+				t.Fatal(err)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
@@ -78,13 +88,11 @@ func TestIsolation(t *testing.T) {
 			}
 			// /run is a mount of its own, holding the image's /run: root
 			// cannot rename it (it holds the agent's private dir, which the
-			// commands' Landlock rules find by path).
-			if !rep.RunMounted || rep.RunRename == "renamed" {
-				t.Errorf("/run mounted %v, rename %q: want a mount point that root cannot rename", rep.RunMounted, rep.RunRename)
-			}
-			image, err := os.ReadDir(filepath.Join(f.Spec.RootFS, "run"))
-			if err != nil {
-				t.Fatal(err)
+			// commands' Landlock rules find by path), also where the image
+			// has none and it is made in the upper layer (an image's own
+			// /run, in a lower layer, refuses with EXDEV anyway).
+			if !rep.RunMounted || rep.RunRename != "Device or resource busy" {
+				t.Errorf("/run mounted %v, rename %q: want a mount point, busy", rep.RunMounted, rep.RunRename)
 			}
 			want := []string{"cella"} // the run dir's mount point
 			for _, e := range image {
@@ -127,4 +135,35 @@ func TestRefusesContainerEngine(t *testing.T) {
 		t.Fatalf("Start with ContainerEngine: %v; want ErrNotSupported naming the gvisor runtime", err)
 	}
 	ocitest.AssertGone(t, rt, f.Spec.ID)
+}
+
+// TestRefusesLinkedRunDir: a root whose /run or /run/cella is a symlink is
+// refused before anything starts (crun would mount the sandbox's /run or
+// its run dir where the link leads, and leave the link for root to rename),
+// and nothing is left behind.
+func TestRefusesLinkedRunDir(t *testing.T) {
+	rt := newRuntime(t, false)
+	for _, link := range []struct{ path, target string }{{"run", "var/run"}, {"run/cella", "/tmp"}} {
+		t.Run(strings.ReplaceAll(link.path, "/", "-"), func(t *testing.T) {
+			f := ocitest.New(t, fmt.Sprintf("crun-linked-%s-%d", strings.ReplaceAll(link.path, "/", "-"), os.Getpid()), true, "sleep 60")
+			if f.Template == nil {
+				t.Skip("no base template built (cella template ensure base)")
+			}
+			p := filepath.Join(f.Spec.RootFS, link.path)
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.RemoveAll(p); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(link.target, p); err != nil {
+				t.Fatal(err)
+			}
+			err := rt.Start(context.Background(), f.Spec)
+			if !errors.Is(err, runtime.ErrNotSupported) || !strings.Contains(err.Error(), "/"+link.path+" is a symlink") {
+				t.Fatalf("Start with /%s a symlink: %v; want ErrNotSupported naming it", link.path, err)
+			}
+			ocitest.AssertGone(t, rt, f.Spec.ID)
+		})
+	}
 }
