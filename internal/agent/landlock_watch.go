@@ -112,7 +112,10 @@ func (w *keyWatch) reset(root string) {
 }
 
 // openMounts opens the mount table; what was read is not gone by until a
-// read follows the open (a change before it raised no poll event).
+// read follows the open (a change before it raised no poll event). A raw
+// descriptor, not an *os.File: os.Open hands a pollable file (this one is)
+// to the runtime's epoll, whose own polls take the kernel's change notice
+// before mountsChanged can (tried: an unmount went unseen).
 func (w *keyWatch) openMounts() {
 	if fd, err := unix.Open("/proc/self/mountinfo", unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
 		w.mountsFD, w.kept = fd, false
